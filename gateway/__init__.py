@@ -1,0 +1,1 @@
+"""The gateway: a transparent model-API proxy that records every call token-faithfully into Kafka."""

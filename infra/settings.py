@@ -1,0 +1,106 @@
+"""One typed settings object for every component.
+
+Values come from (highest first): explicit keyword arguments, ``POLAR_*`` environment variables,
+an optional YAML file (``POLAR_CONFIG`` or ``--config``), then the defaults below. Unknown keys are an
+error, so a typo in a config file fails loudly instead of silently using a default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+CACHE_DIR = Path(os.environ.get("POLAR_CACHE_DIR", Path.home() / ".cache" / "polarstream"))
+
+# Logical topic names from the blueprint; a prefix lets several runs share one cluster.
+TOPICS = ("tasks", "sessions", "calls", "session-events", "trajectories", "groups", "policy")
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], path: str | None):
+        super().__init__(settings_cls)
+        self.path = path
+
+    def get_field_value(self, field, field_name):  # pragma: no cover - unused by __call__
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        if not self.path:
+            return {}
+        data = yaml.safe_load(Path(self.path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{self.path}: expected a mapping of settings at the top level")
+        return data
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="POLAR_", extra="forbid", validate_default=True)
+
+    # Kafka
+    kafka_bootstrap: str = Field("127.0.0.1:9092", description="bootstrap servers, comma separated")
+    kafka_port: int = 9092
+    kafka_controller_port: int = 9093
+    topic_prefix: str = Field("", description="prepended to every topic name, e.g. 'exp1.'")
+    kafka_security: dict[str, str] = Field(default_factory=dict, description="extra librdkafka client settings (SASL/TLS)")
+
+    # Object storage
+    storage_url: str = Field("", description="checkpoint root; '' means file://<data_dir>/checkpoints")
+    s3_port: int = 9000
+    s3_endpoint: str = ""  # '' means http://127.0.0.1:<s3_port>
+    s3_bucket: str = "polarstream"
+    s3_access_key: str = "polaradmin"
+    s3_secret_key: str = "polaradmin-secret"
+    s3_region: str = "eu-west-1"  # not us-east-1: s3fs sends a LocationConstraint that some servers reject
+
+    # Local state
+    data_dir: Path = Field(default_factory=lambda: Path(os.environ.get("POLAR_DATA_DIR", ".polar")).absolute())
+    cache_dir: Path = CACHE_DIR
+
+    # Service ports
+    engine_port: int = 8000
+    gateway_port: int = 8100
+    rollout_port: int = 8080
+    admin_token: str = "polar-admin"
+    session_secret: str = "polar-dev-session-secret"
+
+    config: str | None = Field(None, description="optional YAML file with any of these settings")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+        path = init_settings.init_kwargs.get("config") or os.environ.get("POLAR_CONFIG")
+        return (init_settings, env_settings, _YamlSource(settings_cls, path))
+
+    # -- derived values (derived, not stored, so they can never disagree) --
+    def topic(self, name: str) -> str:
+        """Full topic name for a logical name such as ``calls`` or ``polar.calls``."""
+        name = name.removeprefix("polar.")
+        if name not in TOPICS:
+            raise ValueError(f"unknown topic {name!r}; expected one of {', '.join(TOPICS)}")
+        return f"{self.topic_prefix}polar.{name}"
+
+    @property
+    def s3_endpoint_url(self) -> str:
+        return self.s3_endpoint or f"http://127.0.0.1:{self.s3_port}"
+
+    @property
+    def checkpoint_url(self) -> str:
+        return self.storage_url or f"file://{self.data_dir / 'checkpoints'}"
+
+    def kafka_config(self, **extra: Any) -> dict[str, Any]:
+        """librdkafka client configuration shared by producers and consumers."""
+        return {"bootstrap.servers": self.kafka_bootstrap, **self.kafka_security, **extra}
+
+    def storage_options(self, url: str) -> dict[str, Any]:
+        """fsspec options for a URL: s3:// goes to our S3 server with our credentials."""
+        if url.startswith("s3://"):
+            return {
+                "key": self.s3_access_key,
+                "secret": self.s3_secret_key,
+                "client_kwargs": {"endpoint_url": self.s3_endpoint_url, "region_name": self.s3_region},
+            }
+        return {}

@@ -1,0 +1,38 @@
+"""The event contract: the only thing components share."""
+
+from .codec import RecordDecodeError, decode, encode
+from .delta import DeltaError, encode_prompt, full_sequence, resolve_prompt
+from .records import (
+    RECORD_BY_TOPIC,
+    RECORD_TYPES,
+    SCHEMA_VERSION,
+    CallOutput,
+    CallRecorded,
+    ChainInfo,
+    EvaluatorSpec,
+    HarnessSpec,
+    PolicyVersion,
+    PromptDelta,
+    Record,
+    SessionAssigned,
+    SessionEvent,
+    TaskRequest,
+    Timeouts,
+    Timings,
+    ToolCallOut,
+    Trace,
+    TrainingGroup,
+    Trajectory,
+    Usage,
+    WorkspaceSpec,
+    derived_event_id,
+    new_event_id,
+)
+
+__all__ = [
+    "RECORD_BY_TOPIC", "RECORD_TYPES", "SCHEMA_VERSION", "CallOutput", "CallRecorded", "ChainInfo",
+    "DeltaError", "EvaluatorSpec", "HarnessSpec", "PolicyVersion", "PromptDelta", "Record",
+    "RecordDecodeError", "SessionAssigned", "SessionEvent", "TaskRequest", "Timeouts", "Timings",
+    "ToolCallOut", "Trace", "TrainingGroup", "Trajectory", "Usage", "WorkspaceSpec", "decode",
+    "derived_event_id", "encode", "encode_prompt", "full_sequence", "new_event_id", "resolve_prompt",
+]

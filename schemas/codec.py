@@ -1,0 +1,44 @@
+"""orjson codec for records: bytes on the wire, one clear error for anything malformed."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import orjson
+from pydantic import ValidationError
+
+from .records import SCHEMA_VERSION, Record
+
+R = TypeVar("R", bound=Record)
+
+
+class RecordDecodeError(ValueError):
+    """A payload that is not a valid record of the expected type; the message names the field."""
+
+    def __init__(self, record_type: str, field: str, problem: str):
+        self.record_type, self.field, self.problem = record_type, field, problem
+        super().__init__(f"{record_type}.{field}: {problem}" if field else f"{record_type}: {problem}")
+
+
+def encode(record: Record) -> bytes:
+    return orjson.dumps(record.model_dump(mode="json"))
+
+
+def decode(data: bytes | str, cls: type[R]) -> R:
+    """Decode ``data`` as a ``cls`` record or raise RecordDecodeError naming the bad field."""
+    name = cls.__name__
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise RecordDecodeError(name, "", f"not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise RecordDecodeError(name, "", f"expected a JSON object, got {type(obj).__name__}")
+    version = obj.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise RecordDecodeError(name, "schema_version", f"unsupported version {version!r} (this build reads {SCHEMA_VERSION})")
+    try:
+        return cls.model_validate(obj)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in err["loc"])
+        raise RecordDecodeError(name, field, err["msg"]) from None

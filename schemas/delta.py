@@ -1,0 +1,51 @@
+"""Prompt delta encoding: a call's prompt as a reference to an earlier call plus the new suffix."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .records import CallRecorded, PromptDelta
+
+
+class DeltaError(ValueError):
+    """A prompt delta that cannot be resolved against the calls at hand."""
+
+
+def full_sequence(prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> list[int]:
+    return [*prompt_ids, *completion_ids]
+
+
+def encode_prompt(prompt_ids: Sequence[int], base_call_index: int, base_sequence: Sequence[int]) -> PromptDelta | None:
+    """Delta of ``prompt_ids`` against an earlier call's full sequence, or None if it shares no prefix.
+
+    The shared prefix is taken as long as it runs, so a prompt that extends the earlier call's prompt
+    plus its sampled ids (the usual case) stores only the appended tokens.
+    """
+    n = min(len(prompt_ids), len(base_sequence))
+    i = 0
+    while i < n and prompt_ids[i] == base_sequence[i]:
+        i += 1
+    if i == 0:
+        return None
+    return PromptDelta(base_call_index=base_call_index, base_len=i, suffix_ids=list(prompt_ids[i:]))
+
+
+def resolve_prompt(call: CallRecorded, resolved: Mapping[int, Sequence[int]]) -> list[int]:
+    """Full prompt ids of ``call``.
+
+    ``resolved`` maps call_index -> full sequence (resolved prompt + completion ids) of the session's
+    earlier calls. Raises DeltaError when the base is missing or shorter than the reference claims.
+    """
+    if call.prompt_ids is not None:
+        return list(call.prompt_ids)
+    d = call.prompt_delta
+    assert d is not None  # guaranteed by CallRecorded's validator
+    base = resolved.get(d.base_call_index)
+    if base is None:
+        raise DeltaError(f"call {call.call_index} of {call.session_id}: base call {d.base_call_index} is not available")
+    if d.base_len > len(base):
+        raise DeltaError(
+            f"call {call.call_index} of {call.session_id}: base_len {d.base_len} exceeds base call "
+            f"{d.base_call_index}'s {len(base)} tokens"
+        )
+    return [*base[: d.base_len], *d.suffix_ids]

@@ -1,0 +1,328 @@
+"""The event contract: every record that crosses a topic.
+
+Each record is a validated pydantic model with ``schema_version`` and ``event_id``. ``TOPIC`` names the
+logical topic it lives on and ``key()`` gives its partition key, so producers never guess either.
+Derived records (Trajectory, TrainingGroup) get deterministic event ids from their inputs, so a record
+re-emitted after a crash is recognisably the same one and consumers can dedupe on ``event_id``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+Provider = Literal["anthropic.messages", "openai.chat", "openai.responses", "google.generate_content", "engine"]
+SessionStatus = Literal["ok", "timeout", "failed", "infra_error", "cancelled"]
+
+
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+def derived_event_id(*parts: Any) -> str:
+    """Deterministic id for a record built from inputs: same inputs, same id."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(str(p).encode())
+        h.update(b"\x1f")
+    return h.hexdigest()[:32]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+class Record(_Model):
+    """Base of every topic record."""
+
+    TOPIC: ClassVar[str] = ""
+    schema_version: int = SCHEMA_VERSION
+    event_id: str = Field(default_factory=new_event_id, min_length=1)
+    created_at: float = Field(default_factory=time.time)
+
+    def key(self) -> str:  # pragma: no cover - every subclass overrides
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------------------- tasks
+
+
+class WorkspaceSpec(_Model):
+    """Where a session's workspace comes from."""
+
+    kind: Literal["empty", "dir", "git", "archive", "files"] = "empty"
+    source: str = ""  # directory path, git URL, or archive path/URL
+    ref: str = ""  # git ref
+    files: dict[str, str] = Field(default_factory=dict)  # kind == "files": relative path -> content
+
+
+class HarnessSpec(_Model):
+    name: str = "builtin"  # claude_code | codex | gemini_cli | qwen_code | opencode | pi | command | builtin
+    config: dict[str, Any] = Field(default_factory=dict)
+    command: list[str] = Field(default_factory=list)  # for name == "command"
+
+
+class EvaluatorSpec(_Model):
+    kind: Literal["command", "files", "python", "none"] = "command"
+    command: str = ""  # kind == command: reward 1.0 when it exits 0
+    expected_files: dict[str, str] = Field(default_factory=dict)  # kind == files: path -> exact content
+    callable: str = ""  # kind == python: "module:function", called with (workspace_path, task)
+    timeout_s: float = 60.0
+
+
+class Timeouts(_Model):
+    init_s: float = 300.0
+    agent_s: float = 600.0
+    eval_s: float = 120.0
+
+
+class TaskRequest(Record):
+    TOPIC: ClassVar[str] = "tasks"
+    task_id: str = Field(min_length=1)
+    group_id: str = ""  # defaults to task_id; one group per task submission
+    instruction: str
+    workspace: WorkspaceSpec = Field(default_factory=WorkspaceSpec)
+    prepare: list[str] = Field(default_factory=list)  # shell commands run during INIT
+    harness: HarnessSpec = Field(default_factory=HarnessSpec)
+    evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
+    num_samples: int = Field(4, ge=1, le=1024)
+    min_valid: int = Field(2, ge=1)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    priority: int = 0
+    task_set: str = "default"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _defaults(self) -> "TaskRequest":
+        if not self.group_id:
+            self.group_id = self.task_id
+        if self.min_valid > self.num_samples:
+            raise ValueError(f"min_valid ({self.min_valid}) exceeds num_samples ({self.num_samples})")
+        return self
+
+    def key(self) -> str:
+        return self.task_id
+
+
+class SessionAssigned(Record):
+    TOPIC: ClassVar[str] = "sessions"
+    session_id: str = Field(min_length=1)
+    group_id: str
+    task_id: str
+    sample_index: int = Field(ge=0)
+    attempt: int = Field(0, ge=0)
+    session_key: str  # minted, HMAC-signed, scoped to this session
+    task: TaskRequest
+
+    def key(self) -> str:
+        return self.session_id
+
+
+# --------------------------------------------------------------------------------------- calls
+
+
+class PromptDelta(_Model):
+    """prompt = (full sequence of call ``base_call_index``)[:base_len] + suffix_ids.
+
+    The full sequence of a call is its prompt ids followed by its completion ids. Encoding a growing
+    prompt this way keeps a session's bytes linear in its tokens instead of quadratic.
+    """
+
+    base_call_index: int = Field(ge=0)
+    base_len: int = Field(ge=0)
+    suffix_ids: list[int]
+
+
+class ToolCallOut(_Model):
+    id: str
+    name: str
+    arguments: str  # JSON text as generated
+
+
+class CallOutput(_Model):
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
+    parse_error: str = ""  # tool-call markup that did not parse (returned as text)
+
+
+class Usage(_Model):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Timings(_Model):
+    received_at: float = 0.0
+    upstream_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+class ChainInfo(_Model):
+    """How the gateway built this prompt relative to the session's earlier calls."""
+
+    extends_call_index: int | None = None  # prompt ids = that call's prompt + sampled ids + appended tokens
+    break_reason: str = ""  # why a new chain started: "", "first_call", "rewritten_history", "system_changed",
+    # "tools_changed", "compaction", "retokenized", "side_call", ...
+
+
+class CallRecorded(Record):
+    TOPIC: ClassVar[str] = "calls"
+    session_id: str = Field(min_length=1)
+    group_id: str = ""
+    task_id: str = ""
+    sample_index: int = 0
+    attempt: int = 0
+    call_index: int = Field(ge=0)
+    provider: Provider
+    model: str = ""  # what the harness asked for
+    served_model: str = ""
+    policy_version: int = 0
+    harness: str = ""
+    side_call: bool = False
+    request: dict[str, Any] = Field(default_factory=dict)  # normalized: messages, tools, sampling
+    prompt_ids: list[int] | None = None  # full prompt, or None when prompt_delta is set
+    prompt_delta: PromptDelta | None = None
+    completion_ids: list[int] = Field(default_factory=list)
+    completion_logprobs: list[float] = Field(default_factory=list)
+    finish_reason: str = ""
+    output: CallOutput = Field(default_factory=CallOutput)
+    usage: Usage = Field(default_factory=Usage)
+    timings: Timings = Field(default_factory=Timings)
+    chain: ChainInfo = Field(default_factory=ChainInfo)
+    error: str = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CallRecorded":
+        if (self.prompt_ids is None) == (self.prompt_delta is None):
+            raise ValueError("prompt_ids: exactly one of prompt_ids and prompt_delta must be set")
+        if len(self.completion_logprobs) != len(self.completion_ids):
+            raise ValueError(
+                f"completion_logprobs: {len(self.completion_logprobs)} logprobs for "
+                f"{len(self.completion_ids)} completion ids"
+            )
+        if self.prompt_delta is not None and self.prompt_delta.base_call_index >= self.call_index:
+            raise ValueError("prompt_delta.base_call_index: must refer to an earlier call of the session")
+        return self
+
+    def key(self) -> str:
+        return self.session_id
+
+
+class SessionEvent(Record):
+    TOPIC: ClassVar[str] = "session-events"
+    session_id: str = Field(min_length=1)
+    group_id: str = ""
+    task_id: str = ""
+    sample_index: int = 0
+    attempt: int = 0
+    num_samples: int = 1
+    min_valid: int = 1
+    kind: Literal["started", "harness_exited", "evaluated", "finished"]
+    status: SessionStatus | None = None  # set on harness_exited / finished
+    reward: float | None = None  # set on evaluated / finished
+    metrics: dict[str, float] = Field(default_factory=dict)
+    num_calls: int | None = None  # on finished: calls the gateway recorded, so assembly knows all are in
+    harness: str = ""
+    task_set: str = "default"
+    detail: str = ""
+
+    def key(self) -> str:
+        return self.session_id
+
+
+# --------------------------------------------------------------------------------------- training data
+
+
+class Trace(_Model):
+    """One training sequence: token ids with a loss mask and the rollout (behaviour) logprobs."""
+
+    call_indices: list[int]
+    token_ids: list[int]
+    loss_mask: list[int]  # 1 on sampled tokens, 0 on prompt / interstitial tokens
+    logprobs: list[float]  # rollout logprob on sampled tokens, 0.0 elsewhere
+    policy_versions: list[int] = Field(default_factory=list)  # one per call in call_indices
+    break_reason: str = ""  # why this trace did not continue an earlier one
+    side_call: bool = False
+
+    @model_validator(mode="after")
+    def _aligned(self) -> "Trace":
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"loss_mask/logprobs: lengths {len(self.loss_mask)}/{len(self.logprobs)} differ from token_ids ({n})"
+            )
+        return self
+
+
+class Trajectory(Record):
+    TOPIC: ClassVar[str] = "trajectories"
+    session_id: str
+    group_id: str
+    task_id: str = ""
+    sample_index: int = 0
+    attempt: int = 0
+    num_samples: int = 1
+    min_valid: int = 1
+    status: SessionStatus = "ok"
+    reward: float = 0.0
+    usable: bool = True  # False: masked out of its group (infrastructure failure, broken assembly)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    harness: str = ""
+    task_set: str = "default"
+    builder: Literal["per_request", "prefix_merging"] = "prefix_merging"
+    traces: list[Trace] = Field(default_factory=list)
+    stats: dict[str, float] = Field(default_factory=dict)  # calls, traces, merged, breaks, tokens...
+
+    def key(self) -> str:
+        return self.group_id
+
+
+class TrainingGroup(Record):
+    TOPIC: ClassVar[str] = "groups"
+    group_id: str
+    task_id: str = ""
+    trajectories: list[Trajectory]  # usable members only, sorted by sample_index
+    advantages: list[float]  # aligned with trajectories
+    masked: list[str] = Field(default_factory=list)  # session ids left out of the group
+    baseline: Literal["mean", "leave_one_out"] = "mean"
+    std_normalized: bool = True
+    zero_variance: bool = False
+    reward_mean: float = 0.0
+    reward_std: float = 0.0
+    policy_versions: list[int] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> "TrainingGroup":
+        if len(self.advantages) != len(self.trajectories):
+            raise ValueError(
+                f"advantages: {len(self.advantages)} values for {len(self.trajectories)} trajectories"
+            )
+        return self
+
+    def key(self) -> str:
+        return self.group_id
+
+
+class PolicyVersion(Record):
+    TOPIC: ClassVar[str] = "policy"
+    model: str
+    version: int = Field(ge=0)
+    checkpoint_url: str
+    step: int = 0
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    def key(self) -> str:
+        return self.model
+
+
+RECORD_TYPES: dict[str, type[Record]] = {
+    cls.__name__: cls
+    for cls in (TaskRequest, SessionAssigned, CallRecorded, SessionEvent, Trajectory, TrainingGroup, PolicyVersion)
+}
+RECORD_BY_TOPIC: dict[str, type[Record]] = {cls.TOPIC: cls for cls in RECORD_TYPES.values()}
