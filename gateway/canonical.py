@@ -30,6 +30,7 @@ class Message:
     tool_call_id: str = ""  # tool only: which call this result answers
     name: str = ""  # tool only: the tool's name, where the provider says it
     reasoning: str = ""  # assistant only: thinking text the harness echoed back
+    is_error: bool = False  # tool only: the harness marked this result as a failure
 
 
 @dataclass
@@ -71,18 +72,36 @@ class ChatResponse:
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: FinishReason = "stop"
+    matched_stop: str = ""  # the stop sequence that ended generation, if one did (Anthropic reports it)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     created: float = 0.0
 
 
 class RequestError(Exception):
-    """A request the gateway refuses; adapters render it in their provider's error shape."""
+    """A request the gateway refuses; adapters render it in their provider's error shape.
+
+    ``kind`` is a hint in OpenAI's vocabulary (invalid_request_error, authentication_error,
+    permission_error, not_found_error, request_too_large, rate_limit_error, api_error, overloaded_error,
+    timeout_error); each adapter maps it, or else the status, onto its provider's own error types.
+    """
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.kind = status, message, kind
         self.headers = headers or {}
+
+
+class ContextLengthError(RequestError):
+    """The prompt does not fit the served model's context.
+
+    Every adapter words this the way its provider does, because harnesses recognise those exact words
+    (or codes) and compact their history instead of giving up.
+    """
+
+    def __init__(self, prompt_tokens: int, limit: int):
+        super().__init__(400, f"prompt is too long: {prompt_tokens} tokens > {limit} maximum", "context_length_exceeded")
+        self.prompt_tokens, self.limit = prompt_tokens, limit
 
 
 class ProviderAdapter(Protocol):
@@ -95,6 +114,9 @@ class ProviderAdapter(Protocol):
 
         ``model``/``stream`` come from the URL where the provider puts them there (Google).
         """
+
+    def parse_count_tokens(self, body: dict[str, Any], *, model: str | None = None) -> ChatRequest:
+        """The body of the provider's count-tokens route -> ChatRequest (generation fields optional)."""
 
     def render_response(self, req: ChatRequest, resp: ChatResponse) -> dict[str, Any]:
         """Non-streaming JSON body."""
