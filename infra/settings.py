@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 CACHE_DIR = Path(os.environ.get("POLAR_CACHE_DIR", Path.home() / ".cache" / "polarstream"))
@@ -69,6 +69,13 @@ class Settings(BaseSettings):
     session_secret: str = "polar-dev-session-secret"
 
     config: str | None = Field(None, description="optional YAML file with any of these settings")
+
+    @model_validator(mode="after")
+    def _bootstrap_follows_port(self) -> "Settings":
+        # POLAR_KAFKA_PORT alone moves both the broker and its clients; an explicit bootstrap wins.
+        if "kafka_bootstrap" not in self.model_fields_set:
+            self.kafka_bootstrap = f"127.0.0.1:{self.kafka_port}"
+        return self
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):

@@ -23,6 +23,11 @@ def encode_prompt(prompt_ids: Sequence[int], base_call_index: int, base_sequence
     """
     n = min(len(prompt_ids), len(base_sequence))
     i = 0
+    # Compare in blocks first (list slices compare in C), then find the mismatch within the block:
+    # prompts run to tens of thousands of ids and this runs on every recorded call.
+    block = 1024
+    while i + block <= n and list(prompt_ids[i : i + block]) == list(base_sequence[i : i + block]):
+        i += block
     while i < n and prompt_ids[i] == base_sequence[i]:
         i += 1
     if i == 0:

@@ -97,6 +97,8 @@ class TaskRequest(Record):
     priority: int = 0
     task_set: str = "default"
     metadata: dict[str, Any] = Field(default_factory=dict)
+    early_stop: int = Field(0, ge=0)  # cancel the remaining sessions once this many usable ones finished (0: never)
+    cancelled: str = ""  # non-empty (the reason) on a cancel marker re-published to polar.tasks; nodes honour it
 
     @model_validator(mode="after")
     def _defaults(self) -> "TaskRequest":

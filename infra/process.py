@@ -1,0 +1,245 @@
+"""Run a Java server as a detached process that a later, separate process can find and stop.
+
+Each service keeps a pid file (JSON) in its data directory. A pid alone is not proof: the OS reuses
+pids, so a service only counts as ours while ``/proc/<pid>/cmdline`` still contains its marker (the
+path of its own config file). That is what lets ``polarstream infra down`` in one shell stop exactly
+what ``up`` started in another, and never anything else.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InfraError
+
+MIN_JAVA = 17
+
+
+# --------------------------------------------------------------------------------------- checks
+
+
+def java_version(java: str = "java") -> int:
+    """Major version of the ``java`` on PATH; InfraError when it is missing."""
+    exe = shutil.which(java)
+    if exe is None:
+        raise InfraError(f"java not found on PATH: install Java {MIN_JAVA}+ (e.g. apt-get install openjdk-17-jre-headless)")
+    out = subprocess.run([exe, "-version"], capture_output=True, text=True, timeout=30)
+    return parse_java_version(out.stderr + out.stdout)
+
+
+def parse_java_version(text: str) -> int:
+    """Major version from ``java -version`` output ('1.8.0_402' -> 8, '17.0.15' -> 17)."""
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if not m:
+        raise InfraError(f"could not read the Java version from: {text.strip()[:200]!r}")
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
+
+
+def require_java() -> str:
+    """Path of a java executable at least MIN_JAVA, or a one-line InfraError."""
+    version = java_version()
+    if version < MIN_JAVA:
+        raise InfraError(f"java {version} is too old: Kafka 4 and s3proxy need Java {MIN_JAVA}+")
+    return shutil.which("java")  # type: ignore[return-value]
+
+
+def cds_archive(jar_dir: Path) -> Path:
+    """Where the class-data archive for these jars and this JVM lives (one per java installation)."""
+    java = os.path.realpath(shutil.which("java") or "java")
+    return jar_dir / f"cds-{hashlib.sha256(java.encode()).hexdigest()[:8]}.jsa"
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when nothing could listen on host:port now.
+
+    SO_REUSEADDR mirrors what the JVM servers set, so a port whose last connections sit in TIME_WAIT
+    (right after a restart) is not mistaken for a busy one.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def require_free_ports(what: str, ports: dict[str, int]) -> None:
+    """InfraError naming the first of ``ports`` (name -> port) that is taken."""
+    for name, port in ports.items():
+        if port_in_use(port):
+            raise InfraError(f"{what}: port {port} ({name}) is already in use; stop what holds it or choose another port")
+
+
+def free_port() -> int:
+    """A port the OS just considered free (tests use these so parallel runs never collide)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tcp_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
+    """True when something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    """Last lines of a log file, for error messages ('' when there is none)."""
+    try:
+        data = path.read_bytes()[-16384:]
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+# --------------------------------------------------------------------------------------- processes
+
+
+def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
+    # PR_SET_PDEATHSIG: the kernel sends SIGTERM when the starting thread dies, so a test session
+    # killed with SIGKILL cannot leave brokers behind.
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def pid_alive(pid: int, marker: str) -> bool:
+    """True while ``pid`` runs and its command line contains ``marker`` (so a reused pid is not ours)."""
+    try:  # an exited child of ours lingers as a zombie until reaped
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
+    for _ in range(50):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if cmdline or state == "Z":
+            return marker.encode() in cmdline
+        # Empty but running: a child caught mid-exec (the kernel sets the new argv a moment after the
+        # parent's Popen returns). Look again shortly rather than call it dead.
+        time.sleep(0.01)
+    return False
+
+
+@dataclass
+class Service:
+    """A detached server process described by its pid file, log file and identifying marker."""
+
+    name: str
+    pid_file: Path
+    log_file: Path
+    marker: str  # a string unique to this instance's command line (its config file path)
+    archive: Path | None = None  # AppCDS class-data archive shared by every run of the same jars
+    _scratch: Path | None = None
+
+    def cds_flags(self, record: bool = True) -> list[str]:
+        """JVM flags that load the class-data archive, or (``record``) write one when this JVM exits.
+
+        Loading ~6k classes dominates a broker's startup on a busy 2-core machine; a dynamic AppCDS
+        archive halves the CPU it takes. The first run to stop cleanly leaves the archive behind for
+        every later one. A stale or foreign archive is ignored by the JVM (-Xshare:auto), never fatal.
+        """
+        if self.archive is None:
+            return []
+        if self.archive.exists():
+            return [f"-XX:SharedArchiveFile={self.archive}", "-Xshare:auto"]
+        if not record:
+            return []
+        # Same directory as the archive so adopting it is an atomic rename.
+        self._scratch = self.archive.with_name(f".{self.archive.name}.{os.getpid()}-{time.time_ns()}.tmp")
+        return [f"-XX:ArchiveClassesAtExit={self._scratch}"]
+
+    def _adopt_archive(self, info: dict | None) -> None:
+        scratch = Path(info["cds_scratch"]) if info and info.get("cds_scratch") else None
+        if scratch is None or self.archive is None:
+            return
+        if scratch.exists() and scratch.stat().st_size > 0 and not self.archive.exists():
+            os.replace(scratch, self.archive)
+        scratch.unlink(missing_ok=True)
+
+    def info(self) -> dict | None:
+        """The pid file's content, or None when there is none."""
+        try:
+            return json.loads(self.pid_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def pid(self) -> int | None:
+        """Pid of the running instance, or None (a stale pid file is removed)."""
+        info = self.info()
+        if info is None:
+            return None
+        if pid_alive(int(info["pid"]), self.marker):
+            return int(info["pid"])
+        self.pid_file.unlink(missing_ok=True)
+        return None
+
+    def spawn(self, cmd: list[str], extra: dict, die_with_parent: bool = False) -> int:
+        """Start ``cmd`` in its own session with output appended to the log file; write the pid file."""
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        # pdeathsig follows the thread that forks; from a worker thread it would fire when that thread
+        # ends, so only the main thread asks for it.
+        use_sig = die_with_parent and threading.current_thread() is threading.main_thread()
+        with open(self.log_file, "ab") as log:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_pdeathsig if use_sig else None,
+            )
+        scratch, self._scratch = self._scratch, None
+        self.pid_file.write_text(json.dumps({"pid": proc.pid, "started_at": time.time(),
+                                             "cds_scratch": str(scratch) if scratch else None, **extra}))
+        return proc.pid
+
+    def wait_ready(self, ready: Callable[[], bool], timeout: float) -> None:
+        """Poll ``ready`` until true; InfraError with the log's tail when the process dies or time runs out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.pid() is None:
+                raise InfraError(f"{self.name} exited during startup; log {self.log_file}:\n{tail(self.log_file)}")
+            if ready():
+                return
+            time.sleep(0.1)
+        raise InfraError(f"{self.name} did not become ready in {timeout:.0f}s; log {self.log_file}:\n{tail(self.log_file)}")
+
+    def stop(self, timeout: float = 20.0, force: bool = False) -> bool:
+        """SIGTERM, then SIGKILL after ``timeout`` (at once with ``force``); True when something was stopped."""
+        pid, info = self.pid(), self.info()
+        if pid is None:
+            return False
+        _signal(pid, signal.SIGKILL if force else signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and pid_alive(pid, self.marker):
+            time.sleep(0.05)
+        if pid_alive(pid, self.marker):
+            _signal(pid, signal.SIGKILL)
+            while pid_alive(pid, self.marker):
+                time.sleep(0.05)
+        self.pid_file.unlink(missing_ok=True)
+        self._adopt_archive(info)
+        return True
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

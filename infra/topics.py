@@ -1,0 +1,180 @@
+"""Apply ``infra/topics.yaml`` to the broker: create what is missing, align configs, report drift.
+
+``ensure_topics(settings)`` is idempotent. Topic configs that differ from the file are set back to it
+(retention, message size and cleanup policy are safe to change live); partition count and replication
+factor are only reported, because changing them by hand is a decision (it remaps keys).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from .errors import InfraError
+from .settings import TOPICS, Settings
+
+TOPICS_FILE = Path(__file__).with_name("topics.yaml")
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One logical topic as declared in topics.yaml."""
+
+    name: str  # logical name: "calls"
+    partitions: int
+    replication_factor: int
+    config: dict[str, str]
+
+
+@lru_cache(maxsize=8)
+def load_specs(path: Path = TOPICS_FILE) -> dict[str, TopicSpec]:
+    """Logical name -> TopicSpec, validated: every topic of the blueprint, no others, co-partitioning holds."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    topics = data.get("topics") or {}
+    missing, unknown = set(TOPICS) - set(topics), set(topics) - set(TOPICS)
+    if missing or unknown:
+        raise InfraError(f"{path}: topics missing {sorted(missing)}, unknown {sorted(unknown)}")
+    rf = int(data.get("replication_factor", 1))
+    specs = {}
+    for name, body in topics.items():
+        partitions = body.get("partitions")
+        if not isinstance(partitions, int) or partitions < 1:
+            raise InfraError(f"{path}: topics.{name}.partitions must be an integer of at least 1, got {partitions!r}")
+        config = {k: str(v) for k, v in (body.get("config") or {}).items()}
+        specs[name] = TopicSpec(name, partitions, int(body.get("replication_factor", rf)), config)
+    for group in data.get("co_partitioned") or []:
+        counts = {n: specs[n].partitions for n in group}
+        if len(set(counts.values())) != 1:
+            raise InfraError(f"{path}: co-partitioned topics need equal partition counts, got {counts}")
+    return specs
+
+
+def largest_message_bytes(path: Path = TOPICS_FILE) -> int:
+    """The largest max.message.bytes of any topic (the broker and the publisher must allow it)."""
+    return max(int(s.config.get("max.message.bytes", 1048588)) for s in load_specs(path).values())
+
+
+@dataclass
+class TopicReport:
+    """What ensure_topics did. ``drift`` lists differences it left alone on purpose."""
+
+    created: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    altered: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # topic -> key -> [was, now]
+    drift: dict[str, list[str]] = field(default_factory=dict)  # topic -> human-readable differences
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing drifted from topics.yaml."""
+        return not self.drift
+
+    def to_dict(self) -> dict:
+        """JSON-ready form, for ``infra topics --json``."""
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        """One human-readable line per topic action or difference."""
+        out = [f"created {t}" for t in self.created]
+        out += [f"altered {t}: {k} {v[0]} -> {v[1]}" for t, kv in self.altered.items() for k, v in kv.items()]
+        out += [f"DRIFT {t}: {d}" for t, ds in self.drift.items() for d in ds]
+        out += [f"ok {t}" for t in self.unchanged]
+        return out
+
+
+def _admin(settings: Settings):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(settings.kafka_config(logger=logging.getLogger("librdkafka")))
+
+
+def ensure_topics(settings: Settings, specs: dict[str, TopicSpec] | None = None, timeout: float = 30.0) -> TopicReport:
+    """Create missing topics (with ``settings.topic_prefix``), align configs, report drift."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    specs = specs or load_specs()
+    admin = _admin(settings)
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as e:
+        raise InfraError(f"kafka at {settings.kafka_bootstrap} did not answer: {e.args[0]}") from None
+    report = TopicReport()
+    full = {settings.topic(n): s for n, s in specs.items()}
+    to_create = [NewTopic(t, num_partitions=s.partitions, replication_factor=s.replication_factor, config=s.config)
+                 for t, s in full.items() if t not in existing]
+    if to_create:
+        for topic, fut in admin.create_topics(to_create, operation_timeout=timeout, request_timeout=timeout).items():
+            try:
+                fut.result()
+                report.created.append(topic)
+            except KafkaException as e:
+                if e.args[0].name() != "TOPIC_ALREADY_EXISTS":  # a concurrent creator won the race
+                    raise InfraError(f"creating topic {topic} failed: {e.args[0].str()}") from None
+        _wait_for_leaders(admin, report.created, timeout)
+    for topic, spec in full.items():
+        if topic in existing:
+            _reconcile(admin, topic, spec, existing[topic], report, timeout)
+    return report
+
+
+def _reconcile(admin, topic: str, spec: TopicSpec, meta, report: TopicReport, timeout: float) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    drift = []
+    if len(meta.partitions) != spec.partitions:
+        drift.append(f"partitions {len(meta.partitions)}, topics.yaml says {spec.partitions} (change by hand: it remaps keys)")
+    rf = min((len(p.replicas) for p in meta.partitions.values()), default=0)
+    if rf != spec.replication_factor:
+        drift.append(f"replication factor {rf}, topics.yaml says {spec.replication_factor}")
+    if drift:
+        report.drift[topic] = drift
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    current = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
+    changes = {k: [current[k].value if k in current else None, v] for k, v in spec.config.items()
+               if k not in current or current[k].value != v}
+    if not changes:
+        if not drift:
+            report.unchanged.append(topic)
+        return
+    entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, (_, v) in changes.items()]
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=entries)
+    admin.incremental_alter_configs([resource], request_timeout=timeout)[resource].result()
+    report.altered[topic] = {k: [str(was), now] for k, (was, now) in changes.items()}
+    # The controller has committed the change; the broker applies it from the metadata log a moment
+    # later. Wait for that, so "ensure_topics returned" means "the configs are in force".
+    wanted = {k: now for k, (_, now) in changes.items()}
+    probe = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        current = admin.describe_configs([probe], request_timeout=timeout)[probe].result()
+        if all(k in current and current[k].value == v for k, v in wanted.items()):
+            return
+        time.sleep(0.05)
+
+
+def _wait_for_leaders(admin, topics: list[str], timeout: float) -> None:
+    # CreateTopics returns once the controller has the topic; producers that start right after want
+    # every partition to have a leader in the broker's metadata, or their first sends wait on retries.
+    deadline = time.monotonic() + timeout
+    pending = set(topics)
+    while pending and time.monotonic() < deadline:
+        md = admin.list_topics(timeout=timeout).topics
+        pending = {t for t in pending if t not in md or md[t].error is not None
+                   or any(p.leader < 0 for p in md[t].partitions.values())}
+        if pending:
+            time.sleep(0.05)
+
+
+def delete_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
+    """Delete this prefix's topics (tests and `infra topics --delete`); returns the names deleted."""
+    admin = _admin(settings)
+    existing = admin.list_topics(timeout=timeout).topics
+    names = [settings.topic(n) for n in TOPICS if settings.topic(n) in existing]
+    for fut in (admin.delete_topics(names, operation_timeout=timeout).values() if names else []):
+        fut.result()
+    return names

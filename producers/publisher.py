@@ -1,0 +1,284 @@
+"""The durable publisher: a record counts as published only once the broker has acknowledged it.
+
+Built on confluent-kafka with idempotence and acks=all, so a retried send never duplicates and an
+acknowledged send survives a broker restart. Each record goes to ``settings.topic(record.TOPIC)`` keyed
+by ``record.key()``. A background thread polls the producer and resolves one future per record:
+
+    async with Publisher(settings) as pub:
+        delivery = await pub.publish(call)       # raises PublishError if the broker never acknowledged
+
+``publish_sync`` is the same for threads. When librdkafka's bounded queue is full, ``publish`` waits
+(back-pressure) instead of dropping. On close, whatever is still queued is flushed; what cannot be
+delivered in time fails its future with PublishError, so no caller mistakes it for published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from infra.settings import Settings
+from infra.topics import largest_message_bytes
+from schemas import Record, encode
+
+log = logging.getLogger(__name__)
+
+_BACKOFF_S = 0.005  # wait between retries of a full local queue; the poll thread drains it meanwhile
+
+
+# Errors that say "not now" rather than "never": the same record may succeed once the broker is back.
+_TRANSIENT = {KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
+
+
+def _retriable(err: KafkaError) -> bool:
+    return err.retriable() or err.code() in _TRANSIENT
+
+
+class PublishError(RuntimeError):
+    """A record that was not acknowledged by the broker (or could not be queued). Nothing was published."""
+
+    def __init__(self, message: str, *, topic: str = "", event_id: str = "", code: str = "", retriable: bool = False):
+        super().__init__(message)
+        self.topic, self.event_id, self.code, self.retriable = topic, event_id, code, retriable
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Where an acknowledged record landed."""
+
+    topic: str
+    partition: int
+    offset: int
+    event_id: str
+    latency_ms: float
+
+
+class PublisherStats:
+    """Counters since start; latencies of the most recent deliveries for percentiles."""
+
+    def __init__(self, window: int = 10_000):
+        self.sent = self.acked = self.failed = self.bytes = 0
+        self.queue_full = 0  # times a send had to wait for room (back-pressure)
+        self._latencies: deque[float] = deque(maxlen=window)
+        self._lock = threading.Lock()
+
+    def record_sent(self, size: int) -> None:
+        """Count a record handed to the producer."""
+        with self._lock:
+            self.sent += 1
+            self.bytes += size
+
+    def record_result(self, ok: bool, latency_ms: float) -> None:
+        """Count a delivery outcome (latency kept only for acknowledged records)."""
+        with self._lock:
+            if ok:
+                self.acked += 1
+                self._latencies.append(latency_ms)
+            else:
+                self.failed += 1
+
+    def percentile(self, q: float) -> float:
+        """Delivery latency (ms) at quantile ``q`` of the recent window."""
+        with self._lock:
+            values = sorted(self._latencies)
+        if not values:
+            return 0.0
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+    def to_dict(self) -> dict[str, float]:
+        """Counters and latency percentiles, JSON-ready."""
+        return {"sent": self.sent, "acked": self.acked, "failed": self.failed, "bytes": self.bytes,
+                "queue_full": self.queue_full,
+                "in_flight": self.sent - self.acked - self.failed,
+                "latency_p50_ms": self.percentile(0.5), "latency_p99_ms": self.percentile(0.99)}
+
+
+def producer_config(settings: Settings, *, delivery_timeout_s: float, max_in_flight: int,
+                    linger_ms: float, compression: str, client_id: str) -> dict[str, Any]:
+    """librdkafka settings for durable, ordered, bounded publishing."""
+    max_message = largest_message_bytes() + 64 * 1024
+    return settings.kafka_config(**{
+        "client.id": client_id,
+        "enable.idempotence": True,  # retries never duplicate or reorder within a partition
+        "acks": "all",
+        "compression.type": compression,
+        "linger.ms": linger_ms,
+        "message.timeout.ms": int(delivery_timeout_s * 1000),  # past this, delivery fails: PublishError
+        "request.timeout.ms": int(min(30.0, delivery_timeout_s) * 1000),
+        "message.max.bytes": max_message,
+        # The in-flight bound: a full queue raises BufferError, which publish turns into waiting.
+        "queue.buffering.max.messages": max_in_flight,
+        "queue.buffering.max.kbytes": max(2 * max_message // 1024, 128 * 1024),
+        # Reconnect within a second of a broker coming back instead of backing off up to 10 s.
+        "reconnect.backoff.max.ms": 1000,
+    })
+
+
+class Publisher:
+    """Durable, asyncio-friendly Kafka publisher for schema records."""
+
+    def __init__(self, settings: Settings, *, delivery_timeout_s: float = 30.0, max_in_flight: int = 10_000,
+                 linger_ms: float = 5.0, compression: str = "lz4", client_id: str = "polarstream",
+                 config: dict[str, Any] | None = None):
+        self.settings = settings
+        self.delivery_timeout_s = delivery_timeout_s
+        self.stats = PublisherStats()
+        cfg = producer_config(settings, delivery_timeout_s=delivery_timeout_s, max_in_flight=max_in_flight,
+                              linger_ms=linger_ms, compression=compression, client_id=client_id)
+        cfg["logger"] = logging.getLogger("librdkafka")  # not raw stderr: callers choose what they see
+        cfg.update(config or {})
+        cfg["error_cb"] = self._on_error
+        self._producer = Producer(cfg)
+        self._fatal: KafkaError | None = None
+        self._full_lock = threading.Lock()
+        self._loop_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._closed = False
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll_loop, name="publisher-poll", daemon=True)
+        self._poller.start()
+
+    # ------------------------------------------------------------------ publishing
+
+    async def publish(self, record: Record) -> Delivery:
+        """Send ``record`` and return once the broker acknowledged it; PublishError otherwise.
+
+        Cancelling the caller stops the wait, not the send: a record already queued may still land
+        (a consumer that dedupes on event_id absorbs a retry of it).
+        """
+        return await asyncio.wrap_future(await self._submit_async(record))
+
+    async def publish_many(self, records: list[Record]) -> list[Delivery]:
+        """Send all, in order, and wait for every acknowledgement (the first failure raises)."""
+        futures = [asyncio.wrap_future(await self._submit_async(r)) for r in records]
+        return list(await asyncio.gather(*futures))
+
+    def publish_sync(self, record: Record, timeout: float | None = None) -> Delivery:
+        """Blocking ``publish`` for threaded callers."""
+        return self.submit(record).result(timeout)
+
+    def submit(self, record: Record) -> Future[Delivery]:
+        """Queue ``record`` (blocking while the queue is full) and return its delivery future."""
+        out = self._encode(record)
+        fut = self._try_produce(record, *out)
+        if fut is None:
+            with self._full_lock:  # see _submit_async
+                while (fut := self._try_produce(record, *out)) is None:
+                    time.sleep(_BACKOFF_S)
+        return fut
+
+    async def _submit_async(self, record: Record) -> Future[Delivery]:
+        out = self._encode(record)
+        fut = self._try_produce(record, *out)
+        if fut is None:
+            # The local queue is full (back-pressure: never drop). One waiter retries at a time and the
+            # others queue behind it in arrival order, instead of thousands of coroutines spinning.
+            lock = self._loop_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+            async with lock:
+                while (fut := self._try_produce(record, *out)) is None:
+                    await asyncio.sleep(_BACKOFF_S)
+        return fut
+
+    def _encode(self, record: Record) -> tuple[str, bytes]:
+        return self.settings.topic(record.TOPIC), encode(record)
+
+    def _try_produce(self, record: Record, topic: str, data: bytes) -> Future[Delivery] | None:
+        """The record's delivery future, or None when the local queue is full right now."""
+        if self._closed:
+            raise PublishError("publisher is closed", event_id=record.event_id)
+        if self._fatal is not None:
+            raise PublishError(f"publisher is unusable after a fatal error: {self._fatal.str()}",
+                               code=self._fatal.name(), event_id=record.event_id)
+        fut: Future[Delivery] = Future()
+        start = time.monotonic()
+
+        def on_delivery(err: KafkaError | None, msg) -> None:
+            self._resolve(fut, err, msg, record.event_id, start)
+
+        try:
+            self._producer.produce(topic, value=data, key=record.key().encode(), on_delivery=on_delivery,
+                                   headers=[("record_type", type(record).__name__.encode())])
+        except BufferError:
+            self.stats.queue_full += 1
+            return None
+        except KafkaException as e:  # rejected before queueing: too large, unknown config, ...
+            err = e.args[0]
+            self.stats.record_sent(0)  # counted as an attempt that failed, so in_flight stays exact
+            self.stats.record_result(False, 0.0)
+            raise PublishError(f"{topic}: {err.str()} ({len(data)} bytes, event {record.event_id})",
+                               topic=topic, event_id=record.event_id, code=err.name(), retriable=_retriable(err)) from None
+        self.stats.record_sent(len(data))
+        return fut
+
+    def _resolve(self, fut: Future[Delivery], err: KafkaError | None, msg, event_id: str, start: float) -> None:
+        latency_ms = (time.monotonic() - start) * 1000
+        self.stats.record_result(err is None, latency_ms)
+        try:
+            if err is None:
+                fut.set_result(Delivery(msg.topic(), msg.partition(), msg.offset(), event_id, latency_ms))
+            else:
+                fut.set_exception(PublishError(
+                    f"{msg.topic()}: not acknowledged: {err.str()} (event {event_id})",
+                    topic=msg.topic(), event_id=event_id, code=err.name(), retriable=_retriable(err)))
+        except InvalidStateError:  # the awaiting caller was cancelled; the outcome is still counted
+            pass
+
+    # ------------------------------------------------------------------ background
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.05)
+
+    def _on_error(self, err: KafkaError) -> None:
+        # Transport errors (broker down, restarting) are normal and retried by librdkafka until each
+        # message's timeout; only a fatal error makes the producer unusable.
+        if err.fatal():
+            self._fatal = err
+            log.error("publisher fatal error: %s", err.str())
+        else:
+            log.debug("publisher: %s", err.str())
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait for queued records to be delivered; returns how many are still pending."""
+        return self._producer.flush(self.delivery_timeout_s if timeout is None else timeout)
+
+    def close(self, timeout: float | None = None) -> int:
+        """Flush, then fail whatever is still pending with PublishError; returns that count."""
+        if self._closed:
+            return 0
+        self._closed = True
+        remaining = self.flush(timeout)
+        if remaining:
+            # Purged messages get their delivery callback with an error, so every waiter learns the truth.
+            self._producer.purge()
+            self._producer.flush(0)
+        self._stop.set()
+        self._poller.join()
+        self._producer.close()  # release its connections now, not whenever garbage collection runs
+        return remaining
+
+    async def aclose(self, timeout: float | None = None) -> int:
+        """``close`` without blocking the event loop."""
+        return await asyncio.to_thread(self.close, timeout)
+
+    def __enter__(self) -> "Publisher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "Publisher":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()

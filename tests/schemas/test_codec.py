@@ -1,0 +1,103 @@
+"""The codec round-trips every record and turns any malformed payload into one error naming the field."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from schemas import (
+    RECORD_BY_TOPIC, RECORD_TYPES, CallRecorded, PolicyVersion, RecordDecodeError, SessionEvent, Trace, TrainingGroup,
+    decode, derived_event_id, encode,
+)
+from tests.schemas.samples import call, sample_records
+
+
+@pytest.mark.parametrize("record", sample_records(), ids=lambda r: type(r).__name__)
+def test_round_trip(record):
+    data = encode(record)
+    again = decode(data, type(record))
+    assert again == record
+    assert encode(again) == data  # stable bytes: re-encoding a decoded record changes nothing
+
+
+def test_every_type_has_a_topic_and_a_sample():
+    assert {type(r) for r in sample_records()} == set(RECORD_TYPES.values())
+    assert set(RECORD_BY_TOPIC) == {"tasks", "sessions", "calls", "session-events", "trajectories", "groups", "policy"}
+
+
+def test_logprobs_survive_exactly():
+    rec = call()
+    rec = rec.model_copy(update={"completion_logprobs": [-1e-12, -123.456789012345, -0.1]})
+    assert decode(encode(rec), CallRecorded).completion_logprobs == [-1e-12, -123.456789012345, -0.1]
+
+
+def _payload(record, **changes) -> bytes:
+    obj = orjson.loads(encode(record))
+    obj.update(changes)
+    return orjson.dumps(obj)
+
+
+@pytest.mark.parametrize("data, field, problem", [
+    (b"{not json", "", "not valid JSON"),
+    (b"[1, 2]", "", "expected a JSON object, got list"),
+    (b'"text"', "", "expected a JSON object, got str"),
+    (_payload(call(), schema_version=2), "schema_version", "unsupported version 2"),
+    (_payload(call(), schema_version=None), "schema_version", "unsupported version None"),
+    (_payload(call(), call_index="three"), "call_index", "integer"),
+    (_payload(call(), call_index=-1), "call_index", "greater than or equal to 0"),
+    (_payload(call(), provider="carrier.pigeon"), "provider", "anthropic.messages"),
+    (_payload(call(), surprise=1), "surprise", "Extra inputs are not permitted"),
+    (_payload(call(), session_id=""), "session_id", "at least 1 character"),
+])
+def test_malformed_payload_names_the_field(data, field, problem):
+    with pytest.raises(RecordDecodeError) as e:
+        decode(data, CallRecorded)
+    assert e.value.record_type == "CallRecorded"
+    assert e.value.field == field
+    assert problem in e.value.problem
+    assert str(e.value).startswith(f"CallRecorded.{field}:" if field else "CallRecorded:")
+
+
+def test_nested_field_is_named_with_its_path():
+    obj = orjson.loads(encode(call()))
+    obj["output"]["tool_calls"][0]["name"] = 7
+    with pytest.raises(RecordDecodeError) as e:
+        decode(orjson.dumps(obj), CallRecorded)
+    assert e.value.field == "output.tool_calls.0.name"
+
+
+def test_cross_field_rules_are_enforced_on_decode():
+    obj = orjson.loads(encode(call()))
+    obj["completion_logprobs"] = [-0.5]  # three completion ids
+    with pytest.raises(RecordDecodeError, match="completion_logprobs: 1 logprobs for 3 completion ids"):
+        decode(orjson.dumps(obj), CallRecorded)
+    obj = orjson.loads(encode(call()))
+    obj["prompt_ids"] = None  # and no prompt_delta either
+    with pytest.raises(RecordDecodeError, match="exactly one of prompt_ids and prompt_delta"):
+        decode(orjson.dumps(obj), CallRecorded)
+
+
+def test_missing_required_field():
+    with pytest.raises(RecordDecodeError) as e:
+        decode(b'{"schema_version": 1, "version": 3, "checkpoint_url": "x"}', PolicyVersion)
+    assert (e.value.field, e.value.problem) == ("model", "Field required")
+
+
+def test_wrong_record_type_is_an_error_not_a_coercion():
+    with pytest.raises(RecordDecodeError) as e:
+        decode(encode(call()), SessionEvent)
+    assert e.value.record_type == "SessionEvent"
+
+
+def test_trace_and_group_alignment():
+    with pytest.raises(ValueError, match="loss_mask/logprobs"):
+        Trace(call_indices=[0], token_ids=[1, 2], loss_mask=[0], logprobs=[0.0, 0.0])
+    with pytest.raises(ValueError, match="advantages: 1 values for 0 trajectories"):
+        TrainingGroup(group_id="g", trajectories=[], advantages=[1.0])
+
+
+def test_event_ids():
+    assert derived_event_id("g", 1, "x") == derived_event_id("g", 1, "x")
+    assert derived_event_id("g", 1, "x") != derived_event_id("g", 1, "y")
+    assert derived_event_id("ab", "c") != derived_event_id("a", "bc")  # parts are separated
+    assert call().event_id != call().event_id
