@@ -1,0 +1,72 @@
+"""Returned logprobs against a plain forward pass of the same model (max abs difference <= 1e-4)."""
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.plugins.engine import start_engine_server
+
+PROMPT = "Create a file named hello.txt that contains hi"
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def sampled_distribution(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Log-probs of the distribution sampled from, written independently of engine/sampling.py."""
+    out = []
+    for row in logits:
+        row = row / (temperature if temperature > 0 else 1.0)
+        order = torch.argsort(row, descending=True).tolist()
+        keep = order[:top_k] if top_k > 0 else order
+        probs = torch.softmax(row[keep], dim=0)
+        mass, nucleus = 0.0, []
+        for tok, p in zip(keep, probs.tolist()):
+            if mass >= top_p:
+                break
+            nucleus.append(tok)
+            mass += p
+        masked = torch.full_like(row, float("-inf"))
+        masked[nucleus] = row[nucleus]
+        out.append(torch.log_softmax(masked, dim=0))
+    return torch.stack(out)
+
+
+def forward_logits(model, prompt_ids, completion_ids):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + completion_ids])).logits[0]
+    return logits[len(prompt_ids) - 1: -1].float()  # the logits that predicted each completion token
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 50, 0.9), (1.3, 0, 0.8), (0.0, 0, 1.0)])
+def test_logprobs_are_those_of_the_sampled_distribution(client, reference, temperature, top_k, top_p):
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 16, "temperature": temperature, "top_k": top_k,
+                                             "top_p": top_p, "seed": 7, "logprobs": 3, "return_token_ids": True})
+    (choice,) = r.json()["choices"]
+    ids, got = choice["token_ids"], torch.tensor(choice["logprobs"]["token_logprobs"])
+    dist = sampled_distribution(forward_logits(reference, choice["prompt_token_ids"], ids), temperature, top_k, top_p)
+    want = dist.gather(1, torch.tensor(ids)[:, None])[:, 0]
+    assert (got - want).abs().max() <= 1e-4
+    # the alternatives are the best tokens of that same distribution, with their values
+    for pos, top in enumerate(choice["logprobs"]["top_logprobs"]):
+        best = dist[pos].topk(3)
+        assert max(top.values()) == pytest.approx(float(best.values[0]), abs=1e-4)
+        assert len(top) >= 3 or len(set(top)) < 3  # fewer only when decoded strings coincide
+
+
+def test_raw_logprobs_mode(tiny_model_dir, reference):
+    server = start_engine_server(tiny_model_dir, logprobs_mode="raw_logprobs")
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 10, "temperature": 0.5, "top_k": 20,
+                                                "seed": 3, "logprobs": 0, "return_token_ids": True})
+        (choice,) = r.json()["choices"]
+    finally:
+        server.stop()
+    ids = choice["token_ids"]
+    want = torch.log_softmax(forward_logits(reference, choice["prompt_token_ids"], ids), dim=-1)
+    want = want.gather(1, torch.tensor(ids)[:, None])[:, 0]
+    assert (torch.tensor(choice["logprobs"]["token_logprobs"]) - want).abs().max() <= 1e-4
