@@ -1,0 +1,187 @@
+"""``polarstream replay | eval | export``: re-derive, evaluate and export from the recorded topics.
+
+All three read with their own throw-away consumer group and never commit, so they run beside live
+collection and training without moving anyone's offsets. See docs/replay-and-eval.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+_PREFIX_HELP = "topic prefix to read (default: the settings' POLAR_TOPIC_PREFIX); e.g. a replay's namespace"
+_CONFIG_HELP = "settings YAML (else POLAR_* environment)"
+
+
+def _settings(config: Optional[Path], prefix: Optional[str]):
+    from infra.settings import Settings
+
+    settings = Settings(config=str(config)) if config else Settings()
+    return settings if prefix is None else settings.model_copy(update={"topic_prefix": prefix})
+
+
+def _fail(message: str, code: int = 1):
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _json(obj) -> None:
+    import orjson
+
+    sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def replay_command(
+    to_prefix: Annotated[str, typer.Option(help="namespace to write: topics <NAME>.<source prefix>polar.trajectories|groups")],
+    from_time: Annotated[Optional[str], typer.Option(help="start at this time (unix seconds or ISO 8601, UTC if no zone)")] = None,
+    from_offsets: Annotated[Optional[Path], typer.Option(help='JSON {"calls": {"0": 12, ...}, "session-events": {...}}; e.g. a previous replay\'s end_offsets')] = None,
+    to_time: Annotated[Optional[str], typer.Option(help="stop before this time (default: the end offsets when the replay starts)")] = None,
+    builder: Annotated[str, typer.Option(help="per_request | prefix_merging")] = "prefix_merging",
+    advantage: Annotated[str, typer.Option(help="grpo (mean/std) | loo (leave-one-out/std) | no_std (mean only)")] = "grpo",
+    side_calls: Annotated[str, typer.Option(help="trace: own traces | drop: left out")] = "trace",
+    zero_variance: Annotated[str, typer.Option(help="keep (flagged) | drop")] = "keep",
+    epsilon: Annotated[float, typer.Option(help="added to the group std")] = 1e-6,
+    timeout_reward: Annotated[float, typer.Option(help="reward of agent-budget timeouts")] = 0.0,
+    group_deadline: Annotated[float, typer.Option(help="seconds (event time) after a group's first trajectory to emit with >= min_valid")] = 600.0,
+    missing_calls_grace: Annotated[float, typer.Option(help="seconds (event time) a finished session waits for missing calls")] = 30.0,
+    tick_interval: Annotated[float, typer.Option(help="seconds (event time) between deadline sweeps")] = 2.0,
+    drain: Annotated[bool, typer.Option(help="at the end of the input, take every deadline as passed (--no-drain: leave open sessions and groups out)")] = True,
+    allow_existing: Annotated[bool, typer.Option(help="write into target topics that already hold records")] = False,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
+    prefix: Annotated[Optional[str], typer.Option(help=_PREFIX_HELP)] = None,
+    config: Annotated[Optional[Path], typer.Option(help=_CONFIG_HELP)] = None,
+) -> None:
+    """Re-derive trajectories and groups from polar.calls + polar.session-events into a new namespace."""
+    from pydantic import ValidationError
+
+    from infra.errors import InfraError
+    from streams.config import StreamsConfig
+
+    from .tools.kafka_read import ReadError, plan_spans
+    from .tools.positions import PositionError, load_offsets, parse_time
+    from .tools.replay import SOURCES, ReplayError, prepare_target, replay, target_settings
+
+    if from_time is not None and from_offsets is not None:
+        raise _fail("--from-time and --from-offsets: give one of them, not both", 2)
+    try:
+        cfg = StreamsConfig(builder=builder, advantage=advantage, side_calls=side_calls, zero_variance=zero_variance,
+                            epsilon=epsilon, timeout_reward=timeout_reward, group_deadline_s=group_deadline,
+                            missing_calls_grace_s=missing_calls_grace, tick_interval_s=tick_interval)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        raise _fail(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}", 2) from None
+    source = _settings(config, prefix)
+    try:
+        target = target_settings(source, to_prefix)
+        offsets = load_offsets(from_offsets, SOURCES) if from_offsets else None
+        start_ms = parse_time(from_time) if from_time else None
+        end_ms = parse_time(to_time) if to_time else None
+        spans = plan_spans(source, SOURCES, from_offsets=offsets, from_time_ms=start_ms, to_time_ms=end_ms)
+    except (PositionError, ReplayError) as e:
+        raise _fail(str(e), 2) from None
+    except ReadError as e:
+        raise _fail(str(e)) from None
+    try:
+        prepare_target(target, allow_existing)
+        result = _run_with_progress(lambda tick: replay(source, target, spans, cfg, drain=drain, on_message=tick),
+                                    sum(s.size for s in spans), quiet)
+    except (ReplayError, ReadError, InfraError) as e:
+        raise _fail(str(e)) from None
+    _json(result.to_dict())
+
+
+def _run_with_progress(run, total: int, quiet: bool):
+    """``run(tick)`` with a rich progress bar on stderr that ``tick`` advances one message at a time."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), disable=quiet) as progress:
+        task = progress.add_task("replay", total=total)
+        return run(lambda _msg: progress.advance(task))
+
+
+def eval_command(
+    out: Annotated[Optional[Path], typer.Option(help="directory for eval.json, eval.png, eval.html")] = None,
+    follow: Annotated[bool, typer.Option(help="keep reading and refreshing the report while collection runs")] = False,
+    k: Annotated[Optional[list[int]], typer.Option(help="k for pass@k; repeat for several (pass@1 is always in)")] = None,
+    threshold: Annotated[float, typer.Option(help="a sample passes when its status is ok and reward >= this")] = 1.0,
+    refresh: Annotated[float, typer.Option(help="with --follow: seconds between report refreshes")] = 5.0,
+    duration: Annotated[float, typer.Option(help="with --follow: stop after this many seconds (0: at Ctrl-C)")] = 0.0,
+    prefix: Annotated[Optional[str], typer.Option(help=_PREFIX_HELP)] = None,
+    config: Annotated[Optional[Path], typer.Option(help=_CONFIG_HELP)] = None,
+) -> None:
+    """pass@1, pass@k, reward, tokens, turns, timeouts and merge breaks per harness x policy version x task set."""
+    from .tools.eval_run import run_eval
+    from .tools.kafka_read import ReadError
+
+    ks = tuple(k or (1,))
+    if min(ks) < 1:
+        raise _fail(f"--k: every k must be at least 1, got {min(ks)}", 2)
+
+    def progress(report: dict) -> None:
+        if follow:
+            cells = report["cells"]
+            typer.echo(f"eval: {report['source']['trajectories']} trajectories, {len(cells)} cells, "
+                       f"pass@1 {', '.join(_pct(c['pass@1']) for c in cells) or '-'}", err=True)
+
+    try:
+        report = run_eval(_settings(config, prefix), ks, threshold, out, follow, refresh, duration, progress)
+    except ReadError as e:
+        raise _fail(str(e)) from None
+    if out is not None:
+        typer.echo(f"eval: report in {out}/eval.json, eval.png, eval.html", err=True)
+    _json(report)
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def export_command(
+    format: Annotated[str, typer.Option("--format", help="jsonl | parquet")],
+    out: Annotated[str, typer.Option(help="output file: a path, file:// or s3:// URL")],
+    source: Annotated[str, typer.Option(help="trajectories | groups (groups add each trace's advantage)")] = "trajectories",
+    min_reward: Annotated[Optional[float], typer.Option(help="only trajectories with at least this reward")] = None,
+    harness: Annotated[Optional[str], typer.Option(help="only this harness")] = None,
+    policy_version: Annotated[Optional[int], typer.Option(help="only traces whose calls were all sampled by this version")] = None,
+    include_unusable: Annotated[bool, typer.Option(help="also trajectories masked out of training")] = False,
+    side_calls: Annotated[bool, typer.Option(help="also traces of side calls (titles, quota checks)")] = False,
+    prefix: Annotated[Optional[str], typer.Option(help=_PREFIX_HELP)] = None,
+    config: Annotated[Optional[Path], typer.Option(help=_CONFIG_HELP)] = None,
+) -> None:
+    """SFT / offline datasets: one row per trace with input_ids, loss_mask, logprobs, reward (and advantage)."""
+    from infra.storage import StorageError
+
+    from .tools.export import FORMATS, ExportStats, Filters, rows_from, write_rows
+    from .tools.kafka_read import ReadError, fresh_group, merged, plan_spans
+
+    if format not in FORMATS:
+        raise _fail(f"--format {format!r}: expected one of {', '.join(FORMATS)}", 2)
+    if source not in ("trajectories", "groups"):
+        raise _fail(f"--source {source!r}: expected trajectories or groups", 2)
+    if format == "parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise _fail("--format parquet needs pyarrow: pip install 'polarstream[export]'", 2) from None
+    settings = _settings(config, prefix)
+    filters = Filters(min_reward, harness, policy_version, include_unusable, side_calls)
+    stats = ExportStats()
+    try:
+        spans = plan_spans(settings, (source,))
+        messages = merged(settings, spans, fresh_group("export"))
+        write_rows(rows_from(messages, source, filters, stats), format, out, settings, stats)
+    except (ReadError, StorageError) as e:
+        raise _fail(str(e)) from None
+    _json({"out": out, "format": format, "source": settings.topic(source), **stats.to_dict()})
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``replay``, ``eval`` and ``export`` to the root command."""
+    app.command("replay")(replay_command)
+    app.command("eval")(eval_command)
+    app.command("export")(export_command)

@@ -1,0 +1,113 @@
+"""Dataset rows from trajectories and groups: filters, and files that round-trip ids, masks and logprobs."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from polarstream.tools.export import ExportStats, Filters, rows_from, trace_rows, write_rows
+from polarstream.tools.kafka_read import RawMessage
+from schemas import TrainingGroup, encode
+from tests.tools.samples import traj
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def messages(topic, records):
+    return [RawMessage(topic, 0, i, 0, r.key().encode(), encode(r)) for i, r in enumerate(records)]
+
+
+def test_filters_and_counts():
+    trajs = [traj("a", 0, 1.0, side_call=True, compaction=True), traj("a", 1, 0.0), traj("a", 2, 1.0, "infra_error"),
+             traj("b", 0, 1.0, harness="claude_code", version=2)]
+    skipped = Counter()
+    rows = [r for t in trajs for r in trace_rows(t, Filters(), skipped)]
+    # a-s0: two main traces (compaction), its side-call trace left out; a-s1 one; a-s2 masked; b-s0 one.
+    assert [(r["session_id"], r["trace_index"]) for r in rows] == [("a-s0-a0", 0), ("a-s0-a0", 1), ("a-s1-a0", 0), ("b-s0-a0", 0)]
+    assert skipped == {"side_call": 1, "unusable": 1}
+
+    def keep(**kw):
+        return [(r["session_id"], r["trace_index"]) for t in trajs for r in trace_rows(t, Filters(**kw), Counter())]
+
+    assert keep(min_reward=0.5) == [("a-s0-a0", 0), ("a-s0-a0", 1), ("b-s0-a0", 0)]
+    assert keep(harness="claude_code") == [("b-s0-a0", 0)]
+    assert keep(policy_version=2) == [("b-s0-a0", 0)]
+    assert len(keep(include_unusable=True, include_side_calls=True)) == 6
+
+
+def test_rows_from_groups_carry_advantages_and_skip_repeats():
+    members = [traj("g", 0, 1.0), traj("g", 1, 0.0)]
+    group = TrainingGroup(event_id="grp", group_id="g", trajectories=members, advantages=[1.0, -1.0])
+    stats = ExportStats()
+    rows = list(rows_from(messages("groups", [group, group]), "groups", Filters(), stats))
+    assert [r["advantage"] for r in rows] == [1.0, -1.0]
+    assert (stats.groups, stats.duplicates, stats.trajectories) == (1, 1, 2)
+
+
+def test_rows_from_trajectories_keep_the_latest_attempt():
+    trajs = [traj("g", 0, 0.0, "infra_error"), traj("g", 0, 1.0, attempt=1), traj("g", 1, 1.0), traj("g", 1, 1.0)]
+    stats = ExportStats()
+    raw = messages("trajectories", trajs) + [RawMessage("trajectories", 0, 9, 0, None, b"junk")]
+    rows = list(rows_from(raw, "trajectories", Filters(), stats))
+    assert [(r["sample_index"], r["attempt"], r["advantage"]) for r in rows] == [(0, 1, None), (1, 0, None)]
+    assert (stats.duplicates, stats.superseded, stats.undecodable) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_files_round_trip_token_ids_masks_and_logprobs(tmp_path, fmt, polar_settings_offline):
+    trajs = [traj("g", 0, 1.0, turns=3, compaction=True), traj("g", 1, 0.5, turns=2)]
+    expected = [r for t in trajs for r in trace_rows(t, Filters(), Counter())]
+    out = tmp_path / "sub" / f"data.{fmt}"
+    stats = ExportStats()
+    write_rows(iter(expected), fmt, str(out), polar_settings_offline, stats)
+    assert stats.rows == 3 and [p.name for p in out.parent.iterdir()] == [out.name]  # no temporary file left
+    if fmt == "parquet":
+        table = pq.read_table(out)
+        assert table.schema.field("input_ids").type == pa.list_(pa.int32())
+        assert table.schema.field("loss_mask").type == pa.list_(pa.int8())
+        got = table.to_pylist()
+    else:
+        got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert got == expected  # ids, masks, float64 logprobs and the rest, exactly
+
+
+def test_loads_with_hf_datasets(tmp_path, polar_settings_offline):
+    datasets = pytest.importorskip("datasets")  # does not resolve beside our pins: see docs/replay-and-eval.md
+    rows = list(trace_rows(traj("g", 0, 1.0, turns=2), Filters(), Counter()))
+    out = tmp_path / "d.parquet"
+    write_rows(iter(rows), "parquet", str(out), polar_settings_offline, ExportStats())
+    ds = datasets.load_dataset("parquet", data_files=str(out), split="train")
+    assert ds[0]["input_ids"] == rows[0]["input_ids"] and ds[0]["loss_mask"] == rows[0]["loss_mask"]
+
+
+def test_unknown_format_leaves_the_target_alone(tmp_path, polar_settings_offline):
+    out = tmp_path / "keep.jsonl"
+    out.write_text("old\n")
+    with pytest.raises(ValueError, match="--format"):
+        write_rows(iter([]), "csv", str(out), polar_settings_offline, ExportStats())
+    assert out.read_text() == "old\n"
+
+
+@pytest.fixture
+def polar_settings_offline(tmp_path):
+    from infra.settings import Settings
+
+    return Settings(data_dir=tmp_path / "polar")
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_a_failed_export_leaves_the_previous_file(tmp_path, fmt, polar_settings_offline):
+    out = tmp_path / f"keep.{fmt}"
+    out.write_bytes(b"previous")
+    good = list(trace_rows(traj("g", 0, 1.0), Filters(), Counter()))
+
+    def rows():
+        yield from good
+        raise RuntimeError("the broker went away")
+
+    with pytest.raises(RuntimeError, match="went away"):
+        write_rows(rows(), fmt, str(out), polar_settings_offline, ExportStats())
+    assert out.read_bytes() == b"previous" and [p.name for p in tmp_path.iterdir()] == [out.name]
