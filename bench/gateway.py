@@ -1,0 +1,367 @@
+"""Gateway overhead: added latency over calling the engine directly, and calls/s under concurrency.
+
+Everything runs on this machine, each server in its own process:
+- a vLLM-shaped stub engine (stdlib, Nagle off) answering /v1/completions with token ids + logprobs and
+  /v1/chat/completions (JSON or SSE) with a fixed tool call, so the numbers are gateway cost, not model time;
+- a single-node Kafka broker (ours records every call durably, acks=all, before answering);
+- our gateway (``polarstream gateway``, sync publish), and, where they install (separate venvs under
+  ~/.cache/polarstream/peers, never .venv), rllm-model-gateway and Agent Lightning's gateway.
+
+Clients replay agent sessions of realistic size: a ~30 KB first request (system prompt, 20 tools, task),
+each turn appending the echoed tool call and a ~2.3 KB tool result, a new session past ~80 KB. Latency is
+measured at 1 client (to the end of the streamed body); calls/s at 1, 16 and 64 concurrent clients.
+
+    .venv/bin/python bench/gateway.py [--quick] [--bootstrap HOST:PORT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+PEERS = Path.home() / ".cache" / "polarstream" / "peers"
+CALL = {"name": "Bash", "arguments": {"command": "ls -la src/ && git status --short", "description": "List files"}}
+WORDS = ("the file function value return error test module import class config server request session token "
+         "build output input path line change commit branch merge python shell command directory list").split()
+
+
+# ------------------------------------------------------------------------------------ stub engine
+
+
+def serve_stub(port: int, spec_file: str) -> None:
+    """The stub engine process: fixed completion ids for /v1/completions, a fixed tool call for chat."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    spec = json.loads(Path(spec_file).read_text())
+    ids, call_args = spec["completion_ids"], json.dumps(CALL["arguments"])
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # else every small reply waits ~40 ms for a delayed ACK
+
+        def log_message(self, *a):  # quiet
+            pass
+
+        def _send(self, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(200)
+            self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self._send(json.dumps({"object": "list", "data": [{"id": "stub-model", "max_model_len": 262144}]}).encode()
+                       if "models" in self.path else b'{"status":"ok"}')
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            if self.path.endswith("/v1/completions"):
+                choice = {"index": 0, "text": "", "token_ids": ids, "prompt_token_ids": req["prompt"], "finish_reason": "stop",
+                          "stop_reason": None, "logprobs": {"token_logprobs": [-0.5] * len(ids), "tokens": [""] * len(ids)}}
+                return self._send(json.dumps({"id": "cmpl-1", "object": "text_completion", "model": "stub-model",
+                                              "choices": [choice], "policy_version": 0}).encode())
+            n_prompt = len(json.dumps(req.get("messages", []))) // 4  # about what a tokenizer would give
+            tool_call = {"id": "call_stub", "type": "function", "function": {"name": "Bash", "arguments": call_args}}
+            token_data = {"token_ids": ids} if req.get("return_token_ids") else {}
+            if not req.get("stream"):
+                body = {"id": "chatcmpl-1", "object": "chat.completion", "model": req.get("model"),
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [tool_call]},
+                                     "finish_reason": "tool_calls", **token_data}],
+                        "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(ids), "total_tokens": n_prompt + len(ids)},
+                        **({"prompt_token_ids": list(range(n_prompt))} if req.get("return_token_ids") else {})}
+                return self._send(json.dumps(body).encode())
+            chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+                      {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, **tool_call}]}, **token_data}]},
+                      {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}]
+            body = "".join(f"data: {json.dumps({'id': 'chatcmpl-1', 'object': 'chat.completion.chunk', **c})}\n\n" for c in chunks)
+            self._send((body + "data: [DONE]\n\n").encode(), "text/event-stream")
+
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 1024  # the default backlog of 5 resets connections under 64 clients
+        daemon_threads = True
+
+    Server(("127.0.0.1", port), Handler).serve_forever()
+
+
+# ------------------------------------------------------------------------------------ workload
+
+
+def _text(rng: random.Random, n_bytes: int) -> str:
+    out, size = [], 0
+    while size < n_bytes:
+        w = rng.choice(WORDS)
+        out.append(w)
+        size += len(w) + 1
+    return " ".join(out)
+
+
+def make_world(seed: int = 0) -> dict:
+    """System prompt (~6 KB), 20 tools (~1 KB each) and a first user message (~4 KB): ~30 KB together."""
+    rng = random.Random(seed)
+    tools = [{"name": f"tool_{i}" if i else "Bash", "description": _text(rng, 600), "input_schema": {
+        "type": "object", "properties": {f"p{j}": {"type": "string", "description": _text(rng, 60)} for j in range(4)}}}
+        for i in range(20)]
+    return {"system": _text(rng, 6000), "tools": tools, "task": _text(rng, 4000), "result": _text(rng, 2300)}
+
+
+class Conversation:
+    """One agent session's growing history in Anthropic or Chat form."""
+
+    def __init__(self, world: dict, provider: str, max_bytes: int):
+        self.world, self.provider, self.max_bytes = world, provider, max_bytes
+        self.turns: list[str] = []  # tool-call ids the client echoed
+
+    def body(self) -> dict:
+        w = self.world
+        if self.provider == "anthropic":
+            msgs: list[dict] = [{"role": "user", "content": w["task"]}]
+            for cid in self.turns:
+                msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": cid, "name": CALL["name"], "input": CALL["arguments"]}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": cid, "content": w["result"]}]}]
+            return {"model": "claude-opus-4-8", "max_tokens": 1024, "system": w["system"], "messages": msgs,
+                    "tools": w["tools"], "stream": True}
+        msgs = [{"role": "system", "content": w["system"]}, {"role": "user", "content": w["task"]}]
+        for cid in self.turns:
+            msgs += [{"role": "assistant", "content": None, "tool_calls": [{"id": cid, "type": "function", "function": {
+                "name": CALL["name"], "arguments": json.dumps(CALL["arguments"], separators=(",", ":"))}}]},
+                     {"role": "tool", "tool_call_id": cid, "content": w["result"]}]
+        tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"], "parameters": t["input_schema"]}}
+                 for t in w["tools"]]
+        return {"model": "stub-model", "messages": msgs, "tools": tools, "stream": True}
+
+    def advance(self, call_id: str) -> bool:
+        """Append the turn; False when the session is complete (the next one starts afresh)."""
+        self.turns.append(call_id or "call_x")
+        return len(json.dumps(self.body())) < self.max_bytes
+
+
+def tool_call_id(raw: bytes, sse: bool) -> str:
+    """The tool-call id in an answer (Anthropic or Chat, SSE or JSON)."""
+    events = [ln[6:] for ln in raw.decode().splitlines() if ln.startswith("data: ") and ln != "data: [DONE]"] if sse else [raw.decode()]
+    for e in events:
+        d = json.loads(e)
+        if (cb := d.get("content_block")) and cb.get("type") == "tool_use":
+            return cb["id"]
+        for ch in d.get("choices", []):
+            calls = (ch.get("delta") or ch.get("message") or {}).get("tool_calls") or []
+            if calls and calls[0].get("id"):
+                return calls[0]["id"]
+    return ""
+
+
+# ------------------------------------------------------------------------------------ load
+
+
+def pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return round(v[min(len(v) - 1, int(q * len(v)))], 2) if v else 0.0
+
+
+async def run_load(target: dict, world: dict, clients: int, total: int, max_bytes: int) -> dict:
+    """``clients`` concurrent sessions sending ``total`` requests in all; latencies and calls/s."""
+    import httpx
+
+    latencies: list[float] = []
+    sizes: list[int] = []
+    errors: list[str] = []
+    remaining = [total]
+    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        async def client(n: int) -> None:
+            session = 0
+            conv = Conversation(world, target["provider"], max_bytes)
+            while remaining[0] > 0:
+                remaining[0] -= 1
+                body = conv.body()
+                if not target.get("stream", True):
+                    body["stream"] = False
+                url, headers = target["url"](f"c{clients}-{n}-{session}")
+                data = json.dumps(body).encode()
+                t0 = time.perf_counter()
+                r = await http.post(url, content=data, headers={"content-type": "application/json", **headers})
+                raw = await r.aread()
+                latencies.append((time.perf_counter() - t0) * 1000)
+                sizes.append(len(data))
+                if r.status_code != 200:
+                    errors.append(f"{r.status_code}: {raw[:200]!r}")
+                    continue
+                if not conv.advance(tool_call_id(raw, body.get("stream", False))):
+                    session += 1
+                    conv = Conversation(world, target["provider"], max_bytes)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(i) for i in range(clients)))
+        wall = time.perf_counter() - t0
+    return {"clients": clients, "requests": total, "errors": len(errors), "first_error": errors[0] if errors else None,
+            "calls_per_s": round(total / wall, 1), "p50_ms": pct(latencies, 0.5), "p99_ms": pct(latencies, 0.99),
+            "request_kb": [round(min(sizes) / 1024, 1), round(max(sizes) / 1024, 1)] if sizes else []}
+
+
+# ------------------------------------------------------------------------------------ processes
+
+
+def spawn(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                            cwd=log.parent, start_new_session=True)
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up in {timeout:.0f}s")
+
+
+def start_agl(tmp: Path, stub: str) -> tuple[subprocess.Popen, str]:
+    """Agent Lightning's server with the stub registered and one rollout; returns its chat base URL."""
+    import httpx
+
+    from infra.process import free_port
+
+    port = free_port()
+    proc = spawn([str(PEERS / "agl/bin/agl-server"), "host=127.0.0.1", f"port={port}", "default_proxy.model_name=stub-model",
+                  f"hydra.run.dir={tmp / 'agl-hydra'}"], tmp / "agl.log")
+    base = f"http://127.0.0.1:{port}"
+    wait_http(base + "/api/rollouts", proc)
+    httpx.post(base + "/api/models", json=[{"model": "stub-model", "endpoint": stub + "/v1", "version": 0}]).raise_for_status()
+    httpx.post(base + "/api/rollouts", json=[{"rollout_id": "r1", "input": {}}]).raise_for_status()
+    return proc, base + "/proxy/rollout/r1/attempt/{attempt}/mode/train/openai/v1/chat/completions"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer requests (under a minute with a warm cache)")
+    ap.add_argument("--bootstrap", default="", help="use this running Kafka instead of starting one")
+    ap.add_argument("--serve-stub", nargs=2, metavar=("PORT", "SPEC"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_stub:
+        return serve_stub(int(args.serve_stub[0]), args.serve_stub[1])
+    asyncio.run(bench(args))
+
+
+async def bench(args: argparse.Namespace) -> None:
+    from engine.models import ensure_model
+    from gateway.sessions import mint_session_key
+    from gateway.template import ChatTemplate
+    from infra.kafka import KafkaBroker
+    from infra.process import free_port
+    from infra.settings import Settings
+    from infra.topics import ensure_topics
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    procs: list[subprocess.Popen] = []
+    kafka = None
+    result: dict = {"mode": "quick" if args.quick else "full", "cores": os.cpu_count(), "load_avg_start": os.getloadavg()[0]}
+    t_start = time.monotonic()
+    try:
+        model_dir = ensure_model("tiny")
+        tpl = ChatTemplate.load(str(model_dir))
+        spec = tmp / "stub.json"
+        spec.write_text(json.dumps({"completion_ids": tpl.encode("<tool_call>\n" + json.dumps(CALL) + "\n</tool_call>") + [tpl.eot.token_id]}))
+        stub_port = free_port()
+        procs.append(spawn([sys.executable, __file__, "--serve-stub", str(stub_port), str(spec)], tmp / "stub.log"))
+        stub = f"http://127.0.0.1:{stub_port}"
+        wait_http(stub + "/health", procs[-1])
+
+        if args.bootstrap:
+            settings = Settings(kafka_bootstrap=args.bootstrap, topic_prefix=f"bench{int(time.time())}.", data_dir=tmp)
+        else:
+            kport = free_port()
+            settings = Settings(kafka_port=kport, kafka_controller_port=free_port(), kafka_bootstrap=f"127.0.0.1:{kport}",
+                                data_dir=tmp, topic_prefix="bench.")
+            kafka = KafkaBroker(settings, die_with_parent=True, quick_jit=True)
+            kafka.start()
+        ensure_topics(settings)
+
+        gw_port = free_port()
+        env = {"POLAR_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "POLAR_TOPIC_PREFIX": settings.topic_prefix,
+               "POLAR_DATA_DIR": str(tmp), "PYTHONPATH": str(ROOT)}
+        procs.append(spawn([sys.executable, "-c", "from polarstream.cli import main; main()", "gateway", "--engine-url", stub,
+                            "--model", str(model_dir), "--port", str(gw_port)], tmp / "gateway.log", env))
+        ours = f"http://127.0.0.1:{gw_port}"
+        wait_http(ours + "/health", procs[-1])
+        secret = settings.session_secret
+
+        def ours_target(provider: str) -> dict:
+            path = "/v1/messages" if provider == "anthropic" else "/v1/chat/completions"
+            return {"provider": provider, "url": lambda sid: (ours + path, {"x-api-key": mint_session_key(sid, secret)})}
+
+        targets: dict[str, dict] = {
+            "direct_engine.chat_stream": {"provider": "chat", "url": lambda sid: (stub + "/v1/chat/completions", {})},
+            "polarstream.anthropic_stream": ours_target("anthropic"),
+            "polarstream.chat_stream": ours_target("chat"),
+        }
+        peers: dict[str, str] = {}
+        if (PEERS / "rllm/bin/rllm-model-gateway").exists():
+            rport = free_port()
+            procs.append(spawn([str(PEERS / "rllm/bin/rllm-model-gateway"), "--host", "127.0.0.1", "--port", str(rport),
+                                "--worker", stub + "/v1", "--store", "memory", "--log-level", "warning"], tmp / "rllm.log"))
+            wait_http(f"http://127.0.0.1:{rport}/health", procs[-1])
+            targets["rllm-model-gateway.chat_stream"] = {"provider": "chat", "url": lambda sid, p=rport: (
+                f"http://127.0.0.1:{p}/sessions/{sid}/v1/chat/completions", {})}
+            peers["rllm-model-gateway"] = "0.1.0 from PyPI (python3.11 venv), --store memory; Chat only (no Anthropic route in 0.1.0)"
+        else:
+            peers["rllm-model-gateway"] = f"not installed: python3.11 -m venv {PEERS}/rllm && {PEERS}/rllm/bin/pip install rllm-model-gateway"
+        if (PEERS / "agl/bin/agl-server").exists():
+            proc, agl_url = start_agl(tmp, stub)
+            procs.append(proc)
+            targets["agentlightning.chat_json"] = {"provider": "chat", "stream": False,
+                                                   "url": lambda sid, u=agl_url: (u.format(attempt="a1"), {})}
+            peers["agentlightning"] = "1.0.2 (python3.12 venv); streaming is rejected with 400, so non-streaming Chat is measured"
+        else:
+            peers["agentlightning"] = f"not installed: python3.12 -m venv {PEERS}/agl && {PEERS}/agl/bin/pip install agentlightning"
+
+        world = make_world()
+        plan = {1: 12, 16: 32, 64: 64} if args.quick else {1: 200, 16: 400, 64: 640}
+        result["setup_s"] = round(time.monotonic() - t_start, 1)
+        out: dict[str, dict] = {}
+        for name, target in targets.items():
+            try:
+                await run_load(target, world, 1, 2, 80_000)  # warm-up (connections, first renders)
+                out[name] = {str(c): await run_load(target, world, c, n, 80_000) for c, n in plan.items()}
+            except Exception as e:  # a peer failing must not hide the others' numbers
+                out[name] = {"failed": f"{type(e).__name__}: {e}"}
+        direct = out["direct_engine.chat_stream"].get("1", {})
+        for name, runs in out.items():
+            if name.startswith("direct") or "1" not in runs:
+                continue
+            runs["added_latency_ms"] = {"p50": round(runs["1"]["p50_ms"] - direct.get("p50_ms", 0), 2),
+                                        "p99": round(runs["1"]["p99_ms"] - direct.get("p99_ms", 0), 2)}
+        result.update({"upstream": "stdlib vLLM-shaped stub (fixed 30-token tool call; Chat answers carry token ids)",
+                       "peers": peers, "results": out, "load_avg_end": os.getloadavg()[0],
+                       "total_s": round(time.monotonic() - t_start, 1)})
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if kafka is not None:
+            kafka.stop()
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

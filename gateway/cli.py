@@ -1,0 +1,86 @@
+"""``polarstream gateway``: serve the model-API gateway; ``polarstream gateway-key``: mint a session key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def _resolve_model(name_or_path: str) -> str:
+    """A local directory as is; a built-in engine model name (``tiny``, ``smollm2``) -> its cached directory."""
+    if Path(name_or_path).exists():
+        return name_or_path
+    try:
+        from engine.models import parse_builtin, resolve_model
+    except ImportError:
+        return name_or_path
+    return resolve_model(name_or_path) if parse_builtin(name_or_path) else name_or_path
+
+
+def serve(
+    engine_url: list[str] = typer.Option(..., "--engine-url", help="engine base URL; repeat for several workers"),
+    model: str = typer.Option(..., help="tokenizer + chat template: a local HF directory or a built-in name (tiny)"),
+    port: Optional[int] = typer.Option(None, help="listen port (default: settings.gateway_port)"),
+    host: str = typer.Option("127.0.0.1", help="listen address"),
+    upstream: str = typer.Option("polar", help="engine wire format: polar | vllm | sglang"),
+    served_model: str = typer.Option("", help="model name sent to the engine ('' = ask the engine)"),
+    chat_template: Optional[Path] = typer.Option(None, help="file with a chat template overriding the tokenizer's"),
+    open_mode: bool = typer.Option(False, "--open", help="accept any key: record ad-hoc sessions, one per key"),
+    publish_mode: str = typer.Option("sync", help="sync: answer after the event is durably in Kafka; async: at once"),
+    publish_timeout: float = typer.Option(10.0, help="seconds to wait for Kafka before answering 503"),
+    max_body_mb: float = typer.Option(32.0, help="largest request body accepted (MiB)"),
+    upstream_timeout: float = typer.Option(900.0, help="seconds an engine call may take"),
+    max_tokens: int = typer.Option(4096, help="completion limit when a request names none"),
+    max_model_len: Optional[int] = typer.Option(None, help="context length (default: ask the engine)"),
+    policy_version: int = typer.Option(0, help="initial policy version stamped on calls"),
+    config: Optional[Path] = typer.Option(None, help="settings YAML (Kafka, topics, tokens)"),
+    log_level: str = typer.Option("warning", help="uvicorn log level"),
+) -> None:
+    """Serve the gateway: harnesses point their base URL here; every call is recorded in Kafka."""
+    import uvicorn
+
+    from infra.settings import Settings
+
+    from .app import create_app
+    from .config import GatewayConfig
+
+    if upstream not in ("polar", "vllm", "sglang"):
+        raise typer.BadParameter(f"{upstream!r}: expected polar, vllm or sglang", param_hint="--upstream")
+    if publish_mode not in ("sync", "async"):
+        raise typer.BadParameter(f"{publish_mode!r}: expected sync or async", param_hint="--publish-mode")
+    settings = Settings(config=str(config)) if config else Settings()
+    cfg = GatewayConfig(
+        engine_urls=list(engine_url), model=_resolve_model(model), upstream=upstream,  # type: ignore[arg-type]
+        served_model=served_model, chat_template=chat_template.read_text() if chat_template else None,
+        open_mode=open_mode, publish_mode=publish_mode,  # type: ignore[arg-type]
+        publish_timeout_s=publish_timeout, max_body_bytes=int(max_body_mb * 1024 * 1024),
+        upstream_timeout_s=upstream_timeout, default_max_tokens=max_tokens, max_model_len=max_model_len,
+        policy_version=policy_version,
+    )
+    app = create_app(settings, cfg)
+    uvicorn.run(app, host=host, port=port or settings.gateway_port, log_level=log_level)
+
+
+def key(
+    session_id: str = typer.Argument(..., help="the session the key is scoped to"),
+    group_id: str = typer.Option("", help="group (task submission) of the session"),
+    task_id: str = typer.Option("", help="task of the session"),
+    sample_index: int = typer.Option(0, help="sample number within the group"),
+    config: Optional[Path] = typer.Option(None, help="settings YAML (session secret)"),
+) -> None:
+    """Print a session key signed with the configured session secret."""
+    from infra.settings import Settings
+
+    from .sessions import mint_session_key
+
+    settings = Settings(config=str(config)) if config else Settings()
+    typer.echo(mint_session_key(session_id, settings.session_secret, group_id=group_id, task_id=task_id,
+                                sample_index=sample_index))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the gateway commands to the root ``polarstream`` command."""
+    app.command("gateway")(serve)
+    app.command("gateway-key")(key)

@@ -1,0 +1,138 @@
+"""Evaluators: turn a finished workspace into a reward (POSTRUN).
+
+Every evaluator runs on a fresh copy of the workspace, so a harness process that outlived its run (or
+the evaluator itself) cannot change what is scored, and the original stays available for inspection.
+Three kinds (``EvaluatorSpec.kind``):
+
+- ``command``: a shell command run in the copy through the session's runtime (no network); reward 1.0
+  when it exits 0, else 0.0.
+- ``files``: expected relative path -> exact content; reward = fraction of files that match.
+- ``python``: ``module:function`` called as ``fn(workspace_path, task)`` in a separate interpreter (so a
+  hang can be killed and a crash can't take the node down); it returns a float, or a dict with
+  ``reward`` and optional ``metrics``.
+
+Outcomes: a verifier timeout is recorded (metric ``verifier_timeout``) with reward 0.0: the agent left a
+workspace that does not verify in time. A broken evaluator (bad spec, crash, unparsable output) is an
+infrastructure failure: ``error`` is set and the session is masked, never scored 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway.runtimes import ExecSpec, Limits, Runtime, RuntimeUnavailable
+from schemas import EvaluatorSpec, TaskRequest
+
+
+@dataclass
+class EvalResult:
+    reward: float | None  # None: not evaluated (kind none, or an evaluator error)
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str = ""  # non-empty: the evaluator itself failed (infrastructure), the session is masked
+    detail: str = ""
+
+
+def fresh_copy(workspace: Path, dest: Path) -> Path:
+    """Copy the workspace for evaluation (symlinks kept as links, so they can't pull in host files)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(workspace, dest, symlinks=True)
+    return dest
+
+
+def score_files(workspace: Path, expected: dict[str, str]) -> EvalResult:
+    """Fraction of expected files whose content matches exactly."""
+    if not expected:
+        return EvalResult(None, error="evaluator.expected_files: empty")
+    root = workspace.resolve()
+    matched = 0
+    for rel, content in expected.items():
+        path = (root / rel).resolve()
+        if not path.is_relative_to(root):
+            return EvalResult(None, error=f"evaluator.expected_files: {rel!r} points outside the workspace")
+        try:
+            matched += path.is_file() and path.read_text() == content
+        except (OSError, UnicodeDecodeError):
+            pass
+    return EvalResult(matched / len(expected), {"files_matched": float(matched), "files_expected": float(len(expected))})
+
+
+async def run_command(spec: EvaluatorSpec, copy: Path, home: Path, runtime: Runtime, log_path: Path | None) -> EvalResult:
+    """Run the test command in the copy; exit 0 is reward 1.0."""
+    if not spec.command.strip():
+        return EvalResult(None, error="evaluator.command: empty")
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runtime.home_view(home), "LANG": "C.UTF-8"}
+    exec_spec = ExecSpec(argv=["/bin/sh", "-c", spec.command], env=env, workspace=copy, home=home,
+                         limits=Limits(timeout_s=spec.timeout_s), network="none", log_path=log_path)
+    try:
+        res = await runtime.run(exec_spec)
+    except RuntimeUnavailable as e:
+        return EvalResult(None, error=f"evaluator runtime: {e}")
+    if res.timed_out:
+        return EvalResult(0.0, {"verifier_timeout": 1.0}, detail=f"evaluator timed out after {spec.timeout_s}s")
+    return EvalResult(1.0 if res.returncode == 0 else 0.0, {"eval_exit_code": float(res.returncode or 0)},
+                      detail=res.output_tail[-500:])
+
+
+_PY_DRIVER = """
+import importlib, json, sys
+from schemas import TaskRequest
+mod, _, fn = sys.argv[1].partition(":")
+task = TaskRequest.model_validate_json(sys.stdin.read())
+out = getattr(importlib.import_module(mod), fn)(sys.argv[2], task)
+print("\\n" + json.dumps(out if isinstance(out, dict) else {"reward": out}))
+"""
+
+
+def _python_env() -> dict[str, str]:
+    # The callable's module is resolved as from the node's working directory (where its config lives).
+    paths = [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH", "")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+async def run_python(spec: EvaluatorSpec, copy: Path, task: TaskRequest, cwd: Path) -> EvalResult:
+    """Call ``module:function`` in a child interpreter of the node's Python (the evaluator is trusted)."""
+    if ":" not in spec.callable:
+        return EvalResult(None, error=f"evaluator.callable: {spec.callable!r} is not 'module:function'")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _PY_DRIVER, spec.callable, str(copy), cwd=str(cwd), env=_python_env(), stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(task.model_dump_json().encode()), spec.timeout_s)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return EvalResult(0.0, {"verifier_timeout": 1.0}, detail=f"evaluator timed out after {spec.timeout_s}s")
+    if proc.returncode != 0:
+        return EvalResult(None, error=f"evaluator {spec.callable} failed: {err.decode(errors='replace').strip()[-500:]}")
+    try:
+        result = json.loads(out.decode().strip().splitlines()[-1])
+        reward = float(result["reward"])
+        metrics = {str(k): float(v) for k, v in (result.get("metrics") or {}).items()}
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        return EvalResult(None, error=f"evaluator {spec.callable} returned no usable reward ({e!r})")
+    return EvalResult(reward, metrics)
+
+
+async def evaluate(spec: EvaluatorSpec, workspace: Path, scratch: Path, task: TaskRequest, runtime: Runtime,
+                   log_path: Path | None = None) -> EvalResult:
+    """Evaluate ``workspace`` per ``spec`` on a fresh copy under ``scratch``; never raises for evaluator faults."""
+    if spec.kind == "none":
+        return EvalResult(None, detail="no evaluator")
+    try:
+        copy = fresh_copy(workspace, scratch / "eval-workspace")
+    except OSError as e:
+        return EvalResult(None, error=f"cannot copy the workspace for evaluation: {e}")
+    home = scratch / "eval-home"
+    home.mkdir(parents=True, exist_ok=True)
+    if spec.kind == "files":
+        return score_files(copy, spec.expected_files)
+    if spec.kind == "command":
+        return await run_command(spec, copy, home, runtime, log_path)
+    return await run_python(spec, copy, task, scratch)

@@ -1,0 +1,40 @@
+"""pi (any of four APIs, chosen per provider in ``~/.pi/agent/models.json``).
+
+One provider entry per API, all pointing at the gateway; ``api`` in the harness config picks which one
+the run uses. PI_OFFLINE stops its update and telemetry traffic, so there are no side requests.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ._npm import npm_launch
+from .base import HarnessContext, Launch, option
+
+# our option value -> (pi api name, provider API recorded by the gateway, base URL suffix)
+APIS = {
+    "chat": ("openai-completions", "openai.chat", "/v1"),
+    "responses": ("openai-responses", "openai.responses", "/v1"),
+    "anthropic": ("anthropic-messages", "anthropic.messages", ""),
+    "google": ("google-generative-ai", "google.generate_content", "/v1beta"),
+}
+
+
+def models_json(base_url: str, key: str, model: str) -> dict:
+    """models.json with a ``polar-<api>`` provider for each of the four APIs."""
+    return {
+        "providers": {
+            f"polar-{name}": {"baseUrl": base_url + suffix, "api": pi_api, "apiKey": key, "models": [{"id": model}]}
+            for name, (pi_api, _, suffix) in APIS.items()
+        }
+    }
+
+
+def launch(ctx: HarnessContext) -> Launch:
+    """argv/env/models.json for ``pi -p`` against the gateway."""
+    api = option(ctx, "api", "chat", tuple(APIS))
+    agent_dir = f"{ctx.home}/.pi/agent"
+    env = {"PI_OFFLINE": "1", "PI_TELEMETRY": "0", "PI_CODING_AGENT_DIR": agent_dir}
+    files = {".pi/agent/models.json": json.dumps(models_json(ctx.base_url, ctx.session_key, ctx.model), indent=2)}
+    args = ["-p", "--provider", f"polar-{api}", "--model", ctx.model, ctx.instruction]
+    return npm_launch("pi", ctx, args, env, files, api=APIS[api][1])

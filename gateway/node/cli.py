@@ -1,0 +1,106 @@
+"""``polarstream node`` (a gateway node) and ``polarstream harness install|list`` (the npm CLIs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+harness_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Install and list the harness CLIs.")
+
+
+def _settings(config: Optional[Path]):
+    from infra.settings import Settings
+
+    return Settings(config=str(config)) if config else Settings()
+
+
+@harness_app.command("install")
+def install(
+    names: Optional[list[str]] = typer.Argument(None, help="harnesses to install (default: all six)"),
+    force: bool = typer.Option(False, help="reinstall even when the pinned version is present"),
+    config: Optional[Path] = typer.Option(None, help="settings YAML (cache_dir)"),
+) -> None:
+    """Install the pinned harness CLIs from npm into <cache_dir>/npm (idempotent)."""
+    from gateway.harnesses.install import NPM_HARNESSES, install as do_install
+
+    cache = _settings(config).cache_dir
+    unknown = [n for n in names or [] if n not in NPM_HARNESSES]
+    if unknown:
+        raise typer.BadParameter(f"unknown harness(es) {', '.join(unknown)}; expected {', '.join(NPM_HARNESSES)}", param_hint="NAMES")
+    failed = 0
+    for name in names or list(NPM_HARNESSES):
+        r = do_install(name, cache, force=force, log=lambda m: typer.echo(m, err=True))
+        typer.echo(f"{name:<12} {r['version']:<9} {r['status']:<9} {r['seconds']:>5}s {r['detail']}")
+        failed += r["status"] == "failed"
+    if failed:
+        raise typer.Exit(1)
+
+
+@harness_app.command("list")
+def list_harnesses(config: Optional[Path] = typer.Option(None, help="settings YAML (cache_dir)")) -> None:
+    """Each harness, its pinned version and whether it is installed."""
+    from gateway.harnesses.install import NPM_HARNESSES, installed_version
+
+    cache = _settings(config).cache_dir
+    for name, h in NPM_HARNESSES.items():
+        have = installed_version(name, cache)
+        typer.echo(f"{name:<12} {h.spec:<40} {'installed' if have == h.version else (have or 'missing')}")
+    typer.echo(f"{'command':<12} {'(any program)':<40} built in")
+    typer.echo(f"{'builtin':<12} {'gateway/harnesses/builtin.py':<40} built in")
+
+
+def node(
+    engine_url: list[str] = typer.Option(..., "--engine-url", help="engine base URL; repeat for several workers"),
+    model: str = typer.Option(..., help="tokenizer + chat template: a local HF directory or a built-in name (tiny)"),
+    runtime: str = typer.Option("bwrap", help="subprocess | bwrap | docker | apptainer"),
+    image: str = typer.Option("", help="container image (docker, apptainer)"),
+    node_id: Optional[str] = typer.Option(None, help="name of this node (default: host + random suffix)"),
+    work_dir: Optional[Path] = typer.Option(None, help="session directories (default: <data_dir>/node/<node_id>)"),
+    init_workers: int = typer.Option(4, help="concurrent INIT stages"),
+    ready_target: int = typer.Option(2, help="prepared sessions kept waiting for a run slot (READY buffer)"),
+    run_workers: int = typer.Option(2, help="concurrent harness runs"),
+    postrun_workers: int = typer.Option(4, help="concurrent evaluations"),
+    model_name: str = typer.Option("polar", help="model name the harnesses ask for"),
+    cpu_s: Optional[int] = typer.Option(None, help="RLIMIT_CPU seconds per harness process"),
+    memory_mb: Optional[int] = typer.Option(None, help="RLIMIT_AS MiB per harness process"),
+    port: int = typer.Option(0, help="gateway port (0: a free one)"),
+    upstream: str = typer.Option("polar", help="engine wire format: polar | vllm | sglang"),
+    session_timeout_ms: int = typer.Option(10_000, help="Kafka group session timeout: how fast a dead node's sessions move"),
+    keep_workdirs: bool = typer.Option(False, help="keep session directories (debugging)"),
+    config: Optional[Path] = typer.Option(None, help="settings YAML (Kafka, topics, session secret)"),
+    log_level: str = typer.Option("INFO", help="log level"),
+) -> None:
+    """Run a gateway node: host the gateway and run sessions from polar.sessions (INIT → READY → RUN → POSTRUN)."""
+    import asyncio
+    import logging
+
+    from gateway.cli import _resolve_model
+    from gateway.config import GatewayConfig
+    from gateway.runtimes import RUNTIMES
+
+    from .config import NodeConfig
+    from .node import Node
+
+    if runtime not in RUNTIMES:
+        raise typer.BadParameter(f"{runtime!r}: expected one of {', '.join(RUNTIMES)}", param_hint="--runtime")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = _settings(config)
+    try:
+        cfg = NodeConfig(work_dir=Path("."), cache_dir=settings.cache_dir, runtime=runtime, image=image,
+                         init_workers=init_workers, ready_target=ready_target, run_workers=run_workers,
+                         postrun_workers=postrun_workers, model_name=model_name, cpu_s=cpu_s, memory_mb=memory_mb,
+                         keep_workdirs=keep_workdirs, gateway_port=port, **({"node_id": node_id} if node_id else {}))
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    cfg.work_dir = (work_dir or settings.data_dir / "node" / cfg.node_id).absolute()
+    gw = GatewayConfig(engine_urls=list(engine_url), model=_resolve_model(model), upstream=upstream)  # type: ignore[arg-type]
+    asyncio.run(Node(settings, cfg, gw, session_timeout_ms=session_timeout_ms).serve())
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``node`` and ``harness`` to the root command."""
+    app.command("node")(node)
+    app.add_typer(harness_app, name="harness")

@@ -1,0 +1,242 @@
+"""Taking sessions from Kafka: polar.sessions as one consumer group, cancel markers from polar.tasks.
+
+All consumer calls run on one dedicated thread (confluent-kafka consumers are not thread-safe, and
+rebalance callbacks fire inside ``poll``), so the partition ledgers are only ever touched there. The
+event loop hands work over with ``_call``.
+
+Flow control: while the pipeline has no room the assigned partitions are paused, but ``poll`` keeps
+being called, so the node stays in the group however long its sessions run. A session is committed
+as *live* (ledger metadata) before it starts and as *done* after its finished event is acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from gateway.sessions import mint_session_key
+from infra.settings import Settings
+from producers.consumer import RecordConsumer
+from schemas import RecordDecodeError, SessionAssigned, TaskRequest, decode
+
+from .config import NodeConfig
+from .ledger import PartitionLedger
+from .pipeline import Pipeline
+from .session import Job, run_session_id
+
+log = logging.getLogger("polarstream.node")
+
+
+class SessionIntake:
+    """Feeds a Pipeline from polar.sessions and commits what it finished."""
+
+    def __init__(self, settings: Settings, cfg: NodeConfig, pipeline: Pipeline, *, session_timeout_ms: int = 10_000):
+        self.settings, self.cfg, self.pipeline = settings, cfg, pipeline
+        self.topic = settings.topic("sessions")
+        self.ledgers: dict[int, PartitionLedger] = {}
+        self.cancelled: dict[str, str] = {}  # task_id -> reason (filled by TaskWatcher)
+        self.skipped = 0
+        self._paused = False
+        self._admitting = True
+        self._stopping = False
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"intake-{cfg.node_id}")
+        self._consumer = Consumer(settings.kafka_config(**{
+            "group.id": cfg.consumer_group,
+            "client.id": f"polar-node-{cfg.node_id}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "cooperative-sticky",  # a joining node moves only some partitions
+            "session.timeout.ms": session_timeout_ms,  # how fast a dead node's sessions move elsewhere
+            "heartbeat.interval.ms": max(500, session_timeout_ms // 5),
+            "max.poll.interval.ms": max(300_000, session_timeout_ms + 1000),
+            "reconnect.backoff.max.ms": 1000,
+        }))
+
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    # -- consumer thread -------------------------------------------------------------------------
+
+    def _subscribe(self) -> None:
+        self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        committed = consumer.committed(partitions, timeout=30) if partitions else []
+        for tp in committed:
+            self.ledgers[tp.partition] = PartitionLedger.resume(self.cfg.node_id, max(tp.offset, 0), tp.metadata)
+        if self._paused and partitions:
+            try:
+                consumer.pause(partitions)
+            except KafkaException:  # not assigned yet (cooperative): a message that arrives is sought back
+                pass
+        log.info("node %s: assigned partitions %s", self.cfg.node_id, sorted(tp.partition for tp in partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Commit what we know (live sessions included, so the next owner re-runs them as a new attempt),
+        # then stop those sessions: two nodes must never run the same attempt.
+        log.info("node %s: revoked partitions %s", self.cfg.node_id, sorted(tp.partition for tp in partitions))
+        owned = [tp for tp in partitions if tp.partition in self.ledgers]
+        if owned and not self._stopping:
+            self._commit_now([tp.partition for tp in owned])
+        self._drop(partitions, "partition revoked; its new owner re-runs the session")
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._drop(partitions, "partition lost; its new owner re-runs the session")
+
+    def _drop(self, partitions: list[TopicPartition], reason: str) -> None:
+        gone = {tp.partition for tp in partitions}
+        for p in gone:
+            self.ledgers.pop(p, None)
+        if self._stopping or self._loop is None:
+            return
+        for job in list(self.pipeline.jobs.values()):
+            if job.partition in gone:
+                self._loop.call_soon_threadsafe(self.pipeline.abandon, job, reason)
+
+    def _commit_now(self, partitions: list[int]) -> None:
+        if self._closed:
+            return
+        offsets = [TopicPartition(self.topic, p, self.ledgers[p].lowest_open(), metadata=self.ledgers[p].metadata())
+                   for p in partitions if p in self.ledgers]
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as e:
+            log.warning("node %s: commit failed (%s); the sessions may be re-run after a rebalance", self.cfg.node_id, e)
+
+    def _poll_one(self, timeout: float):
+        """One delivered session as (record, partition, offset, Delivery), or None."""
+        if self._closed:
+            return None
+        msg = self._consumer.poll(timeout)
+        if msg is None:
+            return None
+        err = msg.error()
+        if err is not None:
+            if err.fatal():
+                raise KafkaException(err)
+            if err.code() != KafkaError._PARTITION_EOF:
+                log.warning("node %s: %s", self.cfg.node_id, err.str())
+            return None
+        p, off = msg.partition(), msg.offset()
+        ledger = self.ledgers.get(p)
+        if ledger is None:  # revoked between fetch and now
+            return None
+        if self._paused or not (self._admitting and self.pipeline.has_room()):
+            self._consumer.seek(TopicPartition(self.topic, p, off))  # not ours to take yet: read it again later
+            return None
+        try:
+            record = decode(msg.value() or b"", SessionAssigned)
+        except RecordDecodeError as e:
+            log.warning("node %s: skipping undecodable session at %s[%d]@%d: %s", self.cfg.node_id, self.topic, p, off, e)
+            ledger.skip(off)
+            self._commit_now([p])
+            self.skipped += 1
+            return None
+        delivery = ledger.deliver(off, record.attempt)
+        if delivery.skip:
+            self.skipped += 1
+            self._commit_now([p])
+            return None
+        self._commit_now([p])  # the session is now on record as live here
+        return record, p, off, delivery
+
+    def _set_paused(self, paused: bool) -> None:
+        if paused == self._paused or self._closed:
+            return
+        assignment = self._consumer.assignment()
+        if assignment:
+            (self._consumer.pause if paused else self._consumer.resume)(assignment)
+        self._paused = paused
+
+    def _finish(self, partition: int, offset: int) -> None:
+        ledger = self.ledgers.get(partition)
+        if ledger is None:
+            return  # the partition moved meanwhile: its new owner's ledger already knows
+        ledger.finish(offset)
+        self._commit_now([partition])
+
+    # -- event loop -------------------------------------------------------------------------------
+
+    def job_for(self, record: SessionAssigned, partition: int, offset: int, attempt: int, lost: int | None) -> Job:
+        """A pipeline Job; re-runs get a key minted for their own attempt (and session id)."""
+        key = record.session_key
+        if attempt != record.attempt:
+            key = mint_session_key(run_session_id(record.session_id, attempt), self.settings.session_secret,
+                                   group_id=record.group_id, task_id=record.task_id, sample_index=record.sample_index,
+                                   attempt=attempt, harness=record.task.harness.name)
+        job = Job(assigned=record, attempt=attempt, key=key, partition=partition, offset=offset, lost_attempt=lost)
+        reason = self.cancelled.get(record.task_id) or record.task.cancelled
+        if reason:
+            job.cancel_reason = reason
+            job.cancel.set()
+        return job
+
+    async def run(self) -> None:
+        """Consume until ``stop``; each delivered session is admitted to the pipeline."""
+        self._loop = asyncio.get_running_loop()
+        await self._call(self._subscribe)
+        while not self._stopping:
+            room = self._admitting and self.pipeline.has_room()
+            await self._call(self._set_paused, not room)
+            got = await self._call(self._poll_one, 0.2 if room else 0.5)
+            if got is None:
+                continue
+            record, p, off, d = got
+            self.pipeline.admit(self.job_for(record, p, off, d.attempt, d.lost_attempt))
+
+    async def on_done(self, job: Job) -> None:
+        """Pipeline callback: the job's finished event is acknowledged, so its offset may be committed."""
+        if job.partition >= 0:
+            await self._call(self._finish, job.partition, job.offset)
+
+    def assigned(self) -> list[int]:
+        return sorted(self.ledgers)
+
+    def stop_admitting(self) -> None:
+        """Take no new sessions (partitions stay assigned and polled while the running ones finish)."""
+        self._admitting = False
+
+    def _close(self) -> None:
+        self._closed = True
+        self._consumer.close()
+
+    async def stop(self) -> None:
+        """Leave the group (uncommitted sessions go to the other nodes)."""
+        self._stopping = True
+        await self._call(self._close)
+        self._thread.shutdown(wait=False)
+
+
+class TaskWatcher:
+    """Reads polar.tasks (from the start, in its own group) for cancel markers and applies them."""
+
+    def __init__(self, settings: Settings, node_id: str, intake: SessionIntake, pipeline: Pipeline):
+        self.intake, self.pipeline = intake, pipeline
+        self._stopping = False
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"tasks-{node_id}")
+        self._consumer = RecordConsumer(settings, topics=["tasks"], group_id=f"polar-node-{node_id}-tasks-{uuid.uuid4().hex[:6]}",
+                                        from_beginning=True)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            items = await loop.run_in_executor(self._thread, self._consumer.poll, 0.5)
+            for item in items:
+                task = item.record
+                if isinstance(task, TaskRequest) and task.cancelled:
+                    self.intake.cancelled[task.task_id] = task.cancelled
+                    n = self.pipeline.cancel_task(task.task_id, task.cancelled)
+                    log.info("task %s cancelled (%s): %d sessions stopped here", task.task_id, task.cancelled, n)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._consumer.close)
+        self._thread.shutdown(wait=False)

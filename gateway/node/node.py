@@ -1,0 +1,127 @@
+"""A gateway node: the gateway in-process, its unix-socket door for sandboxes, the pipeline and intake.
+
+    Node(settings, node_config, gateway_config).serve()     # until SIGTERM/SIGINT, then drain
+
+The gateway runs under uvicorn in this event loop on ``gateway_host:gateway_port`` (0 = a free port);
+``serve_unix_to_tcp`` exposes it on ``<socket dir>/gateway.sock`` for sandboxes without a network.
+After a harness exits, the node asks the gateway's session store how many calls it recorded for the
+session (``num_calls`` on the finished event), once the session's last call has been recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from gateway.config import GatewayConfig
+from gateway.runtimes import make_runtime
+from gateway.runtimes.tunnel import serve_unix_to_tcp
+from infra.settings import Settings
+
+from .config import NodeConfig
+from .intake import SessionIntake, TaskWatcher
+from .pipeline import Pipeline
+
+log = logging.getLogger("polarstream.node")
+
+
+class Node:
+    def __init__(self, settings: Settings, cfg: NodeConfig, gateway_config: GatewayConfig, *, session_timeout_ms: int = 10_000):
+        self.settings, self.cfg, self.gateway_config = settings, cfg, gateway_config
+        self.session_timeout_ms = session_timeout_ms
+        self.gateway_port = 0
+        self.app = None
+        self.pipeline: Pipeline | None = None
+        self.intake: SessionIntake | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._sock_dir = Path(tempfile.mkdtemp(prefix="polar-gw-"))  # short path: unix sockets allow ~107 bytes
+
+    async def start(self) -> None:
+        """Start the gateway, the socket relay, the pipeline and the Kafka intake."""
+        import uvicorn
+
+        from gateway.app import create_app
+        from producers.publisher import Publisher
+
+        self.cfg.work_dir.mkdir(parents=True, exist_ok=True)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.cfg.gateway_host, self.cfg.gateway_port))
+        self.gateway_port = sock.getsockname()[1]
+        self.app = create_app(self.settings, self.gateway_config)
+        self._server = uvicorn.Server(uvicorn.Config(self.app, lifespan="on", log_level="warning", access_log=False))
+        self._tasks.append(asyncio.ensure_future(self._server.serve(sockets=[sock])))
+        while not self._server.started:
+            if self._tasks[0].done():
+                self._tasks[0].result()  # raises the gateway's start-up error
+                raise RuntimeError("gateway stopped during start-up")
+            await asyncio.sleep(0.05)
+        sock_path = self._sock_dir / "gateway.sock"
+        self._relay = await serve_unix_to_tcp(str(sock_path), "127.0.0.1", self.gateway_port)
+        runtime = make_runtime(self.cfg.runtime, sock_path, self.cfg.image)
+        self.publisher = Publisher(self.settings, client_id=f"polar-node-{self.cfg.node_id}")
+        self.pipeline = Pipeline(self.cfg, runtime, self.gateway_port, self.publisher.publish, self.settle_calls)
+        self.intake = SessionIntake(self.settings, self.cfg, self.pipeline, session_timeout_ms=self.session_timeout_ms)
+        self.pipeline.on_done = self.intake.on_done
+        self.watcher = TaskWatcher(self.settings, self.cfg.node_id, self.intake, self.pipeline)
+        self._tasks += [asyncio.ensure_future(self.intake.run()), asyncio.ensure_future(self.watcher.run())]
+        log.info("node %s: gateway on %s:%d, runtime %s, %d run slots + READY %d", self.cfg.node_id,
+                 self.cfg.gateway_host, self.gateway_port, self.cfg.runtime, self.cfg.run_workers, self.cfg.ready_target)
+
+    async def settle_calls(self, session_id: str) -> int | None:
+        """Calls the gateway recorded for ``session_id``, after its in-flight call (if any) settled."""
+        gw = self.app.state.gateway
+        st = gw.sessions.find(session_id)
+        if st is None:
+            return 0  # the harness never called the model
+        deadline = time.monotonic() + self.cfg.settle_timeout_s
+        while time.monotonic() < deadline and (st.lock.locked() or (st.pending is not None and not st.pending.done())):
+            await asyncio.sleep(0.05)
+        n = st.calls
+        gw.sessions.drop(session_id)
+        return n
+
+    async def stop(self, drain: bool = True) -> None:
+        """Stop taking sessions; with ``drain`` let the admitted ones finish (and commit) first."""
+        if self.intake is not None:
+            self.intake.stop_admitting()
+            if drain and self.pipeline is not None:
+                await self.pipeline.drain()
+            await self.intake.stop()
+            await self.watcher.stop()
+        if self.pipeline is not None:
+            for t in list(self.pipeline.tasks):
+                t.cancel()
+        for t in self._tasks[1:]:
+            t.cancel()
+        if getattr(self, "_relay", None) is not None:
+            self._relay.close()
+        if getattr(self, "publisher", None) is not None:
+            await self.publisher.aclose()
+        if getattr(self, "_server", None) is not None:
+            self._server.should_exit = True
+            await asyncio.gather(self._tasks[0], return_exceptions=True)
+        shutil.rmtree(self._sock_dir, ignore_errors=True)
+
+    async def serve(self) -> None:
+        """Run until SIGTERM/SIGINT; then drain the admitted sessions and leave the group."""
+        await self.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"node {self.cfg.node_id} ready: gateway http://{self.cfg.gateway_host}:{self.gateway_port}", flush=True)
+        await stop.wait()
+        await self.stop(drain=True)
+
+    def stats(self) -> dict:
+        """Pipeline stats plus the partitions this node owns."""
+        out = dict(self.pipeline.stats()) if self.pipeline else {}
+        out["partitions"] = self.intake.assigned() if self.intake else []
+        return out

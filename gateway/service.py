@@ -1,0 +1,240 @@
+"""One model call through the gateway, start to finish.
+
+    session lock ─▶ pause gate ─▶ prompt ids (token-in/token-out) ─▶ engine ─▶ decode + parse
+        ─▶ CallRecorded ─▶ durable publish ─▶ advance session state ─▶ ChatResponse
+
+The session's state (call_index, chain tip, counters) advances only once its event is in Kafka (sync
+mode), so a call answered with an error leaves no trace and a retry takes the same call_index. If the
+broker does not confirm within ``publish_timeout_s`` the harness gets a 503 at once; the publish keeps
+going in the background and the session refuses further calls until its outcome is known, so the
+state always agrees with what is in the topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from schemas import CallRecorded, new_event_id
+
+from . import errors
+from .canonical import ChatRequest, ChatResponse, ContextLengthError, RequestError
+from .config import GatewayConfig
+from .events import build_call_record
+from .gate import Gate, GateClosed
+from .sessions import SessionClaims, SessionState, SessionStore, Turn
+from .template import ChatTemplate, TemplateError
+from .tokens import PromptPlan, plan_prompt
+from .toolparse import ParsedOutput, parse_completion, split_reasoning
+from .upstream import GenerateParams, Generation, Upstream, UpstreamError
+
+log = logging.getLogger("polarstream.gateway")
+
+
+class Publisher(Protocol):
+    async def publish(self, record: Any) -> Any: ...
+
+
+@dataclass
+class PendingPublish:
+    """A publish that outlived its wait: applied to the session state if and when it succeeds."""
+
+    task: asyncio.Future
+    apply: Callable[[], None]
+
+    def done(self) -> bool:
+        """Whether the broker has answered (the outcome is applied right after)."""
+        return self.task.done()
+
+
+class Gateway:
+    """The gateway's working parts; one per process, built by ``create_app``."""
+
+    def __init__(self, config: GatewayConfig, template: ChatTemplate):
+        self.config = config
+        self.template = template
+        self.sessions = SessionStore(config.max_sessions)
+        self.gate = Gate()
+        self.policy_version = config.policy_version
+        self.upstream: Upstream | None = None  # set in the app's lifespan
+        self.publisher: Publisher | None = None
+        self.served_model = config.served_model or config.model
+        self.max_model_len = config.max_model_len
+        self.kafka_stalled = False  # a publish timed out and is unresolved: refuse calls quickly
+        self.counters = {"calls": 0, "errors": 0, "publish_failures": 0}
+
+    # -- public -----------------------------------------------------------------------------------
+
+    async def count_tokens(self, req: ChatRequest) -> int:
+        """Prompt tokens of ``req`` rendered afresh (what a harness budgets with; not recorded)."""
+        try:
+            ids = await asyncio.to_thread(self.template.prompt_ids, req.messages, req.tools, reasoning=req.reasoning)
+        except TemplateError as e:
+            raise RequestError(400, str(e)) from None
+        return len(ids)
+
+    async def call(self, claims: SessionClaims, req: ChatRequest, harness: str = "") -> ChatResponse:
+        """Generate, record and answer one call of session ``claims``; raises RequestError."""
+        st = self.sessions.get(claims)
+        try:
+            async with st.lock:
+                self._refuse_if_unrecordable(st)
+                async with self.gate.enter(self.config.hold_timeout_s):
+                    return await self._call_locked(st, req, harness)
+        except GateClosed as e:
+            raise errors.unavailable(str(e), self.config.retry_after_s) from None
+        except RequestError:
+            st.failed += 1
+            self.counters["errors"] += 1
+            raise
+
+    # -- the pipeline -----------------------------------------------------------------------------
+
+    def _refuse_if_unrecordable(self, st: SessionState) -> None:
+        _settle(st)
+        if st.pending is not None:
+            raise errors.unavailable("the previous call of this session is still being recorded (event log "
+                                     "unavailable); retry later", self.config.retry_after_s)
+        if self.kafka_stalled:
+            raise errors.unavailable("event log unavailable: calls cannot be recorded; retry later",
+                                     self.config.retry_after_s)
+
+    async def _call_locked(self, st: SessionState, req: ChatRequest, harness: str) -> ChatResponse:
+        received_at, t0 = time.time(), time.perf_counter()
+        try:  # in a worker thread: tokenizing a fresh 80 KB prompt must not stall other sessions' calls
+            plan = await asyncio.to_thread(plan_prompt, self.template, st.main, req)
+        except TemplateError as e:
+            raise RequestError(400, str(e)) from None
+        if st.evicted and plan.break_reason == "first_call":
+            plan.break_reason = "state_evicted"
+        gen = await self._generate(st, req, plan)
+        parsed, finish, matched = self._interpret(req, gen)
+        policy = gen.policy_version if gen.policy_version is not None else self.policy_version
+        call_index = st.next_call_index
+        # Delta base: the call this prompt was built on (or repeats), else the session's latest call.
+        builds_on_main = st.main is not None and (plan.extends_call_index is not None or plan.break_reason == "retry")
+        base = (st.main.call_index, st.main.full_sequence) if builds_on_main else st.last_call
+        record = build_call_record(
+            claims=st.claims, call_index=call_index, req=req, plan=plan, gen=gen, parsed=parsed, finish_reason=finish,
+            policy_version=policy, served_model=self.served_model, harness=harness, base=base,
+            received_at=received_at, total_ms=(time.perf_counter() - t0) * 1000, event_id=new_event_id(),
+        )
+        await self._publish(st, record, lambda: _advance(st, req, plan, gen, parsed, call_index))
+        self.counters["calls"] += 1
+        return ChatResponse(
+            id=record.event_id, model=req.model, text=parsed.text, reasoning=parsed.reasoning,
+            tool_calls=parsed.tool_calls, finish_reason=finish, matched_stop=matched,  # type: ignore[arg-type]
+            prompt_tokens=len(plan.prompt_ids), completion_tokens=len(gen.completion_ids), created=received_at,
+        )
+
+    async def _generate(self, st: SessionState, req: ChatRequest, plan: PromptPlan) -> Generation:
+        assert self.upstream is not None, "gateway used outside its lifespan"
+        n = len(plan.prompt_ids)
+        limit = self.max_model_len
+        if limit is not None and n >= limit:
+            raise ContextLengthError(n, limit)
+        max_tokens = req.sampling.max_tokens or self.config.default_max_tokens
+        if limit is not None:
+            max_tokens = min(max_tokens, limit - n)
+        s = req.sampling
+        params = GenerateParams(max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                seed=s.seed, stop=list(s.stop))
+        try:
+            gen = await self.upstream.generate(plan.prompt_ids, params, request_id=f"{st.claims.session_id}-{st.next_call_index}",
+                                               affinity=st.claims.session_id)
+        except UpstreamError as e:
+            raise errors.from_upstream(e) from None
+        if gen.finish_reason == "abort":  # e.g. the engine was paused with mode=abort for a weight swap
+            raise errors.unavailable("generation aborted by the engine; retry", self.config.retry_after_s)
+        return gen
+
+    def _interpret(self, req: ChatRequest, gen: Generation) -> tuple[ParsedOutput, str, str]:
+        text = self.template.decode_completion(gen.completion_ids)
+        matched = gen.matched_stop
+        if not matched and gen.finish_reason == "stop":
+            matched = next((s for s in req.sampling.stop if s and s in text), "")
+        if matched and matched in text:  # engines keep the stop string's ids; its text is not the answer
+            text = text[: text.index(matched)]
+        if req.tool_choice == "none" or not req.tools:
+            # No tools offered (or tool use forbidden): markup is the model's text, as vLLM returns it.
+            reasoning, rest = split_reasoning(text)
+            parsed = ParsedOutput(text=rest, reasoning=reasoning)
+        else:
+            parsed = parse_completion(text, req.tools)
+        finish = gen.finish_reason if gen.finish_reason in ("stop", "length") else "stop"
+        if parsed.tool_calls and finish == "stop":
+            finish = "tool_calls"
+        return parsed, finish, matched
+
+    async def _publish(self, st: SessionState, record: CallRecorded, apply: Callable[[], None]) -> None:
+        assert self.publisher is not None, "gateway used outside its lifespan"
+        task = asyncio.ensure_future(self.publisher.publish(record))
+        if self.config.publish_mode == "async":
+            apply()  # optimistic: answer now, report a failed delivery in the log
+            task.add_done_callback(lambda t: self._report_async(t, record))
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self.config.publish_timeout_s)
+        except (TimeoutError, asyncio.CancelledError) as e:
+            # The record may still land: hold the session until we know, so state matches the topic.
+            st.pending = PendingPublish(task, apply)
+            task.add_done_callback(lambda t: self._settled(st))
+            if isinstance(e, asyncio.CancelledError):  # the client went away mid-publish
+                raise
+            self.kafka_stalled = True
+            raise errors.unavailable(f"event log did not confirm the call within {self.config.publish_timeout_s:g}s; "
+                                     "retry later", self.config.retry_after_s) from None
+        except Exception as e:  # the broker refused it: nothing was recorded
+            self.counters["publish_failures"] += 1
+            log.warning("publish of call %s/%d failed: %s", record.session_id, record.call_index, e)
+            if getattr(e, "code", "") == "MSG_SIZE_TOO_LARGE":  # retrying cannot help: say so
+                raise RequestError(413, f"the call is too large to record ({e}); shorten the conversation",
+                                   "request_too_large") from None
+            raise errors.unavailable(f"event log unavailable ({type(e).__name__}); retry later",
+                                     self.config.retry_after_s) from None
+        apply()
+
+    def _settled(self, st: SessionState) -> None:
+        self.kafka_stalled = False  # the broker answered (one way or the other): try again
+        _settle(st)
+
+    def _report_async(self, task: asyncio.Future, record: CallRecorded) -> None:
+        if task.cancelled() or task.exception() is not None:
+            self.counters["publish_failures"] += 1
+            log.error("async publish of call %s/%d failed: %s", record.session_id, record.call_index,
+                      "cancelled" if task.cancelled() else task.exception())
+
+
+def _settle(st: SessionState) -> None:
+    """Apply a background publish's outcome once it is known (idempotent)."""
+    p = st.pending
+    if p is None or not p.task.done():
+        return
+    st.pending = None
+    if not p.task.cancelled() and p.task.exception() is None:
+        p.apply()
+    else:
+        st.failed += 1
+
+
+def _advance(st: SessionState, req: ChatRequest, plan: PromptPlan, gen: Generation, parsed: ParsedOutput,
+             call_index: int) -> None:
+    """The session after a recorded call: next index, counters, and (main calls) the chain tip."""
+    st.next_call_index = call_index + 1
+    st.calls += 1
+    full = [*plan.prompt_ids, *gen.completion_ids]
+    st.last_call = (call_index, full)
+    if req.side_call:
+        st.side_calls += 1
+        return
+    st.evicted = False
+    if plan.extends_call_index is not None and plan.break_reason != "retry":
+        st.merged += 1
+    elif plan.break_reason not in ("first_call", "retry"):
+        st.breaks += 1
+    st.main = Turn(call_index, list(plan.prompt_ids), list(gen.completion_ids), list(req.messages), list(req.tools),
+                   parsed.text, list(parsed.tool_calls), plan.extends_call_index, plan.break_reason)

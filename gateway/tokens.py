@@ -1,0 +1,121 @@
+"""Token-in, token-out: build a call's prompt ids from the session's previous call when possible.
+
+When a request's history is the previous request's history + the assistant turn the gateway generated
++ something new (tool results, a user turn), the new prompt is::
+
+    previous prompt ids + previous sampled ids + bridge(appended messages)
+
+so the sampled tokens are never re-tokenized and the sequence trained on is the sequence sampled.
+Harnesses echo the generated turn imperfectly (re-ordered or compacted arguments, added or dropped ids,
+signatures, a moved ``cache_control``), so the echo is matched by tool-call id first, then by canonical
+content. Anything else renders afresh and names the reason, which becomes ``ChainInfo.break_reason``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .canonical import ChatRequest, Message, Tool, ToolCall
+from .providers.arguments import same_arguments
+from .sessions import Turn
+from .template import ChatTemplate
+
+
+@dataclass
+class PromptPlan:
+    prompt_ids: list[int]
+    extends_call_index: int | None = None  # set: prompt = that call's prompt + sampled ids + bridge
+    break_reason: str = ""  # set when a new chain starts
+    history_offset: int = 0  # messages already covered by the extended call (what the event may omit)
+
+
+def _leading_system(messages: Sequence[Message]) -> tuple[list[str], int]:
+    n = 0
+    while n < len(messages) and messages[n].role == "system":
+        n += 1
+    return [m.content for m in messages[:n]], n
+
+
+def same_tools(a: Sequence[Tool], b: Sequence[Tool]) -> bool:
+    """Tool sets equal by name, description and schema, in order (order changes the rendered prompt)."""
+    return [(t.name, t.description, t.parameters) for t in a] == [(t.name, t.description, t.parameters) for t in b]
+
+
+def _same_calls(echoed: Sequence[ToolCall], generated: Sequence[ToolCall]) -> bool:
+    if len(echoed) != len(generated):
+        return False
+    by_id = {c.id: c for c in generated}
+    if all(c.id in by_id for c in echoed):  # ids kept: pair by id, the arguments must still agree
+        pairs = [(c, by_id[c.id]) for c in echoed]
+    else:  # ids dropped or replaced (Gemini CLI, Responses via opencode/pi): pair in order
+        pairs = list(zip(echoed, generated))
+    return all(e.name == g.name and same_arguments(e.arguments, g.arguments) for e, g in pairs)
+
+
+def echo_matches(echoed: Message, generated_text: str, generated_calls: Sequence[ToolCall]) -> bool:
+    """Whether ``echoed`` is the harness's copy of the assistant turn the gateway generated.
+
+    Reasoning is ignored (harnesses drop or clear thinking); text is compared without surrounding
+    whitespace, and a turn that made tool calls may come back without its text.
+    """
+    if echoed.role != "assistant" or not _same_calls(echoed.tool_calls, generated_calls):
+        return False
+    text = echoed.content.strip()
+    return text == generated_text.strip() or (not text and bool(generated_calls))
+
+
+def same_message(a: Message, b: Message) -> bool:
+    """Equality of two echoes of one history message (what two consecutive requests both sent)."""
+    return (
+        a.role == b.role
+        and a.content.strip() == b.content.strip()
+        and a.tool_call_id == b.tool_call_id
+        and _same_calls(a.tool_calls, b.tool_calls)
+    )
+
+
+def divergence(prev: Turn, req: ChatRequest) -> str:
+    """Why ``req`` does not extend ``prev`` ('' when it does, 'retry' when it repeats it)."""
+    if not same_tools(req.tools, prev.tools):
+        return "tools_changed"
+    if _leading_system(req.messages) != _leading_system(prev.messages):
+        return "system_changed"
+    n = len(prev.messages)
+    msgs = req.messages
+    if len(msgs) == n and all(same_message(a, b) for a, b in zip(msgs, prev.messages)):
+        return "retry"
+    if len(msgs) < n:
+        return "history_shortened"
+    if not all(same_message(a, b) for a, b in zip(msgs[:n], prev.messages)):
+        return "rewritten_history"
+    if not echo_matches(msgs[n], prev.text, prev.tool_calls):
+        return "assistant_turn_changed" if msgs[n].role == "assistant" else "assistant_turn_missing"
+    if len(msgs) == n + 1:
+        return "assistant_prefill"  # the request ends with our own turn: nothing to bridge to
+    return ""
+
+
+def plan_prompt(template: ChatTemplate, prev: Turn | None, req: ChatRequest) -> PromptPlan:
+    """The prompt ids for ``req`` and how they relate to the session's main chain."""
+
+    def fresh(reason: str) -> PromptPlan:
+        return PromptPlan(template.prompt_ids(req.messages, req.tools, reasoning=req.reasoning), break_reason=reason)
+
+    if req.side_call:
+        return fresh("side_call")
+    if prev is None:
+        return fresh("first_call")
+    reason = divergence(prev, req)
+    if reason == "retry":
+        # The same request again (the harness did not get, or did not accept, the answer): the same
+        # prompt ids as that call, so it extends what that call extended (a sibling of it).
+        return PromptPlan(list(prev.prompt_ids), prev.extends_call_index, "retry")
+    if reason:
+        return fresh(reason)
+    n = len(prev.messages)
+    bridge = template.bridge_ids(req.messages[: n + 1], req.messages[n + 1 :], req.tools, prev.completion_ids,
+                                 reasoning=req.reasoning)
+    if bridge is None:
+        return fresh("template_not_append_only")
+    return PromptPlan([*prev.full_sequence, *bridge], extends_call_index=prev.call_index, history_offset=n)

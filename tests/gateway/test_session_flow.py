@@ -1,0 +1,149 @@
+"""Sessions through the running gateway: side calls, serialization, pause/resume, admin, open mode."""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.plugins.gateway import read_calls
+
+TOOLS = [{"name": "write_file", "description": "Write a file", "input_schema": {
+    "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}]
+SYSTEM = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.2bb; cc_entrypoint=sdk-cli;"},
+          {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}}]
+
+
+def messages_call(url, key, messages, **extra):
+    body = {"model": "claude-opus-4-8", "max_tokens": 256, "system": SYSTEM, "messages": messages, "tools": TOOLS, **extra}
+    r = httpx.post(url + "/v1/messages?beta=true", json=body, timeout=120,
+                   headers={"x-api-key": key, "anthropic-version": "2023-06-01", "user-agent": "claude-cli/2.1.197 (external, sdk-cli)"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def admin(gw, method, path, **kw):
+    return httpx.request(method, gw.url + path, headers={"Authorization": f"Bearer {gw.settings.admin_token}"}, timeout=60, **kw)
+
+
+def test_side_call_between_turns_leaves_the_main_chain_intact(polar_settings, scripted_engine, gateway_factory):
+    gw = gateway_factory(polar_settings, scripted_engine.url)
+    key = gw.key("cc-1")
+    history = [{"role": "user", "content": [{"type": "text", "text": "Create hello.txt containing hi"}]}]
+    first = messages_call(gw.url, key, history)
+    (use,) = [b for b in first["content"] if b["type"] == "tool_use"]
+    # Claude Code's title request: JSON output, no tools (the adapter marks it a side call).
+    title = messages_call(gw.url, key, [{"role": "user", "content": "Write a title for: Create hello.txt"}], tools=[],
+                          output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}})
+    assert title["content"][0]["text"] == '{"title": "Hello file"}'
+    history += [{"role": "assistant", "content": [use]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "ok"}]}]
+    messages_call(gw.url, key, history)
+
+    c0, c1, c2 = read_calls(polar_settings, 3, session_id="cc-1")
+    assert (c1.side_call, c1.chain.break_reason, c1.chain.extends_call_index) == (True, "side_call", None)
+    assert (c2.side_call, c2.chain.extends_call_index, c2.chain.break_reason) == (False, 0, "")
+    assert c2.prompt_delta.base_call_index == 0  # built on the main chain, not on the side call
+    assert {c.harness for c in (c0, c1, c2)} == {"claude_code"}  # told by User-Agent
+    assert "cc_version" not in str(c0.request["messages"])  # billing line stripped from the system prompt
+    stats = admin(gw, "GET", "/admin/sessions/cc-1").json()
+    assert (stats["num_calls"], stats["merged"], stats["side_calls"], stats["breaks"]) == (3, 1, 1, 0)
+
+
+def test_concurrent_calls_of_one_session_are_serialized(polar_settings, scripted_engine, gateway_factory):
+    gw = gateway_factory(polar_settings, scripted_engine.url)
+    key = gw.key("par")
+    msgs = [{"role": "user", "content": "Create hello.txt containing hi"}]
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: messages_call(gw.url, key, msgs), range(4)))
+    calls = read_calls(polar_settings, 4, session_id="par")
+    assert [c.call_index for c in calls] == [0, 1, 2, 3]
+    assert [c.chain.break_reason for c in calls] == ["first_call", "retry", "retry", "retry"]
+    # The repeats reuse the first prompt token for token (stored as an empty-suffix delta).
+    assert all(c.prompt_delta.base_len == c0 and not c.prompt_delta.suffix_ids
+               for c, c0 in [(c, len(calls[0].prompt_ids)) for c in calls[1:]])
+
+
+def test_pause_holds_calls_until_resume(polar_settings, scripted_engine, gateway_factory):
+    gw = gateway_factory(polar_settings, scripted_engine.url)
+    assert httpx.post(gw.url + "/admin/pause").status_code == 401  # the admin token is required
+    paused = admin(gw, "POST", "/admin/pause", params={"timeout_s": 5})
+    assert paused.json()["paused"] is True and paused.json()["drained"] is True
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (messages_call(gw.url, gw.key("held"), [{"role": "user", "content": "hi"}]), done.set()))
+    worker.start()
+    time.sleep(1.5)
+    assert not done.is_set()  # held, not refused
+    assert admin(gw, "GET", "/admin/status").json()["paused"] is True
+    assert admin(gw, "POST", "/admin/policy_version", json={"version": 7}).json() == {"version": 7}
+    admin(gw, "POST", "/admin/resume")
+    worker.join(timeout=120)
+    assert done.is_set()
+    assert admin(gw, "GET", "/admin/policy_version").json() == {"version": 7}
+    assert read_calls(polar_settings, 1, session_id="held")[0].call_index == 0
+
+
+def test_pause_reports_undrained_calls(polar_settings, silent_port_gateway):
+    gw = silent_port_gateway
+    worker = threading.Thread(target=lambda: httpx.post(gw.url + "/v1/chat/completions", timeout=30, json={
+        "model": "m", "messages": [{"role": "user", "content": "hi"}]}, headers={"Authorization": f"Bearer {gw.key('slow')}"}))
+    worker.start()
+    time.sleep(0.5)  # the call is now waiting on the engine
+    r = admin(gw, "POST", "/admin/pause", params={"timeout_s": 0.3}).json()
+    assert (r["drained"], r["in_flight"]) == (False, 1)
+    admin(gw, "POST", "/admin/resume")
+    worker.join()
+
+
+@pytest.fixture
+def silent_port_gateway(polar_settings, gateway_factory):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    yield gateway_factory(polar_settings, f"http://127.0.0.1:{s.getsockname()[1]}", served_model="tiny",
+                          max_model_len=4096, upstream_timeout_s=3)
+    s.close()
+
+
+def test_admin_mints_keys_and_reports_sessions(polar_settings, scripted_engine, gateway_factory):
+    gw = gateway_factory(polar_settings, scripted_engine.url)
+    minted = admin(gw, "POST", "/admin/sessions", json={"session_id": "node-7", "group_id": "g", "task_id": "t",
+                                                       "sample_index": 1, "harness": "codex"}).json()
+    assert admin(gw, "GET", "/admin/sessions/node-7").json()["known"] is False
+    messages_call(gw.url, minted["session_key"], [{"role": "user", "content": "hi"}])
+    (call,) = read_calls(polar_settings, 1, session_id="node-7")
+    assert (call.group_id, call.task_id, call.sample_index, call.harness) == ("g", "t", 1, "codex")
+    assert admin(gw, "DELETE", "/admin/sessions/node-7").json()["num_calls"] == 1
+    assert admin(gw, "GET", "/admin/sessions/node-7").json()["known"] is False
+    assert admin(gw, "POST", "/admin/sessions", json={"session_id": ""}).status_code == 422
+
+
+def test_open_mode_records_ad_hoc_sessions(polar_settings, scripted_engine, gateway_factory):
+    gw = gateway_factory(polar_settings, scripted_engine.url, open_mode=True, publish_mode="async")
+    msgs = [{"role": "user", "content": "hi"}]
+    messages_call(gw.url, "sk-my-own-key", msgs)
+    messages_call(gw.url, "sk-another-key", msgs)
+    r = httpx.post(gw.url + "/s/my-run/v1/chat/completions", json={"model": "m", "messages": msgs}, timeout=120)
+    assert r.status_code == 200
+    # No tools offered: the model's tool-call markup is its text, as vLLM answers without tools.
+    assert "<tool_call>" in r.json()["choices"][0]["message"]["content"]
+    assert not r.json()["choices"][0]["message"].get("tool_calls")
+    calls = read_calls(polar_settings, 3)
+    sessions = {c.session_id for c in calls}
+    assert len(sessions) == 3 and "my-run" in sessions
+    assert all(s == "my-run" or s.startswith("open-") for s in sessions)
+
+
+def test_shed_session_continues_its_call_indexes(polar_settings, scripted_engine, gateway_factory):
+    gw = gateway_factory(polar_settings, scripted_engine.url, max_sessions=1)
+    msgs = [{"role": "user", "content": "Create hello.txt containing hi"}]
+    first = messages_call(gw.url, gw.key("A"), msgs)
+    messages_call(gw.url, gw.key("B"), msgs)  # A's chain tip is shed to stay within max_sessions
+    (use,) = [b for b in first["content"] if b["type"] == "tool_use"]
+    messages_call(gw.url, gw.key("A"), msgs + [{"role": "assistant", "content": [use]}, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": use["id"], "content": "ok"}]}])
+    a0, a1 = read_calls(polar_settings, 2, session_id="A")
+    assert (a1.call_index, a1.chain.break_reason, a1.chain.extends_call_index) == (1, "state_evicted", None)

@@ -1,0 +1,76 @@
+"""Session keys (mint/verify/forgery) and the per-session store."""
+
+import pytest
+
+from gateway.sessions import (
+    InvalidSessionKey,
+    SessionClaims,
+    SessionStore,
+    mint_session_key,
+    open_session_claims,
+    verify_session_key,
+)
+
+SECRET = "s3cret"
+
+
+def test_key_round_trips_its_claims():
+    key = mint_session_key("sess-1", SECRET, group_id="g", task_id="t", sample_index=3, attempt=1, harness="codex")
+    assert key.startswith("sk-polar-")
+    assert verify_session_key(key, SECRET) == SessionClaims("sess-1", "g", "t", 3, 1, "codex")
+
+
+def test_key_with_defaults_is_short_and_header_safe():
+    key = mint_session_key("s", SECRET)
+    assert len(key) < 60 and all(c.isalnum() or c in "-_." for c in key)
+    assert verify_session_key(key, SECRET) == SessionClaims("s")
+
+
+def test_wrong_secret_is_rejected():
+    with pytest.raises(InvalidSessionKey, match="signature"):
+        verify_session_key(mint_session_key("s", SECRET), "other")
+
+
+def test_claims_cannot_be_swapped_between_keys():
+    a, b = mint_session_key("a", SECRET), mint_session_key("b", SECRET)
+    forged = a.split(".")[0] + "." + b.split(".")[1]  # a's claims with b's signature
+    with pytest.raises(InvalidSessionKey):
+        verify_session_key(forged, SECRET)
+
+
+@pytest.mark.parametrize("key", ["", "sk-ant-xyz", "sk-polar-", "sk-polar-abc", "sk-polar-.sig", "sk-polar-e30.x"])
+def test_malformed_keys_are_rejected(key):
+    with pytest.raises(InvalidSessionKey):
+        verify_session_key(key, SECRET)
+
+
+def test_mint_refuses_empty_session():
+    with pytest.raises(ValueError, match="session_id"):
+        mint_session_key("", SECRET)
+
+
+def test_open_mode_maps_each_key_to_its_own_stable_session():
+    assert open_session_claims("k1") == open_session_claims("k1")
+    assert open_session_claims("k1").session_id != open_session_claims("k2").session_id
+    assert "k1" not in open_session_claims("k1").session_id  # the key itself is not leaked into events
+
+
+def test_store_creates_once_and_sheds_idle_sessions_but_keeps_their_call_index():
+    store = SessionStore(max_sessions=2)
+    first = store.get(SessionClaims("a"))
+    assert store.get(SessionClaims("a")) is first
+    first.next_call_index, first.main = 5, "tip"  # a session with history
+    store.get(SessionClaims("b"))
+    store.get(SessionClaims("c"))  # over capacity: "a" (least recent) is shed, not forgotten
+    a = store.find("a")
+    assert a is first and (a.main, a.evicted, a.next_call_index) == (None, True, 5)
+    assert store.get(SessionClaims("a")) is first  # coming back continues its call indexes
+    assert len(store) == 3
+    assert store.drop("c") is not None and store.find("c") is None
+
+
+def test_store_forgets_shed_sessions_beyond_ten_times_capacity():
+    store = SessionStore(max_sessions=1)
+    for i in range(15):
+        store.get(SessionClaims(f"s{i}"))
+    assert len(store) == 11 and store.find("s0") is None and store.find("s14") is not None

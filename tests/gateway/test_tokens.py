@@ -1,0 +1,111 @@
+"""Token-in/token-out planning: extension of the previous call, echo matching, break reasons."""
+
+import json
+
+import pytest
+
+from gateway.canonical import ChatRequest, Message, Tool, ToolCall
+from gateway.sessions import Turn
+from gateway.template import ChatTemplate
+from gateway.tokens import divergence, echo_matches, plan_prompt
+
+SHELL = Tool(name="shell", description="run", parameters={"type": "object", "properties": {"command": {"type": "string"}, "cwd": {"type": "string"}}})
+ARGS = '{"command": "echo hi > hello.txt", "cwd": "/w"}'
+SAMPLED = '<tool_call>\n{"name": "shell", "arguments": ' + ARGS + '}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tpl(chat_tokenizer_dir) -> ChatTemplate:
+    return ChatTemplate.load(str(chat_tokenizer_dir))
+
+
+def _req(messages, tools=(SHELL,), **kw) -> ChatRequest:
+    return ChatRequest(provider="openai.chat", model="m", messages=list(messages), tools=list(tools), **kw)
+
+
+HISTORY = [Message("system", "Be brief."), Message("user", "Create hello.txt containing hi")]
+
+
+def _first_turn(tpl) -> Turn:
+    plan = plan_prompt(tpl, None, _req(HISTORY))
+    assert plan.break_reason == "first_call" and plan.extends_call_index is None
+    completion = tpl.encode(SAMPLED) + [tpl.eot.token_id]
+    return Turn(0, plan.prompt_ids, completion, list(HISTORY), [SHELL], "", [ToolCall("call_1", "shell", ARGS)])
+
+
+def test_second_prompt_extends_first_prompt_plus_sampled_ids_exactly(tpl):
+    prev = _first_turn(tpl)
+    echo = Message("assistant", tool_calls=[ToolCall("call_1", "shell", ARGS)])
+    req2 = _req([*HISTORY, echo, Message("tool", "done", tool_call_id="call_1")])
+    plan = plan_prompt(tpl, prev, req2)
+    assert plan.break_reason == "" and plan.extends_call_index == 0 and plan.history_offset == 2
+    assert plan.prompt_ids[: len(prev.full_sequence)] == prev.full_sequence
+    # The bridge is exactly the template's glue: the whole decodes to the template's rendering.
+    assert tpl.tokenizer.decode(plan.prompt_ids) == tpl.render_text(req2.messages, req2.tools)
+
+
+@pytest.mark.parametrize(
+    "echoed",
+    [
+        ToolCall("call_1", "shell", '{"cwd":"/w","command":"echo hi > hello.txt"}'),  # re-ordered + compacted (qwen, Claude Code)
+        ToolCall("run_shell_command_17_0", "shell", json.dumps({"command": "echo hi > hello.txt", "cwd": "/w"})),  # id replaced (Gemini CLI)
+        ToolCall("", "shell", ARGS),  # id dropped (Responses via opencode/pi)
+    ],
+)
+def test_imperfect_echoes_still_extend(tpl, echoed):
+    prev = _first_turn(tpl)
+    req2 = _req([*HISTORY, Message("assistant", tool_calls=[echoed]), Message("tool", "done", tool_call_id=echoed.id)])
+    plan = plan_prompt(tpl, prev, req2)
+    assert (plan.break_reason, plan.extends_call_index) == ("", 0)
+    assert plan.prompt_ids[: len(prev.full_sequence)] == prev.full_sequence
+
+
+def test_echo_with_changed_arguments_is_a_break(tpl):
+    prev = _first_turn(tpl)
+    edited = Message("assistant", tool_calls=[ToolCall("call_1", "shell", '{"command": "rm -rf /"}')])
+    plan = plan_prompt(tpl, prev, _req([*HISTORY, edited, Message("tool", "x", tool_call_id="call_1")]))
+    assert plan.break_reason == "assistant_turn_changed" and plan.extends_call_index is None
+    assert plan.prompt_ids == tpl.prompt_ids([*HISTORY, edited, Message("tool", "x", tool_call_id="call_1")], [SHELL])
+
+
+def test_text_echo_rules():
+    calls = [ToolCall("a", "shell", "{}")]
+    assert echo_matches(Message("assistant", " Hi there\n"), "Hi there", [])
+    assert not echo_matches(Message("assistant", "Hi"), "Hi there", [])
+    assert echo_matches(Message("assistant", "", tool_calls=calls), "Let me run it.", calls)  # text dropped
+    assert not echo_matches(Message("user", "Hi there"), "Hi there", [])
+
+
+@pytest.mark.parametrize(
+    "mutate,reason",
+    [
+        (lambda m, t: (m, []), "tools_changed"),
+        (lambda m, t: ([Message("system", "Other."), *m[1:]], t), "system_changed"),
+        (lambda m, t: ([m[0], Message("user", "edited"), *m[2:]], t), "rewritten_history"),
+        (lambda m, t: (m[:1], t), "history_shortened"),
+        (lambda m, t: ([*m[:2], Message("tool", "done", tool_call_id="call_1")], t), "assistant_turn_missing"),
+        (lambda m, t: (m[:3], t), "assistant_prefill"),
+    ],
+)
+def test_break_reasons(tpl, mutate, reason):
+    prev = _first_turn(tpl)
+    base = [*HISTORY, Message("assistant", tool_calls=[ToolCall("call_1", "shell", ARGS)]), Message("tool", "done", tool_call_id="call_1")]
+    msgs, tools = mutate(base, [SHELL])
+    req = _req(msgs, tools)
+    assert divergence(prev, req) == reason
+    plan = plan_prompt(tpl, prev, req)
+    assert plan.break_reason == reason and plan.extends_call_index is None
+
+
+def test_retry_reuses_the_same_prompt_ids(tpl):
+    prev = _first_turn(tpl)
+    plan = plan_prompt(tpl, prev, _req(HISTORY))
+    assert plan.prompt_ids == prev.prompt_ids
+    assert (plan.break_reason, plan.extends_call_index) == ("retry", prev.extends_call_index)
+
+
+def test_side_call_renders_afresh_regardless_of_chain(tpl):
+    prev = _first_turn(tpl)
+    side = _req([Message("system", "You are a title generator"), Message("user", "hi")], tools=[], side_call=True)
+    plan = plan_prompt(tpl, prev, side)
+    assert plan.break_reason == "side_call" and plan.extends_call_index is None
