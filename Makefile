@@ -8,9 +8,17 @@ CACHE ?= $(HOME)/.cache/polarstream
 export PIP_CACHE_DIR := $(CACHE)/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast bench infra-up infra-down harnesses clean
+.PHONY: venv system demo test test-fast bench infra-up infra-down harnesses clean
 
 venv: $(STAMP)
+
+# Debian packages the sandbox needs (bubblewrap); Java 17 and Maven come with the machine.
+system:
+	@command -v bwrap >/dev/null || { echo "installing bubblewrap (sandbox runtime)"; \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	  { $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -q >/dev/null && \
+	    $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q bubblewrap >/dev/null; } || \
+	  echo "warning: bubblewrap could not be installed; sandboxed runs will use the subprocess runtime"; }
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,10 +30,10 @@ $(STAMP): pyproject.toml
 harnesses: venv
 	$(VENV)/bin/polarstream harness install
 
-demo: venv
+demo: venv system
 	$(VENV)/bin/polarstream demo
 
-test: venv
+test: venv system harnesses
 	$(PY) -m pytest -q -ra
 
 test-fast: venv

@@ -1,0 +1,61 @@
+"""The demo's task suite: small arithmetic problems the agent must solve with a tool.
+
+Each task asks for a number written to ``answer.txt``; a test command in the workspace scores it, so the
+reward is the outcome of a real test, not a string match inside our code. The suite is fixed by a seed so
+a demo run is reproducible.
+"""
+
+from __future__ import annotations
+
+import random
+import shlex
+
+from schemas import EvaluatorSpec, HarnessSpec, TaskRequest, Timeouts, WorkspaceSpec
+
+ANSWER_FILE = "answer.txt"
+
+
+def make_problem(rng: random.Random) -> tuple[str, str]:
+    """(question, answer) for one small sum."""
+    a, b = rng.randint(1, 9), rng.randint(1, 9)
+    return f"{a} + {b}", str(a + b)
+
+
+def instruction(question: str) -> str:
+    return f"Compute {question} and write only the result to {ANSWER_FILE} using the write_file tool."
+
+
+def suite(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """A fixed list of ``n`` distinct (question, answer) pairs."""
+    rng = random.Random(seed)
+    seen: dict[str, str] = {}
+    while len(seen) < n:
+        q, a = make_problem(rng)
+        seen.setdefault(q, a)
+    return list(seen.items())
+
+
+def task_request(
+    question: str,
+    answer: str,
+    *,
+    task_id: str,
+    num_samples: int,
+    harness: HarnessSpec,
+    agent_timeout_s: float = 60.0,
+    task_set: str = "demo-arith",
+) -> TaskRequest:
+    """A TaskRequest whose evaluator is a shell test of answer.txt."""
+    test = f"test \"$(tr -d ' \\n' < {ANSWER_FILE} 2>/dev/null)\" = {shlex.quote(answer)}"
+    return TaskRequest(
+        task_id=task_id,
+        instruction=instruction(question),
+        workspace=WorkspaceSpec(kind="files", files={"README.md": "Write your answer to answer.txt.\n"}),
+        harness=harness,
+        evaluator=EvaluatorSpec(kind="command", command=test, timeout_s=10.0),
+        num_samples=num_samples,
+        min_valid=max(1, num_samples // 2),
+        timeouts=Timeouts(init_s=60.0, agent_s=agent_timeout_s, eval_s=10.0),
+        task_set=task_set,
+        metadata={"question": question, "answer": answer},
+    )
