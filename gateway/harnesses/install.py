@@ -45,6 +45,7 @@ class HarnessNotInstalled(RuntimeError):
 
 
 def npm_root(cache_dir: Path) -> Path:
+    """Directory holding one npm prefix per harness (and npm's download cache)."""
     return Path(cache_dir) / "npm"
 
 

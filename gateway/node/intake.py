@@ -198,6 +198,7 @@ class SessionIntake:
             await self._call(self._finish, job.partition, job.offset)
 
     def assigned(self) -> list[int]:
+        """Partitions of polar.sessions this node owns now."""
         return sorted(self.ledgers)
 
     def stop_admitting(self) -> None:
@@ -226,6 +227,7 @@ class TaskWatcher:
                                         from_beginning=True)
 
     async def run(self) -> None:
+        """Poll polar.tasks until ``stop``; cancel markers stop the task's sessions here."""
         loop = asyncio.get_running_loop()
         while not self._stopping:
             items = await loop.run_in_executor(self._thread, self._consumer.poll, 0.5)
@@ -237,6 +239,7 @@ class TaskWatcher:
                     log.info("task %s cancelled (%s): %d sessions stopped here", task.task_id, task.cancelled, n)
 
     async def stop(self) -> None:
+        """Close the tasks consumer."""
         self._stopping = True
         await asyncio.get_running_loop().run_in_executor(self._thread, self._consumer.close)
         self._thread.shutdown(wait=False)

@@ -55,6 +55,11 @@ class PartitionLedger:
         """Classify a delivered record and, unless skipped, mark it live."""
         if offset < self.committed or offset in self.done or offset in self.live:
             return Delivery(skip=True, attempt=self.live.get(offset, record_attempt))
+        if offset > self.committed and not self.live and not any(o < offset for o in (*self.done, *self.inherited)):
+            # Records before this one were never delivered to anyone (no commit yet, or removed by
+            # retention): nothing below it can still be open, so the commit point moves up to it.
+            self.done = {o for o in self.done if o > offset}
+            self.committed = offset
         lost = self.inherited.pop(offset, None)
         attempt = max(record_attempt, lost + 1) if lost is not None else record_attempt
         self.live[offset] = attempt

@@ -31,6 +31,19 @@ from .pipeline import Pipeline
 log = logging.getLogger("polarstream.node")
 
 
+def socket_dir(work_dir: Path) -> Path:
+    """Where the node's gateway socket lives: in its work dir, or /tmp when that path is too long.
+
+    Unix socket paths are limited to ~107 bytes; the work dir is preferred so the socket lives and dies
+    with the node's own files.
+    """
+    preferred = work_dir / ".gateway"
+    if len(str(preferred / "gateway.sock")) < 100:
+        preferred.mkdir(parents=True, exist_ok=True)
+        return preferred
+    return Path(tempfile.mkdtemp(prefix="polar-gw-"))
+
+
 class Node:
     def __init__(self, settings: Settings, cfg: NodeConfig, gateway_config: GatewayConfig, *, session_timeout_ms: int = 10_000):
         self.settings, self.cfg, self.gateway_config = settings, cfg, gateway_config
@@ -40,7 +53,7 @@ class Node:
         self.pipeline: Pipeline | None = None
         self.intake: SessionIntake | None = None
         self._tasks: list[asyncio.Task] = []
-        self._sock_dir = Path(tempfile.mkdtemp(prefix="polar-gw-"))  # short path: unix sockets allow ~107 bytes
+        self._sock_dir = socket_dir(cfg.work_dir)
 
     async def start(self) -> None:
         """Start the gateway, the socket relay, the pipeline and the Kafka intake."""

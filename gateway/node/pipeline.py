@@ -41,6 +41,7 @@ class PrioritySlots:
         self._seq = itertools.count()
 
     async def acquire(self, priority: int = 0) -> None:
+        """Take a slot, waiting behind higher-priority (then earlier) waiters."""
         if self.free > 0 and not any(not f.done() for _, _, f in self._waiters):
             self.free -= 1
             return
@@ -54,6 +55,7 @@ class PrioritySlots:
             raise
 
     def release(self) -> None:
+        """Hand the slot to the best waiter, or return it to the pool."""
         while self._waiters:
             _, _, fut = heapq.heappop(self._waiters)
             if not fut.done():
@@ -96,6 +98,7 @@ class Pipeline:
     # -- admission ---------------------------------------------------------------------------------
 
     def has_room(self) -> bool:
+        """Whether the node may take another session (admission below run_workers + ready_target)."""
         return self.admitted < self.cfg.capacity
 
     def admit(self, job: Job) -> asyncio.Task:
@@ -168,7 +171,7 @@ class Pipeline:
             job.metrics["total_s"] = time.monotonic() - job.times["admitted"]
             await self._emit(session_event(job, "finished", status=job.status, reward=job.reward,
                                            metrics=dict(job.metrics), num_calls=job.num_calls or 0,
-                                           detail=f"{self.cfg.node_id}: {job.detail}"[-1000:]))
+                                           detail=f"{self.cfg.node_id}: {job.detail[-900:]}"))
             self.finished[job.status or "?"] += 1
             teardown(job, self.cfg.keep_workdirs)
         finally:

@@ -81,6 +81,15 @@ class Runtime(Protocol):
         """Run ``spec`` to completion or until its wall-clock limit."""
 
 
+def sandbox_port(gateway_port: int) -> int:
+    """Port the tunnel listens on inside a sandbox: the gateway's own, unless that is privileged.
+
+    The sandboxed user (uid 1000) may not bind ports below 1024, so a gateway on port 80 is reached at
+    10080 inside; the harness only ever sees the inside URL.
+    """
+    return gateway_port if gateway_port >= 1024 else 10000 + gateway_port
+
+
 def prlimit_argv(limits: Limits) -> list[str]:
     """``prlimit --cpu=.. --as=.. --`` prefix for ``limits`` ([] when none is set).
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .base import ExecResult, ExecSpec, RuntimeUnavailable, prlimit_argv, run_process
+from .base import ExecResult, ExecSpec, RuntimeUnavailable, prlimit_argv, run_process, sandbox_port
 
 WORKSPACE = "/workspace"
 HOME = "/home/agent"
@@ -56,7 +56,7 @@ class BwrapRuntime:
         return HOME
 
     def gateway_url(self, gateway_port: int) -> str:
-        return f"http://127.0.0.1:{gateway_port}"
+        return f"http://127.0.0.1:{sandbox_port(gateway_port)}"
 
     def command(self, spec: ExecSpec) -> list[str]:
         """prlimit + bwrap + (tunnel when the gateway is wanted) + argv."""
@@ -76,7 +76,7 @@ class BwrapRuntime:
             if self.sock_path is None or spec.gateway_port is None:
                 raise RuntimeUnavailable("bwrap: network='gateway' needs the node's gateway socket and port")
             args += ["--ro-bind", str(TUNNEL), f"{SOCK_DIR}/tunnel.py", "--bind", str(self.sock_path), f"{SOCK_DIR}/gateway.sock"]
-            tunnel = [self.python, "-I", f"{SOCK_DIR}/tunnel.py", "--listen", f"127.0.0.1:{spec.gateway_port}",
+            tunnel = [self.python, "-I", f"{SOCK_DIR}/tunnel.py", "--listen", f"127.0.0.1:{sandbox_port(spec.gateway_port)}",
                       "--unix", f"{SOCK_DIR}/gateway.sock", "--"]
         args += ["--chdir", WORKSPACE, "--"]
         return [*prlimit_argv(spec.limits), *args, *tunnel, *spec.argv]
@@ -85,6 +85,8 @@ class BwrapRuntime:
         """Run inside the sandbox; raises RuntimeUnavailable when bubblewrap is not installed."""
         if not self.bwrap:
             raise RuntimeUnavailable("bwrap: bubblewrap is not installed (Debian: apt-get install bubblewrap)")
+        if spec.network == "gateway" and self.sock_path is not None and not self.sock_path.exists():
+            raise RuntimeUnavailable(f"bwrap: the gateway socket {self.sock_path} is gone (was the node's directory removed?)")
         ident = spec.home.parent / ".sandbox-etc"
         ident.mkdir(parents=True, exist_ok=True)
         (ident / "passwd").write_text(f"root:x:0:0:root:/root:/bin/sh\nagent:x:{UID}:{UID}:agent:{HOME}:/bin/sh\n")

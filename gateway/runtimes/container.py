@@ -13,7 +13,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from .base import ExecResult, ExecSpec, RuntimeUnavailable, prlimit_argv, run_process
+from .base import ExecResult, ExecSpec, RuntimeUnavailable, prlimit_argv, run_process, sandbox_port
 from .bwrap import HOME, SOCK_DIR, TUNNEL, WORKSPACE
 
 
@@ -22,7 +22,8 @@ def _tunnel_argv(python: str, spec: ExecSpec) -> list[str]:
         return []
     if spec.gateway_port is None:
         raise RuntimeUnavailable("network='gateway' needs the gateway port")
-    return [python, f"{SOCK_DIR}/tunnel.py", "--listen", f"127.0.0.1:{spec.gateway_port}", "--unix", f"{SOCK_DIR}/gateway.sock", "--"]
+    return [python, f"{SOCK_DIR}/tunnel.py", "--listen", f"127.0.0.1:{sandbox_port(spec.gateway_port)}",
+            "--unix", f"{SOCK_DIR}/gateway.sock", "--"]
 
 
 class DockerRuntime:
@@ -41,7 +42,7 @@ class DockerRuntime:
         return HOME
 
     def gateway_url(self, gateway_port: int) -> str:
-        return f"http://127.0.0.1:{gateway_port}"
+        return f"http://127.0.0.1:{sandbox_port(gateway_port)}"
 
     def command(self, spec: ExecSpec, name: str = "polar-run") -> list[str]:
         """``docker run`` for ``spec``; ``name`` lets a timeout remove the container."""
@@ -98,7 +99,7 @@ class ApptainerRuntime:
         return HOME
 
     def gateway_url(self, gateway_port: int) -> str:
-        return f"http://127.0.0.1:{gateway_port}"
+        return f"http://127.0.0.1:{sandbox_port(gateway_port)}"
 
     def command(self, spec: ExecSpec) -> list[str]:
         """``apptainer exec`` (rootless): contained, clean env, own network namespace unless network=host."""
@@ -117,6 +118,7 @@ class ApptainerRuntime:
         return [*prlimit_argv(spec.limits), *args, self.image, *_tunnel_argv(self.python, spec), *spec.argv]
 
     async def run(self, spec: ExecSpec) -> ExecResult:
+        """Run the container; RuntimeUnavailable when apptainer/singularity is not installed."""
         if not (self.apptainer and shutil.which(self.apptainer)):
             raise RuntimeUnavailable("apptainer: neither apptainer nor singularity is installed")
         return await run_process(self.command(spec), {"PATH": "/usr/local/bin:/usr/bin:/bin"}, spec.workspace,

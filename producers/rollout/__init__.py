@@ -1,0 +1,1 @@
+"""The rollout server: tasks in, sessions out, progress and cancellation (see server.py)."""
