@@ -67,7 +67,12 @@ logger.state.level = WARN
 
 def cluster_id() -> str:
     """A Kafka cluster id: 16 random bytes, base64url without padding (what kafka-storage random-uuid prints)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        # One id in 64 starts with "-", which kafka-storage's argument parser takes for an option
+        # ("--cluster-id: expected one argument"); Kafka's own Uuid.randomUuid() skips those too.
+        if not cid.startswith("-"):
+            return cid
 
 
 def broker_properties(settings: Settings, log_dir: Path) -> dict[str, str]:

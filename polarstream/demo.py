@@ -31,14 +31,14 @@ class DemoConfig:
     steps: int = 24
     tasks_per_step: int = 4
     samples: int = 8
-    suite_size: int = 8
+    suite_size: int = 4
     harness: str = "builtin"
     runtime: str = "auto"  # bwrap when it works here, else subprocess
     seed: int = 0
-    lr: float = 5e-4
+    lr: float = 3e-4
     temperature: float = 1.0
-    sft_steps: int = 120
-    p_correct: float = 0.5
+    sft_steps: int = 80
+    p_tool: float = 0.3
     step_timeout_s: float = 300.0
     run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
 
@@ -67,14 +67,14 @@ def demo_model(cfg: DemoConfig, settings: Settings, problems: list[tuple[str, st
 
     from .warmstart import warm_start
 
-    key = json.dumps([cfg.seed, cfg.sft_steps, cfg.p_correct, problems, SYSTEM, TOOLS], sort_keys=True)
+    key = json.dumps(["tool-or-prose-v1", cfg.seed, cfg.sft_steps, cfg.p_tool, problems, SYSTEM, TOOLS], sort_keys=True)
     out = settings.cache_dir / "models" / f"demo-sft-{uuid.uuid5(uuid.NAMESPACE_OID, key).hex[:12]}"
     if (out / "config.json").exists():
         return out
     base = ensure_model("tiny" if cfg.seed == 0 else f"tiny:{cfg.seed}")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    warm_start(base, tmp, problems, system=SYSTEM, tools=TOOLS, steps=cfg.sft_steps, p_correct=cfg.p_correct, seed=cfg.seed)
+    warm_start(base, tmp, problems, system=SYSTEM, tools=TOOLS, steps=cfg.sft_steps, p_tool=cfg.p_tool, seed=cfg.seed)
     tmp.rename(out)
     return out
 

@@ -1,9 +1,10 @@
 """A short supervised warm start for the demo's tiny model.
 
 A randomly initialised model cannot emit a well-formed tool call, so RL from scratch would see reward 0
-everywhere and learn nothing. The warm start teaches the *format* (call write_file on answer.txt, then
-finish) on the exact conversations the built-in harness produces, with the right answer only some of the
-time (``p_correct``); the rest of the skill is left for GRPO to learn, which is what the demo shows.
+everywhere and learn nothing. The warm start teaches two ways to answer, on the exact conversations the
+built-in harness produces: calling write_file on answer.txt (only ``p_tool`` of the time), or just
+stating the number in prose. Only the first one solves the task, since the evaluator tests the file; that
+the tool is the way to score is left for GRPO to discover from rewards, which is what the demo shows.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from pathlib import Path
 from . import demo_tasks
 
 
-def conversation(question: str, answer: str, system: str, tools: list[dict]) -> list[dict]:
-    """The messages of one successful built-in-harness session for ``question`` answered ``answer``."""
+def conversation(question: str, answer: str, system: str, tools: list[dict], use_tool: bool = True) -> list[dict]:
+    """The messages of one built-in-harness session answering ``question`` with ``answer``, through the
+    write_file tool or (``use_tool=False``) in prose, which leaves answer.txt unwritten."""
+    head = [{"role": "system", "content": system}, {"role": "user", "content": demo_tasks.instruction(question)}]
+    if not use_tool:
+        return [*head, {"role": "assistant", "content": f"The answer is {answer}."}]
     args = json.dumps({"path": demo_tasks.ANSWER_FILE, "content": answer})
     return [
-        {"role": "system", "content": system},
-        {"role": "user", "content": demo_tasks.instruction(question)},
+        *head,
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_0", "type": "function", "function": {"name": "write_file", "arguments": args}}]},
         {"role": "tool", "tool_call_id": "call_0", "content": f"wrote {len(answer)} characters to {demo_tasks.ANSWER_FILE}"},
@@ -58,7 +62,7 @@ def warm_start(
     steps: int = 60,
     batch_size: int = 8,
     lr: float = 3e-3,
-    p_correct: float = 0.3,
+    p_tool: float = 0.3,
     seed: int = 0,
     progress: bool = True,
 ) -> Path:
@@ -75,9 +79,7 @@ def warm_start(
 
     def example() -> tuple[list[int], list[int]]:
         q, a = rng.choice(list(problems))
-        if rng.random() >= p_correct:
-            a = str(rng.randint(2, 18))
-        return tokenize_with_mask(tok, conversation(q, a, system, tools), tools)
+        return tokenize_with_mask(tok, conversation(q, a, system, tools, use_tool=rng.random() < p_tool), tools)
 
     bar = range(steps)
     if progress:

@@ -21,18 +21,23 @@ def encode_prompt(prompt_ids: Sequence[int], base_call_index: int, base_sequence
     The shared prefix is taken as long as it runs, so a prompt that extends the earlier call's prompt
     plus its sampled ids (the usual case) stores only the appended tokens.
     """
-    n = min(len(prompt_ids), len(base_sequence))
-    i = 0
-    # Compare in blocks first (list slices compare in C), then find the mismatch within the block:
-    # prompts run to tens of thousands of ids and this runs on every recorded call.
-    block = 1024
-    while i + block <= n and list(prompt_ids[i : i + block]) == list(base_sequence[i : i + block]):
-        i += block
-    while i < n and prompt_ids[i] == base_sequence[i]:
-        i += 1
+    # Prompts run to tens of thousands of ids and this runs on every recorded call (the gateway's
+    # request path), so comparisons happen on list slices, in C. Lists once up front: a tuple never
+    # equals a list, and re-wrapping every slice cost as much as the comparisons (bench/_profile.py).
+    prompt = prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids)
+    base = base_sequence if isinstance(base_sequence, list) else list(base_sequence)
+    n = min(len(prompt), len(base))
+    if prompt[:n] == (base if n == len(base) else base[:n]):  # the usual case: it extends the whole base
+        i = n
+    else:  # find the first mismatch: whole blocks first, then within the block
+        i, block = 0, 1024
+        while i + block <= n and prompt[i : i + block] == base[i : i + block]:
+            i += block
+        while i < n and prompt[i] == base[i]:
+            i += 1
     if i == 0:
         return None
-    return PromptDelta(base_call_index=base_call_index, base_len=i, suffix_ids=list(prompt_ids[i:]))
+    return PromptDelta(base_call_index=base_call_index, base_len=i, suffix_ids=prompt[i:])
 
 
 def resolve_prompt(call: CallRecorded, resolved: Mapping[int, Sequence[int]]) -> list[int]:

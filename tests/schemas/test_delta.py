@@ -58,3 +58,15 @@ def test_delta_must_point_backwards():
     with pytest.raises(ValueError, match="earlier call"):
         CallRecorded(session_id="s", call_index=2, provider="engine",
                      prompt_delta=PromptDelta(base_call_index=2, base_len=1, suffix_ids=[]))
+
+
+@pytest.mark.parametrize("cut", [0, 1, 1023, 1024, 1025, 5000, 6143, 6144])
+def test_long_prompts_find_the_first_mismatch_exactly(cut):
+    """Block-wise comparison (bench/_profile.py: this runs on every call) agrees with a plain scan."""
+    base = list(range(1, 6145))  # 6 blocks of 1024
+    prompt = [*base[:cut], -1, *base[cut + 1:], 7, 8]
+    d = encode_prompt(tuple(prompt), 2, base)  # any Sequence: a tuple must match a list by value
+    assert (d.base_len, d.suffix_ids) == (cut, prompt[cut:]) if cut else d is None
+    extends = encode_prompt([*base, 7, 8], 2, tuple(base))
+    assert (extends.base_len, extends.suffix_ids) == (6144, [7, 8])
+    assert encode_prompt(base[:cut], 2, base) == (PromptDelta(base_call_index=2, base_len=cut, suffix_ids=[]) if cut else None)

@@ -1,0 +1,292 @@
+"""Turn a bench/run_all.py results object into comparisons and the results section of docs/benchmarks.md.
+
+Everything on the page is computed from the results JSON alone, so page and JSON cannot disagree.
+A script's own top-level ``comparisons`` list is used as is (after a shape check); a script without
+one gets rows derived from its known JSON layout by DERIVERS, keyed by benchmark name. Every number
+a script printed is also rendered: sibling dicts of scalars become one matrix table, the rest a
+key/value table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+START = "<!-- bench:results:start -->"
+END = "<!-- bench:results:end -->"
+FIELDS = ("area", "metric", "ours", "anchor", "anchor_name", "unit", "higher_is_better", "note")
+Path_ = tuple[str, ...]
+
+
+# ------------------------------------------------------------------------------------ numbers
+
+
+def is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def fmt(x: object) -> str:
+    """A cell: numbers to 3-4 significant digits (the JSON keeps full precision), text escaped."""
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        a = abs(x)
+        if a == 0:
+            return "0"
+        if a >= 1000:
+            return f"{x:,.0f}"
+        if a >= 100:
+            return f"{x:.1f}"
+        if a >= 1:
+            return f"{x:.2f}"
+        return f"{x:#.3g}"  # '#' keeps trailing zeros: 0.0500, not 0.05, shows the precision
+    if isinstance(x, list):
+        return "[" + ", ".join(fmt(v) for v in x) + "]" if all(not isinstance(v, (dict, list)) for v in x) else f"{len(x)} items"
+    text = str(x).replace("\n", " ").replace("|", "\\|")
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+# ------------------------------------------------------------------------------------ comparisons
+
+
+def comparison(area: str, metric: str, ours: object, anchor: object, anchor_name: str, unit: str = "",
+               higher_is_better: bool | None = True, note: str = "") -> dict | None:
+    """One row beside its anchor, or None when either number is absent (a skipped peer, a failed run)."""
+    if not (is_number(ours) and is_number(anchor)):
+        return None
+    row = {"area": area, "metric": metric, "ours": ours, "anchor": anchor, "anchor_name": anchor_name,
+           "unit": unit, "higher_is_better": higher_is_better, "note": note}
+    row["ratio"] = round(ours / anchor, 4) if anchor else None
+    row["verdict"] = verdict(ours, anchor, higher_is_better)
+    return row
+
+
+def verdict(ours: float, anchor: float, higher_is_better: bool | None) -> str:
+    """Who wins and by what factor; for numbers that should match, how far apart they are."""
+    if higher_is_better is None:
+        return "equal" if ours == anchor else f"differ by {abs(ours - anchor):.2g}"
+    if ours == anchor:
+        return "equal"
+    if ours <= 0 or anchor <= 0:  # no meaningful factor (no padding at all vs some), only a winner
+        return "ours better" if (ours > anchor) == bool(higher_is_better) else "anchor better"
+    factor = ours / anchor if higher_is_better else anchor / ours
+    return f"ours {factor:.2f}× better" if factor >= 1 else f"anchor {1 / factor:.2f}× better"
+
+
+def comparisons_for(name: str, result: dict) -> tuple[list[dict], list[str]]:
+    """The comparison rows of one benchmark's JSON, and the problems found in what it provided."""
+    given = result.get("comparisons")
+    if given is None:
+        derive = DERIVERS.get(name)
+        try:
+            rows = list(derive(result)) if derive else []
+        except Exception as e:  # a layout the deriver did not foresee: numbers still render, rows do not
+            return [], [f"deriving comparisons from bench/{name}.py's JSON failed: {type(e).__name__}: {e}"]
+        return [dict(r, source="derived") for r in rows if r is not None], []
+    if not isinstance(given, list):
+        return [], [f"comparisons: expected a list, got {type(given).__name__}"]
+    rows, problems = [], []
+    for i, c in enumerate(given):
+        if not isinstance(c, dict) or not {"area", "metric", "ours", "anchor"} <= c.keys():
+            problems.append(f"comparisons[{i}]: needs area, metric, ours and anchor")
+            continue
+        unknown = set(c) - set(FIELDS)
+        text = {k: str(c.get(k) or "") for k in ("area", "metric", "anchor_name", "unit", "note")}
+        hib = c.get("higher_is_better", True)
+        row = comparison(ours=c["ours"], anchor=c["anchor"], higher_is_better=None if hib is None else bool(hib), **text)
+        if row is None:
+            problems.append(f"comparisons[{i}]: ours and anchor must be numbers")
+            continue
+        if unknown:
+            problems.append(f"comparisons[{i}]: ignored fields {sorted(unknown)}")
+        rows.append(dict(row, source="script"))
+    return rows, problems
+
+
+def dig(d: object, *keys: str) -> object:
+    """d[k1][k2]... or None where any step is missing."""
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def _gateway(r: dict) -> Iterator[dict | None]:
+    res = r.get("results") or {}
+    metrics = [("p50 latency, 1 client", ("1", "p50_ms"), "ms", False), ("p99 latency, 1 client", ("1", "p99_ms"), "ms", False),
+               *((f"calls/s, {c} client{'s' if c != '1' else ''}", (c, "calls_per_s"), "calls/s", True) for c in ("1", "16", "64"))]
+    for anchor in res:
+        if anchor.startswith("polarstream."):
+            continue
+        direct = anchor.startswith("direct")
+        area = "Gateway: polarstream vs the engine called directly" if direct else "Gateway: polarstream vs peer gateways"
+        ours_names = [n for n in res if n.startswith("polarstream.")] if direct else ["polarstream.chat_stream"]
+        for ours in ours_names:
+            for label, path, unit, hib in metrics:
+                yield comparison(area, f"{label} ({ours.split('.', 1)[1]})", dig(res, ours, *path), dig(res, anchor, *path),
+                                 anchor, unit, hib, "ours records every call durably in Kafka (acks=all) before answering")
+
+
+def _streams(r: dict) -> Iterator[dict | None]:
+    area, anchor = "Trajectories: prefix_merging vs per_request (same sessions)", "per_request"
+    b = r.get("builders") or {}
+    yield comparison(area, "sequences to train", dig(b, "prefix_merging", "sequences"), dig(b, "per_request", "sequences"),
+                     anchor, "sequences", False)
+    yield comparison(area, "tokens the trainer processes", dig(b, "prefix_merging", "trainer_tokens"),
+                     dig(b, "per_request", "trainer_tokens"), anchor, "tokens", False)
+    yield comparison(area, "trainable (sampled) tokens", dig(b, "prefix_merging", "trainable_tokens"),
+                     dig(b, "per_request", "trainable_tokens"), anchor, "tokens", None, "must be equal: same samples")
+    yield comparison(area, "assembly speed (fold + build + verify)", dig(r, "assembly", "prefix_merging", "calls_per_s"),
+                     dig(r, "assembly", "per_request", "calls_per_s"), anchor, "calls/s", True)
+
+
+def _trainer(r: dict) -> Iterator[dict | None]:
+    pm, pr, pad = r.get("prefix_merging_packed"), r.get("per_request_packed"), r.get("prefix_merging_padded")
+    area = "Training: prefix_merging vs per_request (packed micro-batches)"
+    for metric, key, unit, hib in (("wall time for one pass", "total_s", "s", False), ("tokens fed to the model", "tokens_fed", "tokens", False),
+                                   ("sequences", "sequences", "sequences", False), ("trained (sampled) tokens", "trained_tokens", "tokens", None)):
+        yield comparison(area, metric, dig(pm, key), dig(pr, key), "per_request", unit, hib)
+    area = "Training: packed vs padded micro-batches (prefix_merging data)"
+    for metric, key, unit in (("wall time for one pass", "total_s", "s"), ("tokens fed to the model", "tokens_fed", "tokens"),
+                              ("padding fraction", "padding_frac", "")):
+        yield comparison(area, metric, dig(pm, key), dig(pad, key), "padded", unit, False)
+    t = r.get("trl") or {}
+    name = f"TRL {t.get('trl_trl_version') or t.get('trl_version') or ''} GRPOTrainer".replace("  ", " ")
+    area = "Training: our GRPO step vs TRL's on the same samples"
+    for ours_norm, trl_loss in (("token_mean", "bnpo"), ("seq_mean", "grpo")):
+        yield comparison(area, f"step time ({ours_norm} / loss_type={trl_loss})", t.get(f"ours_step_s_{ours_norm}"),
+                         t.get(f"trl_step_s_{trl_loss}"), name, "s", False)
+        yield comparison(area, f"loss value ({ours_norm} / loss_type={trl_loss})", t.get(f"ours_loss_{ours_norm}"),
+                         t.get(f"trl_loss_{trl_loss}"), name, "", None, "must agree: same model, data and clip range")
+
+
+DERIVERS: dict[str, Callable[[dict], Iterator[dict | None]]] = {
+    "gateway": _gateway, "streams": _streams, "trainer": _trainer,
+}
+
+
+# ------------------------------------------------------------------------------------ all numbers
+
+
+def flatten(obj: object, path: Path_ = ()) -> Iterator[tuple[Path_, object]]:
+    """(path, leaf) pairs; a list of dicts is labelled by its items' first field (``size_bytes=4096``)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not path and k == "comparisons":
+                continue  # rendered as the ours-vs-anchor tables
+            yield from flatten(v, (*path, str(k)))
+    elif isinstance(obj, list) and obj and all(isinstance(v, dict) for v in obj):
+        for i, v in enumerate(obj):
+            yield from flatten(v, (*path, _item_label(obj, i)))
+    else:
+        yield path, obj
+
+
+def _item_label(items: list[dict], i: int) -> str:
+    first = next(iter(items[i]), None)
+    values = [d.get(first) for d in items]
+    if first is not None and all(isinstance(v, (str, int)) for v in values) and len(set(values)) == len(values):
+        return f"{first}={items[i][first]}"
+    return str(i)
+
+
+def number_tables(result: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) tables covering every leaf of ``result`` exactly once."""
+    records: dict[Path_, dict[str, object]] = {}
+    for path, value in flatten(result):
+        records.setdefault(path[:-1], {})[path[-1]] = value
+    # Siblings with the same fields (batch_1, batch_8, batch_32) read best as one matrix.
+    siblings: dict[tuple, list[Path_]] = {}
+    for rec, fields in records.items():
+        if rec:
+            siblings.setdefault((rec[:-1], tuple(fields)), []).append(rec)
+    matrices = [(parent, fields, recs) for (parent, fields), recs in siblings.items() if len(recs) >= 2]
+    in_matrix = {rec for _, _, recs in matrices for rec in recs}
+    kv = [[fmt(".".join((*rec, k))), fmt(v)] for rec, fields in records.items() if rec not in in_matrix for k, v in fields.items()]
+    tables = [("", ["key", "value"], kv)] if kv else []
+    for parent, fields, recs in matrices:
+        tables.append((".".join(parent), ["", *map(fmt, fields)], [[fmt(rec[-1]), *(fmt(records[rec][f]) for f in fields)]
+                                                                 for rec in recs]))
+    return tables
+
+
+# ------------------------------------------------------------------------------------ markdown
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def render(run: dict) -> str:
+    """The generated results section (between the START and END markers)."""
+    m, out = run.get("machine", {}), [START, ""]
+    mode = run.get("mode", "?")
+    out.append(f"## Results ({mode} run)\n")
+    commit = f"`{m.get('git_commit')}`" + (" (with uncommitted changes)" if m.get("git_dirty") else "")
+    out.append(f"Measured {m.get('date', '?')} at commit {commit}; {len(run.get('benchmarks', {}))} benchmarks "
+               f"in {fmt(run.get('seconds'))} s, one at a time. Written by `bench/run_all.py` into "
+               "`bench/results/latest.json`; this section is generated from that file.")
+    if mode == "quick":
+        out.append("\n**Quick mode**: every script ran with `--quick` (smaller workloads), so the numbers are "
+                   "noisier than a full run's.")
+    versions = [[k, fmt(v)] for k, v in (m.get("versions") or {}).items()]
+    peers = [[f"anchor: {k}", fmt(v) if v else "not installed"] for k, v in (m.get("peer_versions") or {}).items()]
+    out += ["\n### Machine\n", table(["", ""], [
+        ["CPU", f"{fmt(m.get('cpu_model'))}, {fmt(m.get('cores'))} cores ({fmt(m.get('arch'))})"],
+        ["memory", f"{fmt(m.get('memory_gb'))} GB"], ["load average (1 min) at start", fmt(m.get("load_avg_1m"))],
+        ["OS", fmt(m.get("os"))], ["Python", fmt(m.get("python"))], ["Java", fmt(m.get("java"))], *versions, *peers])]
+
+    benches = run.get("benchmarks", {})
+    out += ["\n### Benchmarks run\n", table(["benchmark", "status", "seconds", "command"], [
+        [n, e.get("status", "?"), fmt(e.get("seconds")), f"`{e['command']}`" if e.get("command") else fmt(e.get("error"))]
+        for n, e in benches.items()])]
+
+    rows = [(n, c) for n, e in benches.items() for c in e.get("comparisons", [])]
+    out.append("\n### Ours vs anchor\n")
+    out.append("Each anchor was measured in the same run, on the same machine. *ours ÷ anchor* is the plain ratio; "
+               "the verdict accounts for whether higher or lower is better. Rows whose anchor is not installed "
+               "or whose run failed are absent.")
+    for area in dict.fromkeys(c["area"] for _, c in rows):
+        group = [(n, c) for n, c in rows if c["area"] == area]
+        out += [f"\n#### {area}\n", table(
+            ["metric", "unit", "ours", "anchor", "anchor value", "ours ÷ anchor", "verdict"],
+            [[fmt(c["metric"]), fmt(c["unit"]) if c["unit"] else "", fmt(c["ours"]), fmt(c["anchor_name"]), fmt(c["anchor"]),
+              fmt(c["ratio"]), c["verdict"]] for _, c in group])]
+        notes = dict.fromkeys(f"{c['note']} (bench/{n}.py)" for n, c in group if c.get("note"))
+        out += [f"\n- {note}" for note in notes]
+    if not rows:
+        out.append("\nNo comparisons in this run.")
+
+    out.append("\n### All numbers\n")
+    for name, e in benches.items():
+        out.append(f"\n#### {name}: {e.get('status', '?')}\n")
+        if e.get("status") != "ok":
+            out.append(f"{fmt(e.get('error'))}\n")
+            if e.get("stderr_tail"):
+                tail = "\n".join(e["stderr_tail"].strip().splitlines()[-25:]).replace("```", "'''")
+                out.append(f"```\n{tail}\n```\n")
+        for problem in e.get("comparison_problems", []):
+            out.append(f"- comparisons problem: {fmt(problem)}\n")
+        for title, header, body in number_tables(e.get("result") or {}):
+            out.append((f"`{title}`\n\n" if title else "") + table(header, body) + "\n")
+    out += ["", END]
+    return "\n".join(out)
+
+
+def render_into(doc: Path, run: dict) -> None:
+    """Replace the generated section of ``doc`` (hand-written text around it is kept); create it if needed."""
+    section = render(run)
+    text = doc.read_text() if doc.exists() else ""
+    if START in text and END in text:
+        before, rest = text.split(START, 1)
+        text = before + section + rest.split(END, 1)[1]
+    else:
+        text = (text or "# Benchmarks\n\n") + "\n" + section + "\n"
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)

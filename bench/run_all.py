@@ -1,0 +1,291 @@
+"""Run every benchmark, one at a time, and write one results file and one results page.
+
+    .venv/bin/python bench/run_all.py [--quick] [--only NAME ...] [--timeout S] [--out JSON] [--doc MD]
+    .venv/bin/python bench/run_all.py --render-only      # re-render docs/benchmarks.md from the JSON
+
+Each ``bench/NAME.py`` runs in its own subprocess (its own process group, so whatever it started dies
+with it on a timeout), with ``--quick`` when this runs with ``--quick``. A benchmark that fails, times out,
+prints no JSON or is missing is recorded as such, with the tail of its stderr; the run goes on.
+The results go to ``bench/results/latest.json`` with the machine they ran on, and
+``docs/benchmarks.md`` is rendered from that file (bench/render.py), so the two always agree.
+
+Which files are benchmarks: every ``bench/*.py`` except this file, ``render.py``, names starting with
+``_``, and helpers that take no ``--quick`` flag (``trl_peer.py`` runs inside a peer venv, called by
+``trainer.py``). EXPECTED names the benchmarks the issues ask for, so a missing one shows up as missing.
+
+The convention a benchmark script follows (the first two are required, the rest optional):
+
+1. Print one JSON object on stdout (logs go to stderr). If stdout holds other lines too, the last
+   JSON object in it is taken.
+2. Accept ``--quick``: the same measurements on a smaller workload, in under a minute.
+3. To put a number beside its anchor (the baseline measured in the same run), add a top-level list::
+
+       "comparisons": [{"area": "Gateway overhead", "metric": "p50 latency, 1 client",
+                        "ours": 4.1, "anchor": 0.9, "anchor_name": "engine direct",
+                        "unit": "ms", "higher_is_better": false, "note": "optional text"}]
+
+   ``area`` groups rows into one table; ``higher_is_better`` may be null for numbers that should
+   match rather than win (a loss value checked against a reference). Scripts that do not provide
+   the list get one derived from their known JSON layout (bench/render.py: DERIVERS), and every
+   script's numbers are also shown in full as tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.render import comparisons_for, render_into  # noqa: E402
+
+EXPECTED = ("publisher", "engine", "gateway", "streams", "trainer", "rollout")
+NOT_BENCHMARKS = {"run_all", "render"}
+PEERS = Path.home() / ".cache" / "polarstream" / "peers"
+PACKAGES = ("torch", "transformers", "confluent-kafka", "faust-streaming", "aiokafka", "fastapi", "uvicorn",
+            "httpx", "orjson", "pydantic", "tokenizers")
+PEER_PACKAGES = ("rllm-model-gateway", "agentlightning", "trl")
+STDERR_TAIL = 3000  # characters of a failed benchmark's stderr kept in the results
+
+
+def discover(bench_dir: Path) -> dict[str, Path]:
+    """NAME -> script for every benchmark in ``bench_dir`` (see the module docstring for the rule)."""
+    found = {}
+    for path in sorted(bench_dir.glob("*.py")):
+        if path.stem in NOT_BENCHMARKS or path.stem.startswith("_"):
+            continue
+        if "--quick" in path.read_text(errors="replace"):
+            found[path.stem] = path
+    return found
+
+
+def last_json_object(text: str) -> dict | None:
+    """The whole of ``text`` as a JSON object, else the last JSON object that starts a line."""
+    try:
+        obj = json.loads(text)
+        return obj if isinstance(obj, dict) else None
+    except json.JSONDecodeError:
+        pass
+    decoder = json.JSONDecoder()
+    starts = [i for i in range(len(text)) if text[i] == "{" and (i == 0 or text[i - 1] == "\n")]
+    for i in reversed(starts):
+        try:
+            obj, _ = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return None
+
+
+def run_one(name: str, script: Path | None, quick: bool, timeout: float) -> dict:
+    """Run one benchmark script; never raises: every outcome becomes a status in the entry."""
+    if script is None:
+        return {"status": "missing", "script": f"bench/{name}.py", "seconds": 0.0,
+                "error": f"bench/{name}.py does not exist yet"}
+    cmd = [sys.executable, str(script), *(["--quick"] if quick else [])]
+    entry: dict = {"script": _rel(script), "command": " ".join([Path(sys.executable).name, _rel(script), *cmd[2:]])}
+    started = time.perf_counter()
+    # Own process group: a benchmark's broker, engine or gateway processes die with it on a timeout.
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # a process outside its group still holds the pipes open
+            out, err = "", "(output lost: a process it started outlived it and kept its pipes open)"
+        entry.update(status="timeout", error=f"no result within {timeout:.0f} s")
+    except KeyboardInterrupt:  # its own session does not see the terminal's Ctrl-C: pass it on
+        _kill_group(proc)
+        raise
+    entry["seconds"] = round(time.perf_counter() - started, 1)
+    entry["returncode"] = proc.returncode
+    result = last_json_object(out or "")
+    if "status" not in entry:
+        if proc.returncode != 0:
+            entry.update(status="failed", error=f"exited with status {proc.returncode}")
+        elif result is None:
+            entry.update(status="no_json", error="exited 0 but printed no JSON object on stdout")
+        else:
+            entry["status"] = "ok"
+    if result is not None:
+        entry["result"] = result
+        entry["comparisons"], problems = comparisons_for(name, result)
+        if problems:
+            entry["comparison_problems"] = problems
+    if entry["status"] != "ok":
+        entry["stderr_tail"] = (err or "")[-STDERR_TAIL:]
+    return entry
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Stop the benchmark's process group: SIGINT first, so its ``finally`` blocks stop the servers it
+    started in sessions of their own; then SIGTERM and SIGKILL for whatever is left."""
+    for sig, grace in ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+# ------------------------------------------------------------------------------------ machine info
+
+
+def machine_info() -> dict:
+    """Where and with what the numbers were measured."""
+    info: dict = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "hostname": platform.node(),
+        "os": f"{platform.system()} {platform.release()}",
+        "arch": platform.machine(),
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gb": _memory_gb(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "python": platform.python_version(),
+        "git_commit": _cmd(["git", "rev-parse", "--short=12", "HEAD"]),
+        "git_dirty": bool(_cmd(["git", "status", "--porcelain", "--untracked-files=no"])),
+        "java": (_cmd(["java", "-version"], stderr=True) or "").split("\n")[0],
+    }
+    versions = {}
+    for pkg in PACKAGES:
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    try:
+        import confluent_kafka
+
+        versions["librdkafka"] = confluent_kafka.libversion()[0]
+    except ImportError:
+        versions["librdkafka"] = None
+    try:
+        from infra.maven import pom_property
+
+        versions["kafka_broker"] = pom_property("kafka.version")
+    except Exception:  # an unreadable pom must not cost the whole run its results
+        versions["kafka_broker"] = None
+    info["versions"] = versions
+    info["peer_versions"] = peer_versions()
+    return info
+
+
+def peer_versions(peers: Path = PEERS) -> dict:
+    """Versions of the anchor packages installed in the peer venvs (never in .venv), by dist-info name."""
+    found: dict = {pkg: None for pkg in PEER_PACKAGES}
+    for dist in peers.glob("*/lib/python*/site-packages/*.dist-info"):
+        name, _, version = dist.name[: -len(".dist-info")].rpartition("-")
+        pkg = name.replace("_", "-").lower()
+        if pkg in found:
+            found[pkg] = f"{version} ({dist.parents[3].name} venv, {dist.parents[1].name})"
+    return found
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _cmd(cmd: list[str], stderr: bool = False) -> str | None:
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (p.stderr if stderr else p.stdout).strip() or None
+
+
+# ------------------------------------------------------------------------------------ main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="pass --quick to every benchmark (each under a minute)")
+    ap.add_argument("--only", nargs="+", default=[], metavar="NAME", help="run only these benchmarks")
+    ap.add_argument("--timeout", type=float, default=0, help="seconds per benchmark (default 600 quick, 1800 full)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench/results/latest.json")
+    ap.add_argument("--doc", type=Path, default=ROOT / "docs/benchmarks.md")
+    ap.add_argument("--bench-dir", type=Path, default=ROOT / "bench", help="where the benchmark scripts are")
+    ap.add_argument("--render-only", action="store_true", help="only re-render --doc from --out")
+    ap.add_argument("--strict", action="store_true", help="exit 1 unless every benchmark succeeded")
+    args = ap.parse_args(argv)
+    if args.render_only:
+        render_into(args.doc, json.loads(args.out.read_text()))
+        print(f"rendered {args.doc} from {args.out}")
+        return 0
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    found = discover(args.bench_dir)
+    # Only the project's own bench/ is expected to hold every EXPECTED benchmark.
+    expected = set(EXPECTED) if args.bench_dir.resolve() == (ROOT / "bench") else set()
+    names = args.only or [n for n in EXPECTED if n in expected] + sorted(set(found) - expected)
+    timeout = args.timeout or (600 if args.quick else 1800)
+    run = {"format": 1, "mode": "quick" if args.quick else "full", "machine": machine_info(),
+           "timeout_s": timeout, "benchmarks": {}}
+    started = time.perf_counter()
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("benchmarks", total=len(names))
+        for name in names:
+            progress.update(task, description=f"bench/{name}.py{' --quick' if args.quick else ''}")
+            entry = run_one(name, found.get(name), args.quick, timeout)
+            run["benchmarks"][name] = entry
+            colour = "green" if entry["status"] == "ok" else "red"
+            progress.console.print(f"[{colour}]{entry['status']:>8}[/] {name} ({entry['seconds']} s)"
+                                   + (f": {entry['error']}" if entry.get("error") else ""))
+            progress.advance(task)
+    run["seconds"] = round(time.perf_counter() - started, 1)
+    run["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(run, indent=1) + "\n")
+    render_into(args.doc, run)
+    ok = sum(e["status"] == "ok" for e in run["benchmarks"].values())
+    console.print(f"{ok}/{len(names)} benchmarks ok in {run['seconds']} s; wrote {_rel(args.out)} and {_rel(args.doc)}")
+    return 1 if args.strict and ok < len(names) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Stream processors: assembly speed, worker throughput and latency, state size, builder comparison.
+
+Runs on recorded-looking agent sessions (streams/synthetic.py: ChatML turns with tool calls, delta-
+encoded prompts like the gateway records them, a side call per session and a compaction in every
+fifth). Prints one JSON object:
+
+- assembly: calls/s of the pure fold + builder + verification, per builder (no Kafka);
+- state: bytes a session occupies in the worker's tables at its peak (delta-encoded calls + bookkeeping)
+  and in the fold's memory, next to the bytes of its calls on polar.calls;
+- builders: on the same sessions, sequences, trainable tokens and trainer-side tokens (what a trainer
+  runs forward/backward over) for per_request vs prefix_merging;
+- worker: one `polarstream streams worker` process on a real broker (started here unless --bootstrap):
+  calls/s end to end for a burst of sessions published at once, then p50/p99 latency from a group's
+  last finished event to its TrainingGroup on polar.groups (broker timestamps) with groups arriving
+  one by one.
+
+    .venv/bin/python bench/streams.py [--quick] [--bootstrap HOST:PORT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import orjson  # noqa: E402
+
+from infra.process import free_port  # noqa: E402
+from infra.settings import Settings  # noqa: E402
+from infra.topics import ensure_topics  # noqa: E402
+from schemas import encode  # noqa: E402
+from streams.assembly import CallTokens, fold_calls, state_bytes  # noqa: E402
+from streams.builders import assemble  # noqa: E402
+from streams.sessions import add_call, add_finished, new_session  # noqa: E402
+from streams.synthetic import Recorded, SessionSpec, record_session  # noqa: E402
+from streams.testing import WorkerProcess, publish, read_topic  # noqa: E402
+
+SAMPLES = 4
+
+
+def sessions(groups: int, turns: int, words: dict, tag: str, seed: int = 0) -> list[list[Recorded]]:
+    """``groups`` groups of SAMPLES sessions each."""
+    out = []
+    for g in range(groups):
+        gid = f"{tag}{g}"
+        out.append([
+            record_session(SessionSpec(
+                f"{gid}-s{i}", gid, i, num_samples=SAMPLES, min_valid=2, reward=float((g + i) % 2), turns=turns,
+                side_call_at=1, compaction_at=turns // 2 if (g * SAMPLES + i) % 5 == 0 else None, **words,
+            ), seed + g)
+            for i in range(SAMPLES)
+        ])
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+
+def bench_assembly(recs: list[Recorded], repeat: int) -> dict:
+    calls = [[CallTokens.from_record(c) for c in r.calls] for r in recs]
+    n = sum(map(len, calls))
+    out = {}
+    for builder in ("per_request", "prefix_merging"):
+        start = time.perf_counter()
+        for _ in range(repeat):
+            for cs in calls:
+                assemble(cs, builder)
+        out[builder] = {"calls_per_s": round(n * repeat / (time.perf_counter() - start))}
+    start = time.perf_counter()
+    for _ in range(repeat):
+        for cs in calls:
+            fold_calls(cs)
+    out["fold_only_calls_per_s"] = round(n * repeat / (time.perf_counter() - start))
+    return out
+
+
+def bench_state(recs: list[Recorded]) -> dict:
+    table, fold, wire = [], [], []
+    for r in recs:
+        st = new_session(r.finished.session_id, 0.0, 0)
+        stored = 0
+        for c in r.calls:
+            add_call(st, c.call_index, c.event_id, 0.0)
+            stored += len(orjson.dumps(CallTokens.from_record(c).to_json()))
+        add_finished(st, r.finished, 0.0)
+        table.append(stored + len(orjson.dumps(st.to_json())))
+        fold.append(state_bytes(fold_calls([CallTokens.from_record(c) for c in r.calls])))
+        wire.append(sum(len(encode(c)) for c in r.calls))
+    return {"table_bytes_per_session_mean": round(statistics.fmean(table)), "table_bytes_per_session_max": max(table),
+            "fold_bytes_per_session_mean": round(statistics.fmean(fold)),
+            "calls_topic_bytes_per_session_mean": round(statistics.fmean(wire))}
+
+
+def bench_builders(recs: list[Recorded]) -> dict:
+    out = {}
+    for builder in ("per_request", "prefix_merging"):
+        traces = [t for r in recs for t in assemble([CallTokens.from_record(c) for c in r.calls], builder).traces]
+        out[builder] = {"sequences": len(traces), "trainable_tokens": sum(sum(t.loss_mask) for t in traces),
+                        "trainer_tokens": sum(len(t.token_ids) for t in traces),
+                        "longest_sequence": max(len(t.token_ids) for t in traces)}
+    pr, pm = out["per_request"], out["prefix_merging"]
+    out["per_request_over_prefix_merging"] = {
+        "sequences": round(pr["sequences"] / pm["sequences"], 2),
+        "trainer_tokens": round(pr["trainer_tokens"] / pm["trainer_tokens"], 2)}
+    return out
+
+
+def bench_worker(settings: Settings, burst: list[list[Recorded]], paced: list[list[Recorded]], log_dir: Path) -> dict:
+    n_calls = sum(len(s.calls) for g in burst for s in g)
+    worker = WorkerProcess(settings, log_dir / "worker.log", ["--tick-interval", "1", "--stats-interval", "2"]).start()
+    try:
+        warm = sessions(1, 2, {}, "warm", seed=99)[0]  # the worker is up and owns its partitions once this is out
+        publish(settings, [r for s in warm for r in s.records])
+        read_topic(settings, "groups", until=lambda m: len(m) >= 1, timeout=120)
+
+        start = time.perf_counter()
+        publish(settings, [r for g in burst for s in g for r in s.records])
+        total = 1 + len(burst)
+        read_topic(settings, "groups", until=lambda m: len({x.key for x in m}) >= total, timeout=600)
+        burst_s = time.perf_counter() - start
+
+        for g in paced:  # groups finish one by one, each session's calls before its finished event
+            publish(settings, [r for s in g for r in s.records])
+            time.sleep(0.2)
+        total += len(paced)
+        groups = read_topic(settings, "groups", until=lambda m: len({x.key for x in m}) >= total, timeout=300)
+        events = read_topic(settings, "session-events", timeout=5)
+    finally:
+        worker.stop()
+    done_ts = {m.key.decode(): m.timestamp_ms for m in groups}
+    finished_ts: dict[str, int] = {}
+    group_of = {s.finished.session_id: s.finished.group_id for g in paced for s in g}
+    for m in events:
+        gid = group_of.get(m.key.decode())
+        if gid is not None:
+            finished_ts[gid] = max(finished_ts.get(gid, 0), m.timestamp_ms)
+    latencies = [float(done_ts[g] - t) for g, t in finished_ts.items() if g in done_ts]
+    return {"burst": {"groups": len(burst), "calls": n_calls, "seconds": round(burst_s, 2),
+                      "calls_per_s": round(n_calls / burst_s, 1)},
+            "latency_finished_to_group_ms": {"groups": len(latencies), "p50": pct(latencies, 0.5),
+                                             "p99": pct(latencies, 0.99), "max": max(latencies)}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sessions and fewer groups: under a minute")
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    args = parser.parse_args()
+    if args.quick:
+        turns, words, n_burst, n_paced, repeat = 8, {"tokens_per_turn": 40, "system_words": 400, "tool_words": 80}, 12, 10, 3
+    else:
+        turns, words, n_burst, n_paced, repeat = 24, {"tokens_per_turn": 80, "system_words": 3000, "tool_words": 300}, 40, 30, 3
+    recorded = sessions(n_burst, turns, words, "b")
+    flat = [s for g in recorded for s in g]
+    result = {"bench": "streams", "quick": args.quick, "cpus": os.cpu_count(),
+              "sessions": {"count": len(flat), "calls_per_session": round(statistics.fmean(len(s.calls) for s in flat), 1),
+                           "turns": turns, **words}}
+    result["assembly"] = bench_assembly(flat, repeat)
+    result["state"] = bench_state(flat)
+    result["builders"] = bench_builders(flat)
+
+    with tempfile.TemporaryDirectory(prefix="polar-bench-streams-") as tmp:
+        broker = None
+        if args.bootstrap:
+            settings = Settings(kafka_bootstrap=args.bootstrap, data_dir=Path(tmp))
+        else:
+            from infra.kafka import KafkaBroker
+
+            port = free_port()
+            settings = Settings(data_dir=Path(tmp), kafka_port=port, kafka_controller_port=free_port(),
+                                kafka_bootstrap=f"127.0.0.1:{port}")
+            broker = KafkaBroker(settings, die_with_parent=True, quick_jit=args.quick)
+            broker.start()
+        try:
+            settings = settings.model_copy(update={"topic_prefix": f"bench{uuid.uuid4().hex[:6]}."})
+            ensure_topics(settings)
+            paced = sessions(n_paced, turns, words, "p", seed=1000)
+            result["worker"] = bench_worker(settings, recorded, paced, Path(tmp))
+        finally:
+            if broker is not None:
+                broker.stop()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The Faust app of the stream processors: two stages, their tables, ticks and counters.
+
+``create_app(settings, config)`` builds a fresh app (no module-level app: two apps can live in one
+process, e.g. in tests). Run it with ``polarstream streams worker``; several workers with the same
+topic prefix form one consumer group and split the partitions between them.
+
+Choices, and why:
+- at-least-once: Faust flushes table changelogs before committing offsets, so state is never behind
+  the committed input; every derived record has a deterministic id and nothing is marked done before
+  the broker acknowledged it (runtime.py), so the worst a crash does is a byte-identical re-send that
+  readers drop by event_id. Faust's ``exactly_once`` is not offered: in the same kill test it lost
+  groups (calls missing from restored state) besides re-sending others (docs/streams.md).
+- ``memory://`` store: state is rebuilt from the changelog topics on start. No native RocksDB binding
+  is needed, and the state is small (token ids of in-flight sessions, references for groups).
+- A crashing agent crashes the worker (CrashingSupervisor) and exceptions are not acked, so an event
+  that hit a bug is re-processed after restart instead of being skipped silently.
+- Deadlines need events in a stream's context (tables may only change there), so each worker sends a
+  tick to each tick-topic partition it owns; the stage's agent then sweeps that partition's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from infra.settings import Settings
+
+from . import group_agent, session_agent
+from .config import StreamsConfig
+from .runtime import Runtime
+from .topology import STATE_MAX_BYTES, Topology, discover, ensure_internal_topics
+
+log = logging.getLogger("streams")
+
+
+def create_app(
+    settings: Settings,
+    config: StreamsConfig,
+    topo: Topology | None = None,
+    *,
+    session_timeout_s: float = 10.0,
+    stats_interval_s: float = 10.0,
+) -> Any:
+    """A configured faust.App with both stages registered (not started)."""
+    import faust
+    import mode
+
+    topo = topo or discover(settings)
+    ensure_internal_topics(settings, topo, {
+        session_agent.SESSIONS: topo.session_partitions, session_agent.CALLS: topo.session_partitions,
+        group_agent.GROUPS: topo.group_partitions, group_agent.MEMBERS: topo.group_partitions,
+    })
+    datadir = settings.data_dir / "streams" / topo.app_id
+    datadir.mkdir(parents=True, exist_ok=True)
+    max_out = max(topo.trajectory_max_bytes, topo.group_max_bytes) + 64 * 1024
+    app = faust.App(
+        topo.app_id,
+        broker=[f"kafka://{b.strip()}" for b in settings.kafka_bootstrap.split(",")],
+        store="memory://",
+        datadir=str(datadir),
+        processing_guarantee="at_least_once",  # exactly_once lost data in our kill test: docs/streams.md
+        topic_partitions=topo.session_partitions,
+        topic_replication_factor=topo.replication_factor,
+        topic_disable_leader=True,
+        table_standby_replicas=0,
+        consumer_auto_offset_reset="earliest",
+        consumer_max_fetch_size=max_out,
+        producer_max_request_size=max_out,
+        producer_acks=-1,
+        key_serializer="raw",
+        value_serializer="raw",
+        broker_session_timeout=session_timeout_s,
+        broker_heartbeat_interval=max(1.0, session_timeout_s / 4),
+        agent_supervisor=mode.CrashingSupervisor,
+        stream_ack_exceptions=False,
+        web_enabled=False,
+        autodiscover=False,
+    )
+    # key_type/value_type, not a Schema: Faust derives the changelog's serializers from these two (str
+    # keys as JSON, bytes values raw), so a value read back on recovery is the bytes that were written.
+    table_kw = dict(key_type=str, value_type=bytes, extra_topic_configs={"max.message.bytes": str(STATE_MAX_BYTES)})
+    tables = {
+        session_agent.SESSIONS: app.Table(session_agent.SESSIONS, partitions=topo.session_partitions, **table_kw),
+        session_agent.CALLS: app.Table(session_agent.CALLS, partitions=topo.session_partitions, **table_kw),
+        group_agent.GROUPS: app.Table(group_agent.GROUPS, partitions=topo.group_partitions, **table_kw),
+        group_agent.MEMBERS: app.Table(group_agent.MEMBERS, partitions=topo.group_partitions, **table_kw),
+    }
+    send = dict(key_serializer="raw", value_serializer="raw")
+    topics = {
+        "trajectories": app.topic(topo.trajectories, **send),
+        "groups": app.topic(topo.groups, **send),
+        topo.session_ticks: app.topic(topo.session_ticks, **send),
+        topo.group_ticks: app.topic(topo.group_ticks, **send),
+    }
+    stats_path = settings.data_dir / "streams" / f"{topo.app_id}.stats.json"
+    rt = Runtime(app, topo, config, tables, topics, stats_path)
+    session_agent.register(rt)
+    group_agent.register(rt)
+    _register_timers(rt, stats_interval_s)
+    _uncommitted_from_start(app.consumer)
+    _flush_means_flushed(app.producer.buffer)
+    app.polar_runtime = rt  # for tests and the bench: counters of this worker
+    return app
+
+
+def _register_timers(rt: Runtime, stats_interval_s: float) -> None:
+    app, topo = rt.app, rt.topo
+
+    @app.timer(interval=rt.config.tick_interval_s, name="ticks")
+    async def ticks() -> None:
+        # Only partitions this worker owns: the sweep must run where the partition's state lives.
+        for tp in app.assignor.assigned_actives():
+            if tp.topic in (topo.session_ticks, topo.group_ticks):
+                await rt.topics[tp.topic].send(value=b"", partition=tp.partition)
+
+    @app.timer(interval=stats_interval_s, name="stats")
+    async def stats() -> None:
+        rt.write_stats()
+
+
+def _uncommitted_from_start(consumer: Any) -> None:
+    """Make "seek to committed" start a partition without a committed offset from its beginning.
+
+    After every rebalance Faust restores the tables, then seeks all partitions to their committed
+    offsets, because records fetched while the flow was stopped were dropped. aiokafka only seeks a
+    partition whose committed offset is > 0, so a partition nobody has committed yet keeps the fetch
+    position those dropped records left behind: they are never processed, and a later commit skips them
+    for good. Found by the two-worker kill test (sessions stuck waiting for calls that were never
+    delivered). 0 and "none" both mean "start at the beginning" here (auto_offset_reset is earliest).
+    """
+    original = consumer.seek_to_committed
+
+    async def seek_to_committed() -> Any:
+        committed = await original()
+        for tp, offset in committed.items():
+            if not offset and not tp.topic.endswith("-changelog"):
+                await consumer.seek(tp, 0)
+        return committed
+
+    consumer.seek_to_committed = seek_to_committed
+
+
+def _flush_means_flushed(buffer: Any) -> None:
+    """Make the producer buffer's flush wait until it is empty.
+
+    Faust's at-least-once commit flushes the producer first, so that table changelog messages are
+    written before the offsets of the events that caused them are committed. But faust-streaming 0.15's
+    ProducerBuffer.flush gives up after 0.1 s without progress and returns with messages still queued;
+    under load the commit then overtakes changelog writes, and a SIGKILL right after loses state for
+    inputs that will never be replayed. Found by the two-worker kill test (sessions restored without
+    calls that had been committed); this keeps Faust's own ordering but makes flush really flush.
+    """
+    original = buffer.flush
+
+    async def flush() -> None:
+        while True:
+            await original()
+            if not buffer.size:
+                return
+            await asyncio.sleep(0.005)
+
+    buffer.flush = flush

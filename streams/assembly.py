@@ -1,0 +1,234 @@
+"""Fold a session's calls, in call_index order, into chains of token-faithful turns.
+
+A chain holds its tip's full sequence once (the last prompt followed by its sampled ids) and, per
+member call, where that call's sampled ids start and their logprobs. With token-in/token-out prompts
+the tip's full sequence *is* the merged trace, so the state is linear in the session's tokens instead
+of keeping every prompt. The same fold serves both builders: per_request slices one trace per call out
+of the chains, prefix_merging emits one trace per chain (see builders.py).
+
+A call joins the chain whose tip full sequence is a token prefix of its prompt (longest tip first);
+anything else starts a new chain with the reason it could not continue: the gateway's
+``chain.break_reason`` when it gave one, otherwise one detected here (``BREAK_REASONS``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas import CallRecorded
+
+# Reasons detected here (the gateway may add its own, e.g. "compaction", "system_changed").
+BREAK_REASONS = {
+    "first_call": "the session's first call",
+    "side_call": "a side call (title, quota check, ...): never merged",
+    "resampled": "same prompt as an earlier call's (a retry or regeneration of that turn)",
+    "retokenized": "extends an earlier prompt but not that call's sampled ids (re-tokenized or edited reply)",
+    "not_prefix": "no chain tip is a prefix of the prompt (rewritten history, a new conversation)",
+    "delta_unresolved": "prompt_delta refers to a call that is missing or shorter than claimed (call dropped)",
+    "verify_failed": "a merged trace failed the placement check; its calls were re-emitted one trace each",
+}
+
+
+@dataclass(frozen=True)
+class CallTokens:
+    """The token data of one recorded call: all assembly needs, nothing of the request text."""
+
+    event_id: str
+    call_index: int
+    prompt_ids: list[int] | None
+    delta: tuple[int, int, list[int]] | None  # (base_call_index, base_len, suffix_ids)
+    completion_ids: list[int]
+    logprobs: list[float]
+    policy_version: int = 0
+    side_call: bool = False
+    break_reason: str = ""  # the gateway's, if it declared one
+    created_at: float = 0.0
+
+    @classmethod
+    def from_record(cls, call: CallRecorded) -> "CallTokens":
+        d = call.prompt_delta
+        return cls(
+            event_id=call.event_id,
+            call_index=call.call_index,
+            prompt_ids=None if call.prompt_ids is None else list(call.prompt_ids),
+            delta=None if d is None else (d.base_call_index, d.base_len, list(d.suffix_ids)),
+            completion_ids=list(call.completion_ids),
+            logprobs=list(call.completion_logprobs),
+            policy_version=call.policy_version,
+            side_call=call.side_call,
+            break_reason=call.chain.break_reason,
+            created_at=call.created_at,
+        )
+
+    @property
+    def prompt_len(self) -> int:
+        if self.prompt_ids is not None:
+            return len(self.prompt_ids)
+        assert self.delta is not None
+        return self.delta[1] + len(self.delta[2])
+
+    def to_json(self) -> dict[str, Any]:
+        """Compact JSON form, as kept in the streams' state tables."""
+        return {
+            "e": self.event_id, "i": self.call_index, "p": self.prompt_ids,
+            "d": None if self.delta is None else list(self.delta),
+            "c": self.completion_ids, "l": self.logprobs, "v": self.policy_version,
+            "s": self.side_call, "r": self.break_reason, "t": self.created_at,
+        }
+
+    @classmethod
+    def from_json(cls, o: dict[str, Any]) -> "CallTokens":
+        d = o["d"]
+        return cls(
+            event_id=o["e"], call_index=o["i"], prompt_ids=o["p"],
+            delta=None if d is None else (int(d[0]), int(d[1]), list(d[2])),
+            completion_ids=o["c"], logprobs=o["l"], policy_version=o["v"],
+            side_call=o["s"], break_reason=o["r"], created_at=o["t"],
+        )
+
+
+@dataclass
+class Member:
+    """One call inside a chain: its sampled ids are chain.tokens[start:start+len(logprobs)]."""
+
+    call_index: int
+    start: int
+    logprobs: list[float]
+    policy_version: int
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.logprobs)
+
+
+@dataclass
+class Chain:
+    tokens: list[int]  # the tip's full sequence: the merged trace's token ids
+    tip_prompt_len: int
+    members: list[Member]
+    break_reason: str  # why this chain did not continue an earlier one
+    side_call: bool = False
+
+
+@dataclass
+class Fold:
+    """Running state of one session's assembly."""
+
+    chains: list[Chain] = field(default_factory=list)
+    where: dict[int, tuple[int, int]] = field(default_factory=dict)  # call_index -> (chain, end of its full sequence)
+    breaks: Counter = field(default_factory=Counter)  # reason -> count (a new chain other than the first)
+    dropped: dict[int, str] = field(default_factory=dict)  # call_index -> reason it has no trace
+    merged: int = 0  # calls that continued an existing chain
+    last_index: int = -1
+
+    def full_sequence(self, call_index: int) -> list[int] | None:
+        """Prompt + sampled ids of an earlier call, sliced out of its chain."""
+        loc = self.where.get(call_index)
+        if loc is None:
+            return None
+        chain, end = loc
+        return self.chains[chain].tokens[:end]
+
+
+def _resolve_prompt(fold: Fold, call: CallTokens) -> list[int] | None:
+    if call.prompt_ids is not None:
+        return list(call.prompt_ids)
+    assert call.delta is not None
+    base_index, base_len, suffix = call.delta
+    base = fold.full_sequence(base_index)
+    if base is None or base_len > len(base):
+        return None
+    return [*base[:base_len], *suffix]
+
+
+def _tip_is_base(fold: Fold, chain_no: int, call: CallTokens) -> bool:
+    """True when the prompt is, by its delta encoding, this chain's tip sequence plus a suffix."""
+    if call.delta is None:
+        return False
+    base_index, base_len, _ = call.delta
+    return fold.where.get(base_index) == (chain_no, base_len) and base_len == len(fold.chains[chain_no].tokens)
+
+
+def _find_chain(fold: Fold, call: CallTokens, prompt: list[int]) -> int | None:
+    """Index of the longest chain whose tip full sequence is a prefix of ``prompt``."""
+    n = len(prompt)
+    candidates = sorted(
+        (i for i, c in enumerate(fold.chains) if not c.side_call and len(c.tokens) <= n),
+        key=lambda i: -len(fold.chains[i].tokens),
+    )
+    for i in candidates:
+        tokens = fold.chains[i].tokens
+        # The delta fast path skips an O(T) comparison in the common case: a prompt encoded against
+        # exactly the tip it extends.
+        if _tip_is_base(fold, i, call) or prompt[: len(tokens)] == tokens:
+            return i
+    return None
+
+
+def _has_main_chain(fold: Fold) -> bool:
+    return any(not c.side_call for c in fold.chains)
+
+
+def _detect_reason(fold: Fold, prompt: list[int]) -> str:
+    if not _has_main_chain(fold):
+        return "first_call"
+    for c in fold.chains:
+        if c.side_call:
+            continue
+        tip_prompt = c.tokens[: c.tip_prompt_len]
+        if prompt == tip_prompt:
+            return "resampled"
+        if len(prompt) > len(tip_prompt) and prompt[: len(tip_prompt)] == tip_prompt:
+            return "retokenized"
+    return "not_prefix"
+
+
+def extend(fold: Fold, call: CallTokens) -> Fold:
+    """Add the next call of the session (call_index ascending) to the fold, in place; returns it.
+
+    Calls must come in ascending call_index order without duplicates (the session buffer ensures
+    that); a call whose prompt cannot be resolved is recorded in ``fold.dropped``, never guessed at.
+    """
+    if call.call_index <= fold.last_index:
+        raise ValueError(f"call {call.call_index} folded after call {fold.last_index}: calls must ascend")
+    fold.last_index = call.call_index
+    prompt = _resolve_prompt(fold, call)
+    if prompt is None:
+        fold.dropped[call.call_index] = "delta_unresolved"
+        fold.breaks["delta_unresolved"] += 1
+        return fold
+    member = Member(call.call_index, len(prompt), list(call.logprobs), call.policy_version)
+    target = None if call.side_call else _find_chain(fold, call, prompt)
+    if target is not None:
+        chain = fold.chains[target]
+        chain.tokens.extend(prompt[len(chain.tokens):])  # the interstitial (tool results, template glue)
+        chain.tokens.extend(call.completion_ids)
+        chain.tip_prompt_len = len(prompt)
+        chain.members.append(member)
+        fold.merged += 1
+    else:
+        reason = "side_call" if call.side_call else (call.break_reason or _detect_reason(fold, prompt))
+        if not call.side_call and _has_main_chain(fold):
+            fold.breaks[reason] += 1
+        prompt.extend(call.completion_ids)
+        fold.chains.append(Chain(prompt, member.start, [member], reason, call.side_call))
+        target = len(fold.chains) - 1
+    fold.where[call.call_index] = (target, len(fold.chains[target].tokens))
+    return fold
+
+
+def fold_calls(calls: list[CallTokens]) -> Fold:
+    """Fold a session's calls (any order; sorted here) into chains."""
+    fold = Fold()
+    for call in sorted(calls, key=lambda c: c.call_index):
+        extend(fold, call)
+    return fold
+
+
+def state_bytes(fold: Fold) -> int:
+    """Rough in-memory size of a fold, counting 8 bytes per token id and logprob."""
+    tokens = sum(len(c.tokens) for c in fold.chains)
+    logprobs = sum(len(m.logprobs) for c in fold.chains for m in c.members)
+    return 8 * (tokens + logprobs) + 64 * len(fold.where)

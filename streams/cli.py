@@ -1,0 +1,64 @@
+"""``polarstream streams ...``: run stream-processor workers (Faust is imported only when one starts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+streams_app = typer.Typer(no_args_is_help=True, help="Stream processors: calls -> trajectories -> groups.")
+
+
+@streams_app.command()
+def worker(
+    builder: str = typer.Option("prefix_merging", help="per_request | prefix_merging"),
+    advantage: str = typer.Option("grpo", help="grpo (mean/std) | loo (leave-one-out/std) | no_std (mean only)"),
+    side_calls: str = typer.Option("trace", help="trace: own traces | drop: left out"),
+    zero_variance: str = typer.Option("keep", help="keep (flagged) | drop"),
+    epsilon: float = typer.Option(1e-6, help="added to the group std"),
+    timeout_reward: float = typer.Option(0.0, help="reward of agent-budget timeouts (they stay trainable)"),
+    group_deadline: float = typer.Option(600.0, help="seconds after a group's first trajectory to emit with >= min_valid"),
+    missing_calls_grace: float = typer.Option(30.0, help="seconds a finished session waits for missing calls (also in the calls topic)"),
+    missing_calls_timeout: float = typer.Option(300.0, help="seconds after which it stops waiting regardless"),
+    tick_interval: float = typer.Option(2.0, help="seconds between deadline sweeps"),
+    session_timeout: float = typer.Option(10.0, help="consumer session timeout (s): how fast a dead worker is noticed"),
+    stats_interval: float = typer.Option(10.0, help="seconds between counter snapshots"),
+    loglevel: str = typer.Option("info"),
+    config: Optional[Path] = typer.Option(None, help="settings YAML (else POLAR_* environment)"),
+) -> None:
+    """Run one worker; start several (same POLAR_TOPIC_PREFIX) to split the partitions."""
+    from pydantic import ValidationError
+
+    from infra.settings import Settings
+
+    from .config import StreamsConfig
+    from .topology import TopologyError
+
+    try:
+        cfg = StreamsConfig(
+            builder=builder, advantage=advantage, side_calls=side_calls, zero_variance=zero_variance,
+            epsilon=epsilon, timeout_reward=timeout_reward, group_deadline_s=group_deadline,
+            missing_calls_grace_s=missing_calls_grace, missing_calls_timeout_s=missing_calls_timeout,
+            tick_interval_s=tick_interval,
+        )
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        raise typer.BadParameter(f"{err['loc'][0]}: {err['msg']}") from None
+    settings = Settings(config=str(config)) if config else Settings()
+
+    from faust.worker import Worker
+
+    from .app import create_app
+
+    try:
+        app = create_app(settings, cfg, session_timeout_s=session_timeout, stats_interval_s=stats_interval)
+    except TopologyError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``streams`` to the root command."""
+    app.add_typer(streams_app, name="streams")

@@ -1,0 +1,63 @@
+"""How the stream processors build training data: builder, advantages, deadlines.
+
+These knobs shape the records the streams emit, so the ones that change output bytes feed the
+deterministic event ids (``fingerprint``): two workers with different knobs never emit records that
+look like re-emissions of each other.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Builder = Literal["per_request", "prefix_merging"]
+Advantage = Literal["grpo", "loo", "no_std"]
+
+# advantage preset -> (baseline, divide by the group std)
+ADVANTAGE_PRESETS: dict[str, tuple[Literal["mean", "leave_one_out"], bool]] = {
+    "grpo": ("mean", True),  # GRPO: (r - mean) / (std + eps)
+    "loo": ("leave_one_out", True),  # Polar: r - mean(others), over one shared group std + eps
+    "no_std": ("mean", False),  # Dr. GRPO: r - mean, no std division
+}
+
+
+class StreamsConfig(BaseModel):
+    """Settings of one streams deployment; every worker of a consumer group must use the same."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    builder: Builder = "prefix_merging"
+    side_calls: Literal["trace", "drop"] = "trace"  # a side call becomes its own trace, or is left out
+    advantage: Advantage = "grpo"
+    epsilon: float = Field(1e-6, gt=0)
+    zero_variance: Literal["keep", "drop"] = "keep"  # keep: emitted with zero_variance=True, advantages 0
+    timeout_reward: float = 0.0  # agent-budget timeouts stay trainable with this reward
+    # Deadlines (wall-clock seconds, checked on ticks). A group emits at its deadline when it has at
+    # least min_valid usable members; one that never gets there is dropped at group_expire_s.
+    group_deadline_s: float = Field(600.0, gt=0)
+    group_expire_s: float = Field(86400.0, gt=0)
+    # A finished session still missing calls is assembled anyway (masked) after this much time, both on
+    # the wall clock and in the calls topic (see sessions.decide), or after the timeout regardless.
+    missing_calls_grace_s: float = Field(30.0, ge=0)
+    missing_calls_timeout_s: float = Field(300.0, ge=0)
+    session_expire_s: float = Field(86400.0, gt=0)  # calls but no finished event: dropped after this
+    done_retention_s: float = Field(3600.0, ge=0)  # how long "already emitted" markers catch late duplicates
+    tick_interval_s: float = Field(2.0, gt=0)
+    max_record_bytes: int = Field(32 * 1024 * 1024, gt=0)  # larger outputs are counted, logged, not sent
+
+    @property
+    def baseline(self) -> Literal["mean", "leave_one_out"]:
+        return ADVANTAGE_PRESETS[self.advantage][0]
+
+    @property
+    def std_normalized(self) -> bool:
+        return ADVANTAGE_PRESETS[self.advantage][1]
+
+    def trajectory_fingerprint(self) -> str:
+        """The knobs that change a Trajectory's bytes."""
+        return f"{self.builder}|side={self.side_calls}|timeout_reward={self.timeout_reward!r}"
+
+    def group_fingerprint(self) -> str:
+        """The knobs that change a TrainingGroup's bytes (its members carry the trajectory ones)."""
+        return f"{self.advantage}|eps={self.epsilon!r}|zv={self.zero_variance}"

@@ -1,0 +1,147 @@
+"""Stage 2: trajectories -> one TrainingGroup per group, with advantages.
+
+Reads polar.trajectories (keyed by group) and this stage's tick topic. State:
+
+- ``groups``: group_id -> GroupState (one reference per sample, emitted marker)
+- ``group-members``: "<group_id>/<sample_index>" -> the member Trajectory's bytes as received
+
+A group emits once: the TrainingGroup is sent and acknowledged before the emitted marker is written,
+so a crash can only cause a byte-identical re-send (same inputs, same deterministic id), never a loss.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import orjson
+
+from schemas import RecordDecodeError, Trajectory, decode
+
+from .groups import GroupState, add_member, build_group, decide, new_group
+from .runtime import Runtime
+
+log = logging.getLogger("streams.groups")
+
+GROUPS, MEMBERS = "groups", "group-members"
+STAGE = "groups"
+
+
+def register(rt: Runtime) -> None:
+    """Declare the stage's agent on the app."""
+    topo = rt.topo
+    channel = rt.app.topic(topo.trajectories, topo.group_ticks, key_serializer="raw", value_serializer="raw")
+
+    @rt.app.agent(channel, name="groups")
+    async def groups(stream):  # noqa: ANN001 - a Faust stream
+        async for event in stream.events():
+            msg = event.message
+            started = time.perf_counter()
+            rt.settle(STAGE, msg.partition)
+            if msg.topic == topo.group_ticks:
+                await on_tick(rt, msg.partition)
+            else:
+                await on_trajectory(rt, event.value, msg.partition, msg.offset)
+            rt.count("groups.busy_us", int((time.perf_counter() - started) * 1e6))
+
+
+def _load(rt: Runtime, group_id: str) -> GroupState | None:
+    raw = rt.get(GROUPS, group_id)
+    return None if raw is None else GroupState.from_json(raw)
+
+
+async def on_trajectory(rt: Runtime, value: bytes, partition: int, offset: int) -> None:
+    """Add a trajectory to its group (deduplicated; retries replace) and emit the group when ready."""
+    try:
+        traj = decode(value, Trajectory)
+    except RecordDecodeError as e:
+        rt.count("trajectories.undecodable")
+        log.warning("skipping undecodable record at %s[%d]@%d: %s", rt.topo.trajectories, partition, offset, e)
+        return
+    now = time.time()
+    state = _load(rt, traj.group_id) or new_group(traj, now, partition)
+    outcome = add_member(state, traj)
+    rt.count(f"members.{outcome}")
+    if outcome == "conflict":
+        log.warning("group %s sample %d attempt %d: a second, different trajectory %s; kept the first",
+                    traj.group_id, traj.sample_index, traj.attempt, traj.event_id)
+    if outcome not in ("added", "replaced", "duplicate"):
+        return
+    # As in the session stage: after a crash the state can be ahead of the members table, and the
+    # replayed trajectory puts its bytes back.
+    key = f"{traj.group_id}/{traj.sample_index}"
+    if outcome != "duplicate" or rt.tables[MEMBERS].get(key) != value:
+        rt.put(MEMBERS, key, value)
+        if outcome == "duplicate":
+            rt.count("members.restored")
+    if outcome != "duplicate":
+        rt.put(GROUPS, traj.group_id, state.to_json())
+    await advance(rt, state, now)
+
+
+async def on_tick(rt: Runtime, partition: int) -> None:
+    """Deadlines of this partition's groups."""
+    now = time.time()
+    for key, raw in list(rt.tables[GROUPS].items()):
+        state = GroupState.from_json(orjson.loads(raw))
+        if state.partition != partition:
+            continue
+        if state.emitted:
+            if now - state.closed_at >= rt.config.done_retention_s:
+                _delete_members(rt, state)  # leftovers of a crash between the marker and the deletes
+                rt.delete(GROUPS, key)
+            continue
+        await advance(rt, state, now)
+
+
+async def advance(rt: Runtime, state: GroupState, now: float) -> None:
+    """Emit or drop the group if ``decide`` says so (acknowledged, then marked, then its members deleted)."""
+    gid = state.group_id
+    if rt.is_pending(STAGE, gid):
+        return
+    action = decide(state, now, rt.config)
+    if not action:
+        return
+    if action == "emit":
+        members = _stored_members(rt, state)
+        if members is None:
+            rt.count("groups.awaiting_replayed_member")
+            return  # a member's bytes are still being replayed after a restart
+        group = build_group(gid, members, rt.config)
+        if group is None:
+            rt.count("groups.dropped_zero_variance")
+            _close(rt, state, "dropped:zero_variance", now)
+            return
+        fut = await rt.send("groups", group, rt.topo.group_max_bytes)
+        if fut is None:
+            _close(rt, state, "dropped:oversized", now)
+        else:
+            rt.pend(STAGE, gid, state.partition, fut, lambda: _close(rt, _load(rt, gid) or state, group.event_id, now))
+        return
+    rt.count(f"groups.{action.replace(':', '_')}")
+    log.warning("group %s dropped (%s): %d of %d samples in, %d usable, min_valid %d",
+                gid, action, len(state.members), state.num_samples, state.usable, state.min_valid)
+    _close(rt, state, action, now)
+
+
+def _close(rt: Runtime, state: GroupState, emitted: str, now: float) -> None:
+    state.emitted, state.closed_at = emitted, now
+    rt.put(GROUPS, state.group_id, state.to_json())
+    _delete_members(rt, state)
+
+
+def _stored_members(rt: Runtime, state: GroupState) -> list[Trajectory] | None:
+    """The members the state lists, or None while any is missing or is another attempt than listed."""
+    members = []
+    for i, ref in sorted(state.members.items()):
+        raw = rt.tables[MEMBERS].get(f"{state.group_id}/{i}")
+        traj = None if raw is None else decode(raw, Trajectory)
+        if traj is None or traj.event_id != ref.event_id:
+            return None
+        members.append(traj)
+    return members
+
+
+def _delete_members(rt: Runtime, state: GroupState) -> None:
+    for i in state.members:
+        rt.delete(MEMBERS, f"{state.group_id}/{i}")

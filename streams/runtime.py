@@ -1,0 +1,112 @@
+"""What the agents share inside one worker: the app, its tables and output topics, and counters.
+
+Tables hold raw bytes (orjson documents we encode ourselves), so a value read back after a changelog
+replay is exactly the value that was written, and the codec is ours rather than Faust's. Every outcome
+that is not the happy path (duplicate, late, undecodable, oversized, ...) is a named counter; the
+counters are logged and written to a small JSON file at intervals so an operator or a test can read them.
+
+Emitting is pipelined but crash-safe. A stage sends its output and registers what must happen once the
+broker acknowledged it (mark the session or group done, delete its inputs) as *pending*; the next event
+the stage handles on the same partition (an input or a tick) settles every acknowledged send first.
+Until then the state still says "not done", so a crash at any point can only lead to a byte-identical
+re-send, never to a "done" marker for a record the broker does not have. (Waiting for each ack inside
+the handler was the same guarantee at a fraction of the throughput.)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from schemas import Record, encode
+
+from .config import StreamsConfig
+from .topology import Topology
+
+log = logging.getLogger("streams")
+
+# A record batch carries framing around the record; keep this much below the topic's limit.
+_BATCH_OVERHEAD = 4096
+
+
+@dataclass
+class Runtime:
+    app: Any  # faust.App
+    topo: Topology
+    config: StreamsConfig
+    tables: dict[str, Any]  # name -> faust Table (values are bytes)
+    topics: dict[str, Any]  # name -> faust Topic we send to
+    stats_path: Path | None = None
+    counters: Counter = field(default_factory=Counter)
+    # Per calls partition: the newest created_at among the calls processed here (see sessions.decide).
+    calls_watermark: dict[int, float] = field(default_factory=dict)
+    _logged: dict[str, int] = field(default_factory=dict)
+    pending: dict[tuple[str, str], "Pending"] = field(default_factory=dict)  # (stage, key) -> unsettled send
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] += n
+
+    def get(self, table: str, key: str) -> dict[str, Any] | None:
+        raw = self.tables[table].get(key)
+        return None if raw is None else orjson.loads(raw)
+
+    def put(self, table: str, key: str, value: dict[str, Any] | bytes) -> None:
+        self.tables[table][key] = value if isinstance(value, bytes) else orjson.dumps(value)
+
+    def delete(self, table: str, key: str) -> None:
+        if key in self.tables[table]:
+            del self.tables[table][key]
+
+    async def send(self, topic: str, record: Record, max_bytes: int) -> Any | None:
+        """Start sending a record; its delivery future, or None (counted, logged) when it is too large."""
+        data = encode(record)
+        if len(data) > max_bytes - _BATCH_OVERHEAD:
+            self.count(f"{topic}.oversized")
+            log.error("%s %s is %d bytes, over the topic's %d: not sent (its inputs stay in the source topics)",
+                      type(record).__name__, record.event_id, len(data), max_bytes)
+            return None
+        self.count(f"{topic}.sent")
+        return await self.topics[topic].send(key=record.key().encode(), value=data)
+
+    def pend(self, stage: str, key: str, partition: int, future: Any, on_ack: Callable[[], None]) -> None:
+        """Run ``on_ack`` (in a later event of ``partition``) once ``future`` says the broker has the record."""
+        self.pending[(stage, key)] = Pending(partition, future, on_ack)
+
+    def is_pending(self, stage: str, key: str) -> bool:
+        return (stage, key) in self.pending
+
+    def settle(self, stage: str, partition: int) -> None:
+        """Apply the acknowledged sends of this stage's partition; a failed send crashes the worker (the
+        inputs were not committed, so a restart replays them)."""
+        for k, p in list(self.pending.items()):
+            if k[0] == stage and p.partition == partition and p.future.done():
+                p.future.result()  # raises the send's error
+                p.on_ack()
+                del self.pending[k]
+
+    def write_stats(self) -> None:
+        """Log the counters and write them to ``stats_path`` (atomically: a reader never sees half a file)."""
+        snapshot = dict(sorted(self.counters.items()))
+        if snapshot != self._logged:  # an idle worker does not repeat itself
+            log.info("streams counters: %s", orjson.dumps(snapshot).decode())
+            self._logged = snapshot
+        if self.stats_path is not None:
+            self.stats_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.stats_path.with_suffix(".tmp")
+            tmp.write_bytes(orjson.dumps({"time": time.time(), "pid": os.getpid(), "counters": snapshot}))
+            tmp.replace(self.stats_path)
+
+
+@dataclass
+class Pending:
+    partition: int
+    future: Any  # faust's FutureMessage (an asyncio future)
+    on_ack: Callable[[], None]

@@ -1,0 +1,201 @@
+"""Stage 1: calls + session events -> one Trajectory per finished session, keyed by group.
+
+One agent reads polar.calls, polar.session-events and this stage's tick topic together (all keyed by
+session and co-partitioned), so a session's events are handled one at a time by one worker. State:
+
+- ``sessions``: session_id -> SessionState (which calls arrived, the finished event, done marker)
+- ``session-calls``: "<session_id>/<call_index>" -> the call's token data (CallTokens JSON)
+
+Order of effects, for crash safety under at-least-once: store the input, then (when complete) send the
+trajectory and wait for the broker's ack, then delete the calls and mark the session done. A crash in
+between replays inputs into a state that may already hold them (deduplicated) and, at worst, re-sends
+a byte-identical trajectory that readers drop by event_id.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import orjson
+
+from schemas import CallRecorded, RecordDecodeError, SessionEvent, decode
+
+from .assembly import CallTokens
+from .runtime import Runtime
+from .sessions import SessionState, add_call, add_finished, decide, new_session
+from .trajectory import build_trajectory
+
+log = logging.getLogger("streams.sessions")
+
+SESSIONS, CALLS = "sessions", "session-calls"
+STAGE = "sessions"
+
+
+def register(rt: Runtime) -> None:
+    """Declare the stage's agent on the app."""
+    topo = rt.topo
+    channel = rt.app.topic(topo.calls, topo.session_events, topo.session_ticks,
+                           key_serializer="raw", value_serializer="raw")
+
+    @rt.app.agent(channel, name="sessions")
+    async def sessions(stream):  # noqa: ANN001 - a Faust stream
+        async for event in stream.events():
+            msg = event.message
+            started = time.perf_counter()
+            rt.settle(STAGE, msg.partition)
+            if msg.topic == topo.session_ticks:
+                await on_tick(rt, msg.partition)
+            elif msg.topic == topo.calls:
+                await on_call(rt, event.value, msg.partition, msg.offset)
+            else:
+                await on_session_event(rt, event.value, msg.partition, msg.offset)
+            rt.count("sessions.busy_us", int((time.perf_counter() - started) * 1e6))
+
+
+def _load(rt: Runtime, session_id: str) -> SessionState | None:
+    raw = rt.get(SESSIONS, session_id)
+    return None if raw is None else SessionState.from_json(raw)
+
+
+def _decode(rt: Runtime, value: bytes, cls, where: str):
+    try:
+        return decode(value, cls)
+    except RecordDecodeError as e:
+        rt.count(f"{cls.TOPIC}.undecodable")
+        log.warning("skipping undecodable record at %s: %s", where, e)
+        return None
+
+
+async def on_call(rt: Runtime, value: bytes, partition: int, offset: int) -> None:
+    """Store one call (deduplicated) and assemble its session if that completed it."""
+    call = _decode(rt, value, CallRecorded, f"{rt.topo.calls}[{partition}]@{offset}")
+    if call is None:
+        return
+    rt.calls_watermark[partition] = max(rt.calls_watermark.get(partition, 0.0), call.created_at)
+    now = time.time()
+    state = _load(rt, call.session_id) or new_session(call.session_id, now, partition)
+    data = orjson.dumps(CallTokens.from_record(call).to_json())
+    if len(data) > rt.config.max_record_bytes:
+        # Cannot be kept in state; the session will assemble without it (masked as missing calls).
+        rt.count("calls.oversized")
+        log.error("call %s of session %s is %d bytes of tokens, over max_record_bytes: left out",
+                  call.call_index, call.session_id, len(data))
+        return
+    outcome = add_call(state, call.call_index, call.event_id, now)
+    rt.count(f"calls.{outcome}")
+    if outcome == "conflict":
+        log.warning("session %s call %s: a second, different event %s; kept the first",
+                    call.session_id, call.call_index, call.event_id)
+    if outcome not in ("added", "duplicate"):
+        return
+    # Re-store a duplicate's data if it is not there: the two tables' changelogs are written
+    # independently, so after a crash the state can list a call whose data was lost; the replay of
+    # that call (not committed, hence re-delivered) puts it back.
+    key = f"{call.session_id}/{call.call_index}"
+    if outcome == "added" or rt.tables[CALLS].get(key) != data:
+        rt.put(CALLS, key, data)
+        if outcome == "duplicate":
+            rt.count("calls.restored")
+    if outcome == "added":
+        rt.put(SESSIONS, call.session_id, state.to_json())
+    await advance(rt, state, now)
+
+
+async def on_session_event(rt: Runtime, value: bytes, partition: int, offset: int) -> None:
+    """Record a session's finished event (other kinds are counted and skipped)."""
+    event = _decode(rt, value, SessionEvent, f"{rt.topo.session_events}[{partition}]@{offset}")
+    if event is None:
+        return
+    if event.kind != "finished":
+        rt.count(f"session_events.{event.kind}.ignored")
+        return
+    now = time.time()
+    state = _load(rt, event.session_id) or new_session(event.session_id, now, partition)
+    outcome = add_finished(state, event, now)
+    rt.count(f"finished.{outcome}")
+    if outcome != "added":
+        return
+    rt.put(SESSIONS, event.session_id, state.to_json())
+    await advance(rt, state, now)
+
+
+async def on_tick(rt: Runtime, partition: int) -> None:
+    """Deadlines of this partition's sessions: assemble stragglers, drop orphans, forget old markers."""
+    now = time.time()
+    watermark = rt.calls_watermark.get(partition, 0.0)
+    for key, raw in list(rt.tables[SESSIONS].items()):
+        state = SessionState.from_json(orjson.loads(raw))
+        if state.partition == partition:
+            await advance(rt, state, now, watermark)
+
+
+async def advance(rt: Runtime, state: SessionState, now: float, watermark: float = 0.0) -> None:
+    """Act on what ``decide`` says for this session now.
+
+    Effects go in crash-safe order: the session is marked done only once its trajectory is acknowledged
+    (see Runtime.settle), and the done marker is written before the calls are deleted, so no crash can
+    leave a session that is neither done nor assemblable.
+    """
+    sid = state.session_id
+    if rt.is_pending(STAGE, sid):
+        return  # its trajectory is on the way; settling will mark it done
+    action = decide(state, now, rt.config, watermark)
+    if not action:
+        return
+    if action == "forget":
+        _delete_calls(rt, state)  # leftovers of a crash between the done marker and the deletes
+        rt.delete(SESSIONS, sid)
+        return
+    if action == "assemble":
+        calls = _stored_calls(rt, state)
+        if calls is None:
+            return  # a call's data is still being replayed after a restart
+        traj = _build(rt, state, calls)
+        fut = await rt.send("trajectories", traj, rt.topo.trajectory_max_bytes)
+        if fut is None:
+            _close(rt, state, "dropped:oversized", now)
+        else:
+            rt.count("sessions.assembled")
+            rt.pend(STAGE, sid, state.partition, fut, lambda: _close(rt, _load(rt, sid) or state, traj.event_id, now))
+        return
+    rt.count("sessions.dropped_no_finished")
+    log.warning("session %s: %d calls but no finished event after %.0fs: dropped",
+                sid, len(state.calls), rt.config.session_expire_s)
+    _close(rt, state, action, now)
+
+
+def _close(rt: Runtime, state: SessionState, done: str, now: float) -> None:
+    state.done, state.done_at = done, now
+    rt.put(SESSIONS, state.session_id, state.to_json())
+    _delete_calls(rt, state)
+
+
+def _delete_calls(rt: Runtime, state: SessionState) -> None:
+    for idx in state.calls:
+        rt.delete(CALLS, f"{state.session_id}/{idx}")
+
+
+def _stored_calls(rt: Runtime, state: SessionState) -> list[CallTokens] | None:
+    calls = []
+    for idx in sorted(state.calls):
+        raw = rt.get(CALLS, f"{state.session_id}/{idx}")
+        if raw is None:
+            rt.count("sessions.awaiting_replayed_call")
+            return None
+        calls.append(CallTokens.from_json(raw))
+    return calls
+
+
+def _build(rt: Runtime, state: SessionState, calls: list[CallTokens]):
+    finished = state.finished_event()
+    assert finished is not None
+    missing = state.missing_calls
+    if missing:
+        rt.count("sessions.missing_calls")
+        log.warning("session %s assembled with %d calls missing: masked out of its group", state.session_id, missing)
+    traj = build_trajectory(finished, calls, rt.config, missing_calls=missing)
+    for reason, n in traj.stats.items():
+        if reason.startswith("break."):
+            rt.count(reason, int(n))
+    return traj

@@ -1,0 +1,140 @@
+"""Helpers for tests, benches and demos of the streams: publish records, read a topic, run a worker.
+
+They talk to a real broker (no fakes): ``publish`` uses the project's durable Publisher, ``read_topic``
+reads a topic from offset 0 with a throwaway consumer, and ``WorkerProcess`` runs
+``polarstream streams worker`` as a child process that can be stopped or SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas import Record
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def publish(settings, records: list[Record]) -> None:
+    """Publish records with the project's durable Publisher (lz4, idempotent, acks=all), in order."""
+    from producers.publisher import Publisher
+
+    with Publisher(settings) as pub:
+        futures = [pub.submit(r) for r in records]
+        for f in futures:
+            f.result(60)
+
+
+def publish_raw(settings, topic: str, key: bytes, value: bytes) -> None:
+    """Publish bytes that are not a valid record (what a buggy or foreign producer might send)."""
+    from confluent_kafka import Producer
+
+    p = Producer(settings.kafka_config(**{"acks": "all"}))
+    p.produce(settings.topic(topic), key=key, value=value)
+    assert p.flush(30) == 0
+
+
+@dataclass
+class Message:
+    key: bytes
+    value: bytes
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+def read_topic(settings, topic: str, until=lambda msgs: False, timeout: float = 60.0, idle: float = 0.0) -> list[Message]:
+    """Every message of a topic from the beginning, polling until ``until(msgs)`` holds (then ``idle``
+    more seconds, to catch late duplicates) or ``timeout`` passes."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    name = settings.topic(topic)
+    c = Consumer(settings.kafka_config(**{"group.id": f"read-{os.getpid()}-{time.monotonic_ns()}",
+                                          "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+    try:
+        md = c.list_topics(name, timeout=10).topics[name]
+        c.assign([TopicPartition(name, p, 0) for p in md.partitions])  # offset 0: the beginning, always
+        msgs: list[Message] = []
+        deadline, done_at = time.monotonic() + timeout, None
+        while time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                msgs.append(Message(m.key(), m.value(), m.partition(), m.offset(), m.timestamp()[1]))
+            if done_at is None and until(msgs):
+                done_at = time.monotonic()
+            if done_at is not None and time.monotonic() - done_at >= idle:
+                break
+        return msgs
+    finally:
+        c.close()
+
+
+def dedupe(msgs: list[Message], cls):
+    """Records by event_id, first copy wins (what every consumer does), plus the raw duplicate count."""
+    from schemas import decode
+
+    seen: dict[str, bytes] = {}
+    for m in msgs:
+        rec = decode(m.value, cls)
+        if rec.event_id in seen:
+            assert seen[rec.event_id] == m.value, f"{rec.event_id}: a re-emission with different bytes"
+        else:
+            seen[rec.event_id] = m.value
+    return seen, len(msgs) - len(seen)
+
+
+@dataclass
+class WorkerProcess:
+    """``polarstream streams worker`` as a child process with the test's settings."""
+
+    settings: object
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+    starts: int = 0
+
+    def start(self) -> "WorkerProcess":
+        env = {**os.environ, "POLAR_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
+               "POLAR_TOPIC_PREFIX": self.settings.topic_prefix, "POLAR_DATA_DIR": str(self.settings.data_dir),
+               "PYTHONPATH": str(REPO)}
+        cmd = [sys.executable, "-c", "from polarstream.cli import main; main()", "streams", "worker", *self.args]
+        self.starts += 1
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n===== start {self.starts}: {' '.join(self.args)}\n".encode())
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no final commit, no flush."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stats(self) -> dict:
+        import orjson
+
+        from streams.topology import app_id_for
+
+        path = self.settings.data_dir / "streams" / f"{app_id_for(self.settings)}.stats.json"
+        return orjson.loads(path.read_bytes())["counters"] if path.exists() else {}

@@ -1,0 +1,1 @@
+"""Tests of bench/run_all.py and bench/render.py."""

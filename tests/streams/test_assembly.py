@@ -1,0 +1,144 @@
+"""The fold and both builders on hand-built sessions, checked token by token."""
+
+import pytest
+
+from schemas import CallRecorded, ChainInfo, PromptDelta
+from streams.assembly import CallTokens, fold_calls, state_bytes
+from streams.builders import assemble, finish, verify_trace
+
+
+def call(i, prompt=None, completion=(), lps=None, delta=None, side=False, reason="", version=0):
+    completion = list(completion)
+    rec = CallRecorded(
+        event_id=f"e{i}", session_id="s", call_index=i, provider="openai.chat",
+        prompt_ids=None if prompt is None else list(prompt),
+        prompt_delta=None if delta is None else PromptDelta(base_call_index=delta[0], base_len=delta[1], suffix_ids=delta[2]),
+        completion_ids=completion, completion_logprobs=lps if lps is not None else [-0.5] * len(completion),
+        side_call=side, chain=ChainInfo(break_reason=reason), policy_version=version,
+    )
+    return CallTokens.from_record(rec)
+
+
+@pytest.fixture
+def session():
+    """Two turns, a side call, a third turn (full ids), then a compaction and a turn after it."""
+    return [
+        call(0, [1, 2, 3], [10, 11], [-0.1, -0.2], version=1),
+        call(1, delta=(0, 5, [4, 5]), completion=[12], lps=[-0.3], version=1),  # [1,2,3,10,11,4,5]
+        call(2, [7, 7], [13], [-0.4], side=True, reason="side_call"),
+        call(3, [1, 2, 3, 10, 11, 4, 5, 12, 6], [14, 15], [-0.5, -0.6], version=2),
+        call(4, [1, 2, 9], [16], [-0.7], reason="compaction"),
+        call(5, delta=(4, 4, [8]), completion=[17], lps=[-0.8]),  # [1,2,9,16,8]
+    ]
+
+
+def test_prefix_merging_traces_masks_and_logprobs(session):
+    out = assemble(session, "prefix_merging")
+    main, side, compacted = out.traces
+    assert main.call_indices == [0, 1, 3]
+    assert main.token_ids == [1, 2, 3, 10, 11, 4, 5, 12, 6, 14, 15]
+    assert main.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1]
+    assert main.logprobs == [0, 0, 0, -0.1, -0.2, 0, 0, -0.3, 0, -0.5, -0.6]
+    assert main.policy_versions == [1, 1, 2] and main.break_reason == "first_call"
+    assert (side.call_indices, side.token_ids, side.loss_mask, side.side_call) == ([2], [7, 7, 13], [0, 0, 1], True)
+    assert compacted.call_indices == [4, 5] and compacted.break_reason == "compaction"
+    assert compacted.token_ids == [1, 2, 9, 16, 8, 17] and compacted.loss_mask == [0, 0, 0, 1, 0, 1]
+    assert out.merged == 3 and dict(out.breaks) == {"compaction": 1} and not out.dropped
+
+
+def test_per_request_one_trace_per_call(session):
+    out = assemble(session, "per_request")
+    assert [t.call_indices for t in out.traces] == [[0], [1], [2], [3], [4], [5]]
+    second = out.traces[1]
+    assert second.token_ids == [1, 2, 3, 10, 11, 4, 5, 12]
+    assert second.loss_mask == [0] * 7 + [1] and second.logprobs == [0.0] * 7 + [-0.3]
+    assert out.traces[3].loss_mask == [0] * 9 + [1, 1]  # earlier sampled ids are prompt here
+    # Both builders train on the same sampled tokens; per_request repeats every prompt.
+    merged = assemble(session, "prefix_merging")
+    assert sum(map(sum, (t.loss_mask for t in out.traces))) == sum(map(sum, (t.loss_mask for t in merged.traces))) == 8
+    assert sum(len(t.token_ids) for t in out.traces) > sum(len(t.token_ids) for t in merged.traces)
+
+
+def test_side_calls_can_be_left_out(session):
+    out = assemble(session, "prefix_merging", side_calls="drop")
+    assert [t.call_indices for t in out.traces] == [[0, 1, 3], [4, 5]] and out.side_calls_left_out == 1
+
+
+def test_out_of_order_and_duplicate_input_gives_the_same_traces(session):
+    shuffled = [session[3], session[0], session[5], session[1], session[0], session[4], session[2]]
+    assert assemble(shuffled, "prefix_merging").traces == assemble(session, "prefix_merging").traces
+
+
+def test_detected_break_reasons():
+    calls = [
+        call(0, [1, 2], [3]),
+        call(1, [1, 2], [4]),  # same prompt as call 0: a resample
+        call(2, [1, 2, 4, 9], [5]),  # extends call 1's full sequence -> merges into its chain
+        call(3, [1, 2, 4, 9, 6, 6], [7]),  # extends call 2's prompt but not its sampled id 5
+        call(4, [8, 8], [9]),  # nothing in common
+    ]
+    out = assemble(calls, "prefix_merging")
+    assert [(t.call_indices, t.break_reason) for t in out.traces] == [
+        ([0], "first_call"), ([1, 2], "resampled"), ([3], "retokenized"), ([4], "not_prefix")]
+    assert dict(out.breaks) == {"resampled": 1, "retokenized": 1, "not_prefix": 1}
+
+
+def test_longest_tip_wins():
+    calls = [
+        call(0, [1, 2, 3], [4]),  # chain A: [1,2,3,4]
+        call(1, [1, 2], [3]),  # chain B: [1,2,3], not an extension of A
+        call(2, [1, 2, 3, 4, 5], [6]),  # both tips are prefixes; A is longer
+    ]
+    out = assemble(calls, "prefix_merging")
+    assert [t.call_indices for t in out.traces] == [[0, 2], [1]]
+
+
+def test_unresolvable_delta_is_a_counted_drop_not_a_guess():
+    calls = [call(0, [1, 2], [3]), call(2, delta=(1, 3, [4]), completion=[5]), call(3, delta=(0, 9, [4]), completion=[6])]
+    out = assemble(calls, "prefix_merging")
+    assert [t.call_indices for t in out.traces] == [[0]]
+    assert out.dropped == {2: "delta_unresolved", 3: "delta_unresolved"} and out.breaks["delta_unresolved"] == 2
+
+
+def test_fold_state_is_linear_in_session_tokens():
+    calls = [call(0, list(range(100)), [1000])]
+    prompt = list(range(100)) + [1000]
+    for i in range(1, 50):
+        calls.append(call(i, delta=(i - 1, len(prompt), [7] * 10), completion=[1000 + i]))
+        prompt = prompt + [7] * 10 + [1000 + i]
+    fold = fold_calls(calls)
+    assert len(fold.chains) == 1 and len(fold.chains[0].tokens) == len(prompt)
+    # One copy of the final sequence (+ logprobs), not the ~15k tokens of all prompts together.
+    assert state_bytes(fold) < 8 * 2 * len(prompt) + 64 * 50
+
+
+def test_fold_refuses_descending_calls():
+    fold = fold_calls([call(0, [1], [2])])
+    from streams.assembly import extend
+    with pytest.raises(ValueError, match="must ascend"):
+        extend(fold, call(0, [1], [2]))
+
+
+@pytest.mark.parametrize("corrupt, problem", [
+    (lambda t: t.logprobs.__setitem__(3, -9.0), "logprobs are not at"),
+    (lambda t: t.token_ids.__setitem__(4, 99), "sampled ids are not at"),
+    (lambda t: t.loss_mask.__setitem__(0, 1), "trainable tokens for"),
+    (lambda t: t.loss_mask.__setitem__(3, 0), "not all trainable"),
+])
+def test_verify_trace_catches_misplaced_tokens(session, corrupt, problem):
+    trace = assemble(session, "prefix_merging").traces[0]
+    by_index = {c.call_index: c for c in session}
+    assert verify_trace(trace, by_index) == ""
+    corrupt(trace)
+    assert problem in verify_trace(trace, by_index)
+
+
+def test_a_corrupted_chain_is_a_counted_break_with_per_call_fallback(session):
+    by_index = {c.call_index: c for c in session}
+    fold = fold_calls(session)
+    fold.chains[0].members[2].logprobs[0] = -9.0  # and call 3's logprob
+    out = finish(fold, by_index, "prefix_merging")
+    assert out.breaks["verify_failed"] == 1
+    fallback = [t for t in out.traces if t.break_reason == "verify_failed"]
+    assert [t.call_indices for t in fallback] == [[0], [1]]  # calls 0 and 1 still verify alone
+    assert out.dropped == {3: "verify_failed"}

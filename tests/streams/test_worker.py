@@ -1,0 +1,142 @@
+"""A real worker process on the real broker: recorded sessions in, the expected groups out.
+
+Sessions are tokenized with the tiny model's real tokenizer (ChatML turns with tool calls, token-in/
+token-out like the gateway records them) and published with the project's Publisher, shuffled and
+with noise: duplicates, an undecodable record, a non-finished session event, an orphan call, a
+session missing a call, an incomplete group that must emit at its deadline. The groups on
+polar.groups, deduplicated by event_id, must equal byte for byte what the pure functions compute
+from the same inputs, and the trace structure must match the sessions' hand-declared shape.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from schemas import SessionEvent, TrainingGroup, encode
+from streams.assembly import CallTokens
+from streams.config import StreamsConfig
+from streams.groups import build_group
+from streams.synthetic import Recorded, SessionSpec, record_group, record_session
+from streams.trajectory import build_trajectory
+from streams.testing import dedupe, publish, publish_raw, read_topic
+
+WORKER_ARGS = ["--group-deadline", "4", "--missing-calls-grace", "2", "--missing-calls-timeout", "5", "--tick-interval", "0.5", "--stats-interval", "1"]
+
+
+@pytest.fixture(scope="module")
+def chat_tokenize(tiny_model_dir):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    return lambda text: tok.encode(text, add_special_tokens=False).ids
+
+
+def scenario(tokenize) -> tuple[list, dict[str, list[tuple[Recorded, int]]]]:
+    """(records to publish, in order) and group_id -> [(session as published, calls missing)]."""
+    groups: dict[str, list[tuple[Recorded, int]]] = {}
+    # Two full groups with a side call, a compaction and an undeclared re-tokenization in them.
+    for g, rewards in (("g0", [1.0, 0.0, 0.0, 1.0]), ("g1", [0.0, 0.5, 1.0, 1.0])):
+        sessions = record_group(g, rewards, seed=1, tokenize=tokenize, turns=4, min_valid=2)
+        sessions[1] = record_session(SessionSpec(f"{g}-s1", g, 1, num_samples=4, min_valid=2, reward=rewards[1],
+                                                 turns=4, side_call_at=2), 1, tokenize)
+        sessions[2] = record_session(SessionSpec(f"{g}-s2", g, 2, num_samples=4, min_valid=2, reward=rewards[2],
+                                                 turns=4, compaction_at=2), 1, tokenize)
+        sessions[3] = record_session(SessionSpec(f"{g}-s3", g, 3, num_samples=4, min_valid=2, reward=rewards[3],
+                                                 turns=4, retokenize_at=3), 1, tokenize)
+        groups[g] = [(s, 0) for s in sessions]
+    # A failed sample: masked, the other three still train.
+    failed = record_group("gf", [1.0, None, 0.0, 0.0], seed=2, tokenize=tokenize, statuses=["ok", "infra_error", "ok", "ok"],
+                          min_valid=2)
+    groups["gf"] = [(s, 0) for s in failed]
+    # Three samples expected, two ever finish: emitted at the deadline.
+    deadline = record_group("gd", [1.0, 0.0, 0.0], seed=3, tokenize=tokenize, min_valid=2)[:2]
+    groups["gd"] = [(s, 0) for s in deadline]
+    # One session loses a call (the finished event says 4, 3 arrive): assembled after the grace, masked.
+    missing = record_group("gm", [1.0, 0.0, 1.0], seed=4, tokenize=tokenize, min_valid=2)
+    lost = missing[0].calls.pop(2)
+    groups["gm"] = [(missing[0], 1), (missing[1], 0), (missing[2], 0)]
+
+    records = [r for sessions in groups.values() for s, _ in sessions for r in s.records]
+    rng = random.Random(7)
+    rng.shuffle(records)  # out of order across and within sessions, finished events before calls
+    noise = [
+        *records[:5],  # duplicates
+        SessionEvent(session_id="g0-s0", group_id="g0", kind="started"),
+        record_session(SessionSpec("orphan", "go", turns=1), 5, tokenize).calls[0],  # never finishes
+    ]
+    assert lost not in records
+    return records + noise, groups
+
+
+def expected_groups(groups, cfg: StreamsConfig) -> dict[str, TrainingGroup]:
+    out = {}
+    for gid, sessions in groups.items():
+        trajs = [build_trajectory(s.finished, [CallTokens.from_record(c) for c in s.calls], cfg, missing_calls=m)
+                 for s, m in sessions]
+        group = build_group(gid, trajs, cfg)
+        out[group.event_id] = group
+    return out
+
+
+@pytest.mark.parametrize("builder", ["prefix_merging", "per_request"])
+def test_worker_builds_the_expected_groups(polar_settings, streams_worker, chat_tokenize, builder):
+    records, groups = scenario(chat_tokenize)
+    cfg = StreamsConfig(builder=builder, group_deadline_s=4, missing_calls_grace_s=2, tick_interval_s=0.5)
+    expected = expected_groups(groups, cfg)
+    assert len(expected) == 5
+    publish_raw(polar_settings, "calls", b"g0-s0", b"\x00 not json")
+    publish(polar_settings, records)
+
+    worker = streams_worker("--builder", builder, *WORKER_ARGS)
+    msgs = read_topic(polar_settings, "groups", until=lambda m: len({x.key for x in m}) >= 5, timeout=90, idle=1.5)
+    got, duplicates = dedupe(msgs, TrainingGroup)
+    assert worker.alive(), worker.log_text()[-3000:]
+    assert set(got) == set(expected), worker.log_text()[-3000:]
+    for event_id, group in expected.items():
+        assert got[event_id] == encode(group)  # byte for byte
+    assert duplicates == 0  # an uninterrupted run re-sends nothing
+
+    by_gid = {g.group_id: g for g in expected.values()}
+    # The shape the sessions were built with, seen in the worker's output.
+    g0 = by_gid["g0"]
+    reasons = {t.sample_index: [tr.break_reason for tr in t.traces] for t in g0.trajectories}
+    calls = {t.sample_index: sum(len(tr.call_indices) for tr in t.traces) for t in g0.trajectories}
+    if builder == "prefix_merging":
+        assert reasons == {0: ["first_call"], 1: ["first_call", "side_call"], 2: ["first_call", "compaction"],
+                           3: ["first_call", "retokenized"]}
+    else:
+        assert [len(reasons[i]) for i in range(4)] == [calls[i] for i in range(4)] == [4, 5, 4, 4]
+    assert g0.advantages == pytest.approx([0.5 / (0.5 + 1e-6), -0.5 / (0.5 + 1e-6), -0.5 / (0.5 + 1e-6), 0.5 / (0.5 + 1e-6)])
+    assert by_gid["gf"].masked == ["gf-s1"] and [t.sample_index for t in by_gid["gf"].trajectories] == [0, 2, 3]
+    assert [t.sample_index for t in by_gid["gd"].trajectories] == [0, 1]
+    assert by_gid["gm"].masked == ["gm-s0"]
+
+    stats = worker.stats()
+    assert stats.get("calls.undecodable") == 1 and stats.get("session_events.started.ignored") == 1
+    # The five re-sent records were dropped, as duplicates or (session already assembled) as late.
+    assert sum(stats.get(f"{k}.{o}", 0) for k in ("calls", "finished") for o in ("duplicate", "late")) == 5
+    assert stats.get("sessions.missing_calls") == 1
+
+
+def test_trajectories_carry_token_faithful_traces(polar_settings, streams_worker, chat_tokenize):
+    """Every trace on polar.trajectories holds each sampled id and logprob of its calls in place."""
+    from schemas import Trajectory
+    from streams.builders import verify_trace
+
+    rec = record_session(SessionSpec("solo", "solo", turns=5, side_call_at=1, compaction_at=3), 9, chat_tokenize)
+    publish(polar_settings, rec.records)
+    streams_worker("--builder", "prefix_merging", *WORKER_ARGS)
+    msgs = read_topic(polar_settings, "trajectories", until=lambda m: len(m) >= 1, timeout=60)
+    got, _ = dedupe(msgs, Trajectory)
+    (raw,) = got.values()
+    from schemas import decode
+    traj = decode(raw, Trajectory)
+    by_index = {c.call_index: CallTokens.from_record(c) for c in rec.calls}
+    assert [t.call_indices for t in traj.traces] == [[0, 2, 3], [1], [4, 5]]
+    for trace in traj.traces:
+        assert verify_trace(trace, by_index) == ""
+    # The merged trace is exactly the last call's prompt followed by its sampled ids.
+    last = rec.calls[-1]
+    assert traj.traces[-1].token_ids[-len(last.completion_ids):] == last.completion_ids

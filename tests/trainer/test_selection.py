@@ -1,0 +1,75 @@
+"""Config strictness, step selection (dedupe, staleness, zero variance), lr schedule, the run log."""
+
+import pytest
+
+from tests.plugins.trainer import make_group
+from trainer.config import ConfigError, TrainConfig
+from trainer.kafka_io import Polled
+from trainer.metrics import effective_steps
+from trainer.selection import SeenIds, group_version, lr_at, plan_step, staleness_weight
+
+
+def test_config_rejects_unknown_keys_and_bad_values():
+    with pytest.raises(ConfigError, match="unknown trainer setting 'lrr'"):
+        TrainConfig.from_overrides({"lrr": 1})
+    with pytest.raises(ConfigError, match="groups_per_step='many'"):
+        TrainConfig.from_overrides({"groups_per_step": "many"})
+    with pytest.raises(ConfigError, match="loss_norm='mean'.*token_mean"):
+        TrainConfig.from_overrides({"loss_norm": "mean"})
+    with pytest.raises(ConfigError, match="clip_low"):
+        TrainConfig.from_overrides({"clip_low": "1.5"})
+    with pytest.raises(ConfigError, match="engines"):
+        TrainConfig.from_overrides({"engines": "sglang=http://x"})
+    cfg = TrainConfig.from_overrides({"lr": "3e-4", "progress": "false", "engines": "polar=http://a:1,vllm=http://b:2"})
+    assert cfg.lr == 3e-4 and cfg.progress is False and cfg.engines == ["polar=http://a:1", "vllm=http://b:2"]
+
+
+def _polled(groups):
+    return [Polled("t", 0, i, g) for i, g in enumerate(groups)]
+
+
+def test_plan_dedupes_drops_stale_and_skips_zero_variance():
+    fresh, old = make_group("a", [[1], [2]], [1.0, 0.0], policy_version=9), make_group("b", [[1], [2]], [1.0, 0.0])
+    flat = make_group("c", [[1], [2]], [1.0, 1.0], policy_version=10)
+    bad = Polled("t", 1, 7, None, "TrainingGroup: not valid JSON")
+    seen = SeenIds()
+    plan = plan_step([*_polled([fresh, fresh, old, flat]), bad], seen, current_version=10,
+                     cfg=TrainConfig(max_staleness=4))
+    assert [c.group.group_id for c in plan.chosen] == ["a"] and plan.staleness == [1]
+    assert [s["reason"] for s in plan.skipped] == ["duplicate", "stale", "zero_variance", "undecodable"]
+    assert plan.skipped[3]["offset"] == 7 and "not valid JSON" in plan.skipped[3]["error"]
+    assert plan_step(_polled([fresh]), seen, 10, TrainConfig()).skipped[0]["reason"] == "duplicate"  # across steps
+
+
+def test_downweighting_decays_with_versions_over_the_bound():
+    cfg = TrainConfig(max_staleness=2, stale_mode="downweight", stale_weight=0.5)
+    assert [staleness_weight(s, cfg) for s in (0, 2, 3, 5)] == [1.0, 1.0, 0.5, 0.125]
+    assert staleness_weight(3, TrainConfig(max_staleness=2)) == 0.0
+    plan = plan_step(_polled([make_group("a", [[1], [2]], [1.0, 0.0])]), SeenIds(), 4, cfg)
+    assert [(c.staleness, c.weight) for c in plan.chosen] == [(4, 0.25)]
+
+
+def test_group_version_is_the_oldest_sampler():
+    g = make_group("a", [[1], [2]], [1.0, 0.0], policy_version=5)
+    g.trajectories[1].traces[0].policy_versions = [3, 6]
+    assert group_version(g) == 3
+
+
+def test_seen_ids_are_bounded():
+    seen = SeenIds(limit=2)
+    for i in "abc":
+        seen.add(i)
+    assert "a" not in seen and seen.to_list() == ["b", "c"]
+
+
+def test_lr_schedule():
+    cfg = TrainConfig(lr=1.0, warmup_steps=1, lr_schedule="cosine", min_lr=0.1, max_steps=11)
+    assert lr_at(0, cfg) == 0.5 and lr_at(1, cfg) == 1.0
+    assert lr_at(6, cfg) == pytest.approx(0.55) and lr_at(11, cfg) == 0.1
+    assert lr_at(500, TrainConfig(lr=2e-6)) == 2e-6  # constant by default
+
+
+def test_effective_steps_drop_work_lost_in_a_crash():
+    log = [{"event": "start", "step": 0}, *({"event": "step", "step": i} for i in (1, 2, 3)),
+           {"event": "start", "step": 2}, {"event": "step", "step": 3}, {"event": "step", "step": 4}]
+    assert [s["step"] for s in effective_steps(log)] == [1, 2, 3, 4]

@@ -1,0 +1,94 @@
+"""The trainer end to end against the real Kafka broker and S3 server."""
+
+import json
+
+import pytest
+from confluent_kafka import Producer
+from transformers import AutoModelForCausalLM
+
+from producers.consumer import RecordConsumer
+from schemas import PolicyVersion
+from tests.plugins.trainer import end_offsets, make_group, publish_groups
+from trainer import checkpoint
+from trainer.config import TrainConfig
+from trainer.metrics import effective_steps, read_log
+from trainer.train import train
+
+
+def _groups(n, start=0, version=0):
+    # one group id (so one partition, read in publish order); every group has its own event id
+    return [make_group("g", [[10 + i, 11, 12], [20 + i, 21]], [1.0, 0.0], policy_version=version)
+            for i in range(start, start + n)]
+
+
+def _cfg(model_dir, run_dir, **kw):
+    base = dict(model=str(model_dir), groups_per_step=2, token_budget=256, lr=1e-3, idle_timeout_s=3.0,
+                poll_timeout_s=0.2, run_dir=str(run_dir), progress=False, tensorboard=False)
+    return TrainConfig.from_overrides({**base, **kw})
+
+
+def test_train_consumes_checkpoints_to_s3_publishes_and_resumes(polar_settings, trainer_model_dir, tmp_path):
+    groups = _groups(4)
+    raw = Producer(polar_settings.kafka_config())
+    raw.produce(polar_settings.topic("groups"), b"{not json", key=b"g")  # bad input: skipped, counted, logged
+    raw.flush(10)
+    del raw
+    publish_groups(polar_settings, [groups[0], groups[1], groups[1], groups[2], groups[3]])  # g1 redelivered
+
+    summary = train(_cfg(trainer_model_dir, tmp_path / "run", tensorboard=True, progress=True), polar_settings)
+    assert summary["step"] == 2 and summary["policy_version"] == 2
+    assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+    assert summary["checkpoint"].startswith("s3://")
+    records = read_log(tmp_path / "run" / "train.jsonl")
+    steps = effective_steps(records)
+    assert sorted(g for s in steps for g in s["groups"]) == sorted(g.event_id for g in groups)
+    reasons = [k["reason"] for r in records if r.get("event") in ("step", "skip") for k in r["skipped"]]
+    assert sorted(reasons) == ["duplicate", "undecodable"]
+    for key in ("loss", "clip_frac", "approx_kl", "entropy", "reward_mean", "adv_std", "tokens", "staleness_max"):
+        assert key in steps[0]["metrics"]
+
+    # the checkpoint on S3 holds the exact end positions and loads as an HF model
+    info = checkpoint.latest(polar_settings.checkpoint_url, polar_settings)
+    state = checkpoint.read_state(info, polar_settings)
+    assert {int(p): o for p, o in state["offsets"]["groups"].items()} == end_offsets(polar_settings)
+    local = checkpoint.download(info.url, tmp_path / "ckpt", polar_settings)
+    assert AutoModelForCausalLM.from_pretrained(local).config.vocab_size > 0
+    assert (local / "tokenizer_config.json").exists()  # tokenizer files travel with the weights
+
+    # one PolicyVersion per update, pointing at a loadable checkpoint
+    consumer = RecordConsumer(polar_settings, topics=["policy"])
+    got = []
+    for _ in range(20):
+        got += [r.record for r in consumer.poll(1.0)]
+        if len(got) >= 2:
+            break
+    consumer.close()
+    assert [(p.version, p.step) for p in got] == [(1, 1), (2, 2)] and all(isinstance(p, PolicyVersion) for p in got)
+    assert got[-1].checkpoint_url == info.url
+
+    # resume: only the new groups train, from step 2 on
+    more = _groups(2, start=4, version=1)
+    publish_groups(polar_settings, more)
+    summary = train(_cfg(trainer_model_dir, tmp_path / "run"), polar_settings)
+    assert summary["step"] == 3
+    steps = effective_steps(read_log(tmp_path / "run" / "train.jsonl"))
+    assert [s["groups"] for s in steps][-1] == [g.event_id for g in more]
+    assert steps[-1]["metrics"]["staleness_max"] == 1  # sampled by version 1, trained at version 2
+
+
+@pytest.mark.parametrize("mode", ["drop", "downweight"])
+def test_stale_groups_are_dropped_or_downweighted(polar_settings, trainer_model_dir, tmp_path, mode):
+    groups = _groups(2, version=0)
+    publish_groups(polar_settings, groups)
+    cfg = _cfg(trainer_model_dir, tmp_path / "a", groups_per_step=1, max_staleness=0, max_steps=2, stale_mode=mode,
+               checkpoint_every=2, sync_every=0)
+    train(cfg, polar_settings)  # the first group trains at version 0; the second is then 1 version behind
+    records = read_log(tmp_path / "a" / "train.jsonl")
+    steps = effective_steps(records)
+    skipped = [s for r in records if r.get("event") == "skip" for s in r["skipped"]]
+    if mode == "drop":
+        assert len(steps) == 1 and [s["reason"] for s in skipped] == ["stale"]
+        assert {steps[0]["groups"][0], skipped[0]["event_id"]} == {g.event_id for g in groups}
+    else:
+        assert [s["weights"] for s in steps] == [[1.0], [0.5]] and not skipped
+        assert steps[1]["metrics"]["staleness_max"] == 1

@@ -1,0 +1,104 @@
+"""Weight sync: the real engine and gateway after a training step; vLLM's route sequence; failures."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.plugins.trainer import make_group, publish_groups
+from trainer import checkpoint
+from trainer.config import TrainConfig
+from trainer.train import train
+from trainer.weight_sync import PolarEngine, VllmEngine, WeightSyncError, sync_weights
+
+
+def _completion_logprob(engine_url, prompt):
+    r = httpx.post(f"{engine_url}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 1,
+                                                         "temperature": 1.0, "seed": 7, "logprobs": 0,
+                                                         "return_token_ids": True}, timeout=60)
+    r.raise_for_status()
+    choice = r.json()["choices"][0]
+    return choice["token_ids"][0], choice["logprobs"]["token_logprobs"][0]
+
+
+def test_training_step_reaches_the_engine_and_the_gateway(polar_settings, tiny_model_dir, engine_server_factory,
+                                                         gateway_factory, tmp_path):
+    trainer_model_dir = tiny_model_dir  # the engine serves the model the trainer trains
+    engine = engine_server_factory(settings=polar_settings)
+    gateway = gateway_factory(polar_settings, engine.url)
+    publish_groups(polar_settings, [make_group("w", [[30, 31, 32], [40, 41]], [1.0, 0.0])])
+    cfg = TrainConfig.from_overrides({
+        "model": str(trainer_model_dir), "groups_per_step": 1, "max_steps": 1, "lr": 1e-2, "idle_timeout_s": 2,
+        "poll_timeout_s": 0.2, "run_dir": str(tmp_path / "run"), "progress": False, "tensorboard": False,
+        "engines": [f"polar={engine.url}"], "gateway": gateway.url})
+    summary = train(cfg, polar_settings)
+
+    assert httpx.get(f"{engine.url}/policy_version").json()["policy_version"] == 1
+    assert httpx.get(f"{engine.url}/is_paused").json()["is_paused"] is False
+    assert gateway.gw.policy_version == 1 and not gateway.gw.gate.paused
+    # the engine now samples from exactly the checkpointed weights
+    prompt = [5, 6, 7, 8, 9]
+    token, logprob = _completion_logprob(engine.url, prompt)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint.download(summary["checkpoint"], tmp_path / "c", polar_settings))
+    with torch.no_grad():
+        expected = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)[token].item()
+    base = AutoModelForCausalLM.from_pretrained(trainer_model_dir)
+    with torch.no_grad():
+        before = torch.log_softmax(base(torch.tensor([prompt])).logits[0, -1].float(), -1)[token].item()
+    assert logprob == pytest.approx(expected, abs=1e-4)
+    assert abs(expected - before) > 1e-4  # and they are new weights
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    calls: list = []
+    fail_on: str = ""
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.calls.append((self.path, json.loads(body) if body else None))
+        status = 500 if self.fail_on and self.path.startswith(self.fail_on) else 200
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"status": "ok"}')
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def recorder():
+    handler = type("H", (_Recorder,), {"calls": [], "fail_on": ""})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield handler, f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_vllm_sequence_uses_its_documented_rl_routes(recorder):
+    handler, url = recorder
+    sync_weights([VllmEngine(url)], "file:///ckpt/step-00000003", 3)
+    assert handler.calls == [
+        ("/pause?mode=wait", None),
+        ("/collective_rpc",
+         {"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/step-00000003"}, "timeout": 600.0}),
+        ("/reset_prefix_cache", None),
+        ("/update_weight_version", {"new_version": "3"}),
+        ("/resume", None),
+    ]
+    with pytest.raises(WeightSyncError, match="not file://"):
+        VllmEngine(url).load("s3://bucket/ckpt", 4)
+
+
+def test_failed_load_still_resumes_every_engine(recorder):
+    handler, url = recorder
+    handler.fail_on = "/update_weights"
+    with pytest.raises(WeightSyncError, match="HTTP 500"):
+        sync_weights([PolarEngine(url), PolarEngine(url)], "s3://b/ckpt", 2)
+    paths = [p for p, _ in handler.calls]
+    assert paths == ["/pause?mode=wait", "/pause?mode=wait", "/update_weights", "/resume", "/resume"]
+    assert handler.calls[2][1] == {"checkpoint_url": "s3://b/ckpt", "version": 2}

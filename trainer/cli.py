@@ -1,0 +1,75 @@
+"""``polarstream train``: the trainer's command (torch is imported only when it runs)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``train`` to the root command."""
+    app.command("train")(train_command)
+
+
+def train_command(
+    model: Annotated[str, typer.Option(help="HF model directory to start from (config.json, weights, tokenizer)")],
+    groups_per_step: Annotated[int, typer.Option(help="groups per optimizer step")] = 4,
+    max_steps: Annotated[int, typer.Option(help="stop after this many steps in total (0: no limit)")] = 0,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-5,
+    token_budget: Annotated[int, typer.Option(help="tokens per packed micro-batch")] = 4096,
+    checkpoint_every: Annotated[int, typer.Option(help="steps between checkpoints")] = 1,
+    sync_every: Annotated[int, typer.Option(help="steps between weight pushes to engines (0: never)")] = 1,
+    engine: Annotated[Optional[list[str]], typer.Option(help="polar=URL or vllm=URL; repeat for several")] = None,
+    gateway: Annotated[str, typer.Option(help="gateway URL whose policy version is stamped after a sync")] = "",
+    idle_timeout: Annotated[float, typer.Option(help="stop after this many seconds without a group (0: never)")] = 0.0,
+    storage_url: Annotated[str, typer.Option(help="checkpoint root URL (file:// or s3://); default from settings")] = "",
+    run_dir: Annotated[str, typer.Option(help="JSONL log and TensorBoard directory")] = "",
+    config: Annotated[str, typer.Option(help="YAML settings file (infra settings, see infra/settings.py)")] = "",
+    set_: Annotated[
+        Optional[list[str]], typer.Option("--set", help="any trainer setting as key=value (trainer/config.py)")
+    ] = None,
+) -> None:
+    """Train on polar.groups with GRPO; checkpoints carry the consumed offsets, so restarts are exact."""
+    from infra.settings import Settings
+
+    from .config import ConfigError, TrainConfig
+
+    overrides: dict[str, object] = {
+        "model": model, "groups_per_step": groups_per_step, "max_steps": max_steps, "lr": lr,
+        "token_budget": token_budget, "checkpoint_every": checkpoint_every, "sync_every": sync_every,
+        "engines": engine or [], "gateway": gateway, "idle_timeout_s": idle_timeout, "run_dir": run_dir,
+    }
+    for item in set_ or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"{item!r}: expected key=value", param_hint="--set")
+        overrides[key.strip().replace("-", "_")] = value
+    try:
+        cfg = TrainConfig.from_overrides(overrides)
+    except ConfigError as e:
+        raise typer.BadParameter(str(e)) from None
+    kwargs = {"config": config} if config else {}
+    if storage_url:
+        kwargs["storage_url"] = storage_url
+    settings = Settings(**kwargs)
+
+    from confluent_kafka import KafkaException
+
+    from .checkpoint import CheckpointError
+    from .train import train
+
+    try:
+        summary = train(cfg, settings)
+    except ConfigError as e:
+        raise typer.BadParameter(str(e)) from None
+    except (KafkaException, CheckpointError) as e:  # unreachable broker, missing topic, unreadable storage
+        typer.echo(f"polarstream train: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps(summary, sort_keys=True))
+
+
+def main() -> None:
+    """Entry point for ``python -m trainer.train`` / torchrun: the same options as ``polarstream train``."""
+    typer.run(train_command)

@@ -1,0 +1,140 @@
+"""Every trainer setting, as one flat dataclass of commented defaults (nanoGPT style).
+
+Infrastructure (Kafka, storage, ports) stays in ``infra.settings.Settings``; this holds what the
+trainer itself decides. ``TrainConfig.from_overrides`` rejects unknown keys and wrong types, so a typo
+on the command line fails loudly instead of silently training with a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A bad trainer setting; the message names the key and the value."""
+
+
+@dataclass
+class TrainConfig:
+    # -- model --
+    model: str = ""  # local HF directory the run starts from (config.json + weights + tokenizer files)
+    dtype: Literal["float32", "bfloat16"] = "float32"  # parameter dtype; bf16 autocast is used on CUDA either way
+    attn_implementation: str = "sdpa"  # sdpa (packed rows get a block-diagonal mask) | flash_attention_2 | eager
+    temperature: float = 1.0  # the engine's sampling temperature: logprobs are taken of logits / temperature
+    # -- data --
+    groups_per_step: int = 4  # groups consumed per optimizer step
+    token_budget: int = 4096  # tokens per packed micro-batch row (also the longest trace trained, rest cut)
+    packing: Literal["packed", "padded"] = "packed"  # padded: one sequence per row, padded, with a mask
+    row_len: int = 0  # packed row length; 0: token_budget with flash-attention (varlen kernels), else the
+    # step's longest sequence (a dense block mask costs row_len^2, see packing.py)
+    max_staleness: int = 4  # groups more than this many policy versions behind are stale
+    stale_mode: Literal["drop", "downweight"] = "drop"
+    stale_weight: float = 0.5  # downweight: weight = stale_weight ** (staleness - max_staleness)
+    skip_zero_variance: bool = True  # a group whose advantages are all 0 carries no gradient: skip it
+    poll_timeout_s: float = 1.0  # one broker poll
+    idle_timeout_s: float = 0.0  # stop after this long without a new group (0: wait forever)
+    start_from: Literal["earliest", "latest"] = "earliest"  # where a run without a checkpoint starts reading
+    consumer_group: str = "polar-trainer"
+    # -- loss --
+    clip_low: float = 0.2  # ratio floor 1 - clip_low
+    clip_high: float = 0.28  # ratio ceiling 1 + clip_high (asymmetric, "clip-higher")
+    loss_norm: Literal["token_mean", "seq_mean"] = "token_mean"
+    tis_cap: float = 0.0  # > 0: truncated IS weight min(pi_old / pi_rollout, cap); recomputes pi_old
+    kl_coef: float = 0.0  # > 0: k3 KL to the frozen starting model
+    # -- optimizer --
+    lr: float = 1e-5
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # RL usually keeps lr constant
+    min_lr: float = 0.0  # cosine decay target
+    warmup_steps: int = 0  # linear warmup (either schedule)
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.999
+    grad_clip: float = 1.0  # 0 disables
+    max_steps: int = 0  # 0: run until idle_timeout_s or interrupted
+    lr_decay_steps: int = 1000  # cosine horizon when max_steps is 0
+    seed: int = 0
+    # -- checkpoints and weight sync --
+    checkpoint_every: int = 1  # steps between checkpoints (weights, optimizer, state, offsets)
+    keep_checkpoints: int = 3  # newest complete checkpoints kept, older ones deleted
+    sync_every: int = 1  # steps between PolicyVersion + engine weight updates (0: never)
+    engines: list[str] = field(default_factory=list)  # "polar=http://host:port" or "vllm=http://host:port"
+    gateway: str = ""  # gateway base URL whose /admin/policy_version is stamped after a sync
+    model_name: str = "policy"  # PolicyVersion.model
+    # -- logging --
+    run_dir: str = ""  # JSONL log + TensorBoard events; '' means <data_dir>/trainer/<consumer_group>
+    tensorboard: bool = True
+    progress: bool = True
+
+    @classmethod
+    def from_overrides(cls, overrides: dict[str, Any]) -> "TrainConfig":
+        """Build a config from ``{key: value}``, checking every key and coercing strings to the field type."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for key, raw in overrides.items():
+            if key not in fields:
+                raise ConfigError(f"unknown trainer setting {key!r}; known: {', '.join(sorted(fields))}")
+            values[key] = _coerce(key, raw, typing.get_type_hints(cls)[key])
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Reject settings that cannot work together."""
+        checks = [
+            (self.groups_per_step >= 1, "groups_per_step", "must be >= 1"),
+            (self.token_budget >= 2, "token_budget", "must be >= 2"),
+            (0 <= self.row_len <= self.token_budget, "row_len", "must be in [0, token_budget]"),
+            (self.temperature > 0, "temperature", "must be > 0"),
+            (0 <= self.clip_low < 1, "clip_low", "must be in [0, 1)"),
+            (self.clip_high >= 0, "clip_high", "must be >= 0"),
+            (self.tis_cap >= 0, "tis_cap", "must be >= 0"),
+            (self.kl_coef >= 0, "kl_coef", "must be >= 0"),
+            (self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1"),
+            (self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1"),
+            (self.sync_every >= 0, "sync_every", "must be >= 0"),
+            (0 < self.stale_weight <= 1, "stale_weight", "must be in (0, 1]"),
+        ]
+        for ok, key, why in checks:
+            if not ok:
+                raise ConfigError(f"{key}={getattr(self, key)!r}: {why}")
+        for spec in self.engines:
+            kind, _, url = spec.partition("=")
+            if kind not in ("polar", "vllm") or not url.startswith(("http://", "https://")):
+                raise ConfigError(f"engines: {spec!r} is not 'polar=http://...' or 'vllm=http://...'")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _coerce(key: str, raw: Any, hint: Any) -> Any:
+    """Convert ``raw`` (often a CLI string) to the annotated type, or raise ConfigError naming the key."""
+    origin = typing.get_origin(hint)
+    try:
+        if origin is Literal:
+            if raw not in typing.get_args(hint):
+                raise ValueError(f"expected one of {', '.join(map(str, typing.get_args(hint)))}")
+            return raw
+        if origin is list:
+            items = raw.split(",") if isinstance(raw, str) else list(raw)
+            return [s.strip() for s in items if str(s).strip()]
+        if hint is bool:
+            if isinstance(raw, bool):
+                return raw
+            if str(raw).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(raw).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true or false")
+        if hint in (int, float, str):
+            if hint is int and isinstance(raw, float) and not raw.is_integer():
+                raise ValueError("expected an integer")
+            return hint(raw)
+        if isinstance(hint, types.UnionType):  # pragma: no cover - no such fields today
+            return raw
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{key}={raw!r}: {e}") from None
+    return raw

@@ -1,0 +1,95 @@
+"""Where step metrics go: a JSONL run log (the record), TensorBoard, and a progress bar.
+
+The JSONL log is written *before* the step's checkpoint and synced to disk, and every (re)start
+writes ``{"event": "start", "step": S}`` with the step it resumed from. A step line logged after the
+last checkpoint of a crashed run describes work the crash threw away (the restart redoes it), so
+``effective_steps`` drops step lines above each restart's step: what remains is exactly what the
+surviving weights were trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+
+class RunLog:
+    """Append-only JSONL, one fsync'ed line per event."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(path, "a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(record, sort_keys=True, default=float) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a run log (a line cut by a crash mid-write is ignored)."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def effective_steps(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step records whose updates survive in the final weights (see module docstring)."""
+    steps: list[dict[str, Any]] = []
+    for r in records:
+        if r.get("event") == "start":
+            steps = [s for s in steps if s["step"] <= r["step"]]
+        elif r.get("event") == "step":
+            steps.append(r)
+    return steps
+
+
+class Sinks:
+    """TensorBoard + progress bar + one stdout line per step (rank 0 only)."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool, progress: bool, total: int | None, initial: int):
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tb"))
+        self.bar = None
+        if progress:  # rich draws a live bar on a terminal and plain lines otherwise (logs, CI)
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.fields[info]}"))
+            self.bar.start()
+            self._task = self.bar.add_task("train", total=total, completed=initial, info="")
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)):
+                    self.tb.add_scalar(f"train/{k}", v, step)
+            self.tb.flush()
+        line = (f"step {step} loss {metrics['loss']:+.4f} reward {metrics['reward_mean']:.3f} "
+                f"clip {metrics['clip_frac']:.3f} kl {metrics['approx_kl']:.2e} ent {metrics['entropy']:.3f} "
+                f"tok/s {metrics['tokens_per_s']:.0f} stale {metrics['staleness_max']:.0f}")
+        if self.bar is not None:
+            self.bar.update(self._task, advance=1, info=f"loss {metrics['loss']:+.3f} reward {metrics['reward_mean']:.2f}")
+            self.bar.console.print(line, highlight=False, soft_wrap=True)
+        else:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,62 @@
+"""One gradient accumulation pass over a rank's micro-batches (the middle of a training step).
+
+Kept apart from train.py so the correctness tests drive exactly the code the trainer runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+
+from .loss import STAT_KEYS, LossConfig, microbatch_logprobs, policy_loss
+from .packing import MicroBatch
+
+
+def accumulate_gradients(
+    model: torch.nn.Module,
+    micro: Sequence[MicroBatch],
+    cfg: LossConfig,
+    temperature: float = 1.0,
+    ref_model: torch.nn.Module | None = None,
+    device: torch.device | str = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+    grad_scale: float = 1.0,
+) -> dict[str, float]:
+    """Forward + backward every micro-batch, accumulating gradients; returns stat sums (STAT_KEYS).
+
+    Under DDP only the last micro-batch synchronizes gradients (``no_sync`` before it), so a step
+    costs one all-reduce however many micro-batches it has. With ``cfg.tis_cap`` the trainer's own
+    pre-update logprobs are recomputed without grad and become the ratio's behaviour policy.
+    ``grad_scale`` undoes DDP's gradient averaging (pass the world size): the per-token weights are
+    already normalized over the whole step, across ranks, so gradients must be summed, not averaged.
+    """
+    inner = model.module if hasattr(model, "no_sync") else model
+    sums = dict.fromkeys(STAT_KEYS, 0.0)
+    amp = (
+        torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
+    for i, mb in enumerate(micro):
+        mb = mb.to(device)
+        last = i == len(micro) - 1
+        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+        with sync, amp:
+            old, rollout = mb.rollout_logprobs, None
+            if cfg.tis_cap > 0:
+                with torch.no_grad():
+                    old, _ = microbatch_logprobs(inner, mb, temperature)
+                rollout = mb.rollout_logprobs
+            ref = None
+            if ref_model is not None and cfg.kl_coef > 0:
+                with torch.no_grad():
+                    ref, _ = microbatch_logprobs(ref_model, mb, temperature)
+            logp, entropy = microbatch_logprobs(model, mb, temperature)
+            loss, stats = policy_loss(logp, old, mb.advantages, mb.weights, cfg, rollout, ref)
+            (loss * grad_scale).backward()
+        stats["entropy"] = float(entropy.sum())
+        for k in STAT_KEYS:
+            sums[k] += stats[k]
+    return sums

@@ -1,0 +1,308 @@
+"""GRPO on the groups of polar.groups. Reads top to bottom, like nanoGPT's train.py.
+
+    polarstream train --model DIR [--groups-per-step 4] [--set key=value ...]
+    torchrun --nproc_per_node 2 -m trainer.train --model DIR ...     # DDP (gloo on CPU, nccl on GPU)
+
+Each step: take groups from Kafka (rank 0) -> choose (dedupe, staleness, zero variance) -> broadcast
+the samples -> pack into token-budget micro-batches -> forward/backward on this rank's share ->
+clip, AdamW -> log (JSONL, TensorBoard, stdout) -> checkpoint with the consumed offsets ->
+publish a PolicyVersion and push the weights to the engines. A restart resumes from the newest
+complete checkpoint and seeks to its offsets, so no group is trained twice and none is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from infra.settings import Settings
+from producers.publisher import Publisher, PublishError
+from schemas import PolicyVersion
+
+from . import checkpoint
+from .config import ConfigError, TrainConfig
+from .kafka_io import GroupSource, offsets_from_json
+from .loss import LossConfig, summarize
+from .metrics import RunLog, Sinks
+from .packing import assign_weights, pack, pad_by_length, samples_from_group, shard
+from .selection import SeenIds, StepPlan, lr_at, plan_step
+from .step import accumulate_gradients
+from .weight_sync import Gateway, WeightSyncError, engine_from_spec, sync_weights
+
+# Settings whose values must not be copied into checkpoints.
+_SECRETS = {"s3_access_key", "s3_secret_key", "admin_token", "session_secret", "kafka_security"}
+
+
+def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
+    """Run the trainer until max_steps, idle_timeout_s or a signal; returns a summary."""
+    cfg.validate()
+    if not (Path(cfg.model) / "config.json").is_file():
+        raise ConfigError(f"model={cfg.model!r}: not a model directory (no config.json)")
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # save_pretrained's shard bar would interleave with ours
+
+    # -- distributed: torchrun sets the rendezvous env; rank 0 owns Kafka, logs and checkpoints ----
+    distributed = dist.is_torchelastic_launched()
+    cuda = torch.cuda.is_available()
+    if distributed:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    master = rank == 0
+    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(cfg.seed)
+    root = settings.checkpoint_url
+    run_dir = Path(cfg.run_dir or settings.data_dir / "trainer" / cfg.consumer_group)
+
+    # -- resume from the newest complete checkpoint, or start from --model -------------------------
+    info = _broadcast(checkpoint.latest(root, settings) if master else None, distributed)
+    staging = tempfile.TemporaryDirectory(prefix="polar-train-")
+    if info is not None:
+        model_dir = checkpoint.download(info.url, Path(staging.name) / "resume", settings)
+        state = checkpoint.read_state(info, settings)
+    else:
+        model_dir = Path(cfg.model)
+        state = {"step": 0, "policy_version": 0, "offsets": {}, "seen": [], "counters": {}}
+    dtype = getattr(torch, cfg.dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=cfg.attn_implementation)
+    model.to(device).train()
+    ref_model = None
+    if cfg.kl_coef > 0:  # the reference is the run's starting model, not the newest checkpoint
+        ref_model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype, attn_implementation=cfg.attn_implementation)
+        ref_model.to(device).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    if info is not None:
+        checkpoint.load_optimizer(model_dir, optimizer, device)
+    if distributed:  # DDP broadcasts rank 0's parameters at construction, so every rank starts equal
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    loss_cfg = LossConfig(cfg.clip_low, cfg.clip_high, cfg.tis_cap, cfg.kl_coef)
+    autocast = torch.bfloat16 if cuda else None
+    step, version = int(state["step"]), int(state["policy_version"])
+    counters: Counter[str] = Counter(state.get("counters", {}))
+
+    # -- rank 0: the group source, the run log, the publisher, the engines --------------------------
+    stop = _StopFlag()
+    source = publisher = log = sinks = None
+    if master:
+        seen = SeenIds(state.get("seen", []))
+        source = GroupSource(settings, cfg.consumer_group, offsets_from_json(state.get("offsets", {})), cfg.start_from)
+        publisher = Publisher(settings, client_id="polar-trainer") if cfg.sync_every else None
+        engines = [engine_from_spec(s) for s in cfg.engines]
+        gateway = Gateway(cfg.gateway, settings.admin_token) if cfg.gateway else None
+        log = RunLog(run_dir / "train.jsonl")
+        log.write({"event": "start", "step": step, "policy_version": version, "world_size": world,
+                   "checkpoint": info.url if info else None, "time": time.time()})
+        sinks = Sinks(run_dir, cfg.tensorboard, cfg.progress, cfg.max_steps or None, step)
+        config_record = {"train": cfg.to_dict(), "settings": settings.model_dump(mode="json", exclude=_SECRETS)}
+    last_saved, last_url, finished = step, info.url if info else None, False
+
+    def save() -> str:
+        """Checkpoint the weights, optimizer and the exact Kafka positions consumed so far."""
+        nonlocal last_saved
+        offsets = source.positions()
+        snapshot = {"step": step, "policy_version": version, "offsets": offsets, "seen": seen.to_list(),
+                    "counters": dict(counters), "time": time.time()}
+        url = checkpoint.save_checkpoint(root, step, model, optimizer, snapshot, config_record, model_dir, settings)
+        checkpoint.prune(root, cfg.keep_checkpoints, settings)
+        source.commit(offsets)  # for lag monitoring only; the checkpoint is what a restart reads
+        last_saved = step
+        return url
+
+    try:
+        # -- the loop -------------------------------------------------------------------------------
+        while not cfg.max_steps or step < cfg.max_steps:
+            # 1. rank 0 takes this step's groups and chooses; every rank receives the same samples
+            payload = None
+            if master and not stop.requested:
+                t_wait = time.perf_counter()
+                plan, consumed = _collect(source, seen, version, cfg, stop)
+                wait_s = time.perf_counter() - t_wait
+                if consumed:
+                    samples, cut = [], 0
+                    for c in list(plan.chosen):
+                        s, n = samples_from_group(c.group, cfg.token_budget, c.weight)
+                        samples += s
+                        cut += n
+                        if not s:  # every trace fully masked: consumed, accounted for, not trained
+                            plan.chosen.remove(c)
+                            plan.skipped.append({"event_id": c.group.event_id, "group_id": c.group.group_id,
+                                                 "reason": "no_trainable_tokens"})
+                    payload = (samples, cut)
+            payload = _broadcast(payload, distributed)
+            if payload is None:
+                break
+            t0 = time.perf_counter()  # step time excludes waiting for data (reported as wait_s)
+            samples, cut = payload
+            if not samples:  # everything consumed was skipped: positions move, weights do not
+                if master:
+                    counters.update(s["reason"] for s in plan.skipped)
+                    log.write({"event": "skip", "step": step, "skipped": plan.skipped})
+                continue
+
+            # 2. normalize over the whole step, pack into micro-batches, take this rank's share
+            samples = assign_weights(samples, cfg.loss_norm)
+            if cfg.packing == "packed":
+                row_len = cfg.row_len or (cfg.token_budget if "flash" in cfg.attn_implementation
+                                          else max(s.length for s in samples))
+                micro = pack(samples, cfg.token_budget, row_len)
+            else:
+                micro = pad_by_length(samples, cfg.token_budget)
+            mine = shard(micro, world, rank)
+
+            # 3. forward/backward with gradient accumulation, clip, AdamW
+            lr = lr_at(step, cfg)
+            for g in optimizer.param_groups:
+                g["lr"] = lr
+            sums = accumulate_gradients(model, mine, loss_cfg, cfg.temperature, ref_model, device, autocast, grad_scale=world)
+            sums["tokens_fed"] = float(sum(mb.num_tokens for mb in mine))
+            sums = _all_reduce(sums, distributed, device)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            version += 1
+            dt = time.perf_counter() - t0
+
+            # 4. rank 0: log (before the checkpoint: see metrics.py), checkpoint, publish, sync
+            if not master:
+                continue
+            rewards = [t.reward for c in plan.chosen for t in c.group.trajectories]
+            advs = [a for c in plan.chosen for a in c.group.advantages]
+            counters.update(groups=len(plan.chosen), tokens=int(sums["tokens"]))
+            counters.update(s["reason"] for s in plan.skipped)
+            metrics = {
+                **summarize(sums), "grad_norm": float(grad_norm), "lr": lr, "policy_version": version,
+                "reward_mean": _mean(rewards), "reward_std": _std(rewards),
+                "adv_mean": _mean(advs), "adv_std": _std(advs), "adv_min": min(advs), "adv_max": max(advs),
+                "groups": len(plan.chosen), "skipped": len(plan.skipped), "trajectories": len(rewards),
+                "sequences": len(samples), "microbatches": len(micro), "trained_tokens": sums["tokens"],
+                "tokens": sums["tokens_fed"], "truncated_tokens": cut,
+                "padding_frac": 1 - sum(mb.num_real_tokens for mb in micro) / max(1, sum(mb.num_tokens for mb in micro)),
+                "staleness_mean": _mean(plan.staleness), "staleness_max": max(plan.staleness),
+                "step_time_s": dt, "wait_s": wait_s, "tokens_per_s": sums["tokens_fed"] / dt,
+            }
+            log.write({"event": "step", "step": step, "policy_version": version, "metrics": metrics,
+                       "groups": [c.group.event_id for c in plan.chosen], "weights": [c.weight for c in plan.chosen],
+                       "skipped": plan.skipped, "time": time.time()})
+            sinks.step(step, metrics)
+            url = save() if step % cfg.checkpoint_every == 0 else None
+            last_url = url or last_url
+            if cfg.sync_every and step % cfg.sync_every == 0:
+                if url is None:  # between checkpoints engines get a weights-only export
+                    url = checkpoint.export_weights(checkpoint.weights_dir(root, version), model, model_dir, settings,
+                                                    {"policy_version": version, "step": step})
+                record = PolicyVersion(model=cfg.model_name, version=version, checkpoint_url=url, step=step,
+                                       metrics={k: float(v) for k, v in metrics.items()})
+                try:  # a failure here leaves training and its checkpoint intact; the next sync catches up
+                    publisher.publish_sync(record)
+                    sync_weights(engines, url, version, gateway)
+                except (PublishError, WeightSyncError) as e:
+                    counters.update(sync_errors=1)
+                    log.write({"event": "sync_error", "step": step, "policy_version": version, "error": str(e)})
+
+        # -- wind down: a final checkpoint for the steps since the last one. Messages consumed after
+        # the last step (all skipped) are not worth one: a restart reads and skips them again, and
+        # a complete checkpoint is never rewritten in place.
+        if master and step != last_saved:
+            last_url = save()
+        finished = True
+    finally:  # also on an exception (no checkpoint then: the last complete one stays the truth)
+        if master:
+            log.write({"event": "stop", "step": step, "policy_version": version, "counters": dict(counters),
+                       "reason": "error" if not finished else "signal" if stop.requested else "done",
+                       "time": time.time()})
+            sinks.close()
+            log.close()
+            source.close()
+            if publisher is not None:
+                publisher.close()
+        stop.restore()
+        staging.cleanup()
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    return {"step": step, "policy_version": version, "checkpoint": last_url, "counters": dict(counters)}
+
+
+# -- small helpers -----------------------------------------------------------------------------------
+
+
+def _collect(source: GroupSource, seen: SeenIds, version: int, cfg: TrainConfig, stop: "_StopFlag") -> tuple[StepPlan, int]:
+    """Take messages until the step has ``groups_per_step`` trainable groups (duplicates, stale and
+    undecodable ones do not count) or the source goes idle; returns (plan, messages consumed)."""
+    plan, consumed = StepPlan(), 0
+    while len(plan.chosen) < cfg.groups_per_step and not stop.requested:
+        want = cfg.groups_per_step - len(plan.chosen)
+        polled = source.take(want, cfg.poll_timeout_s, cfg.idle_timeout_s, lambda: stop.requested)
+        consumed += len(polled)
+        more = plan_step(polled, seen, version, cfg)
+        plan.chosen += more.chosen
+        plan.skipped += more.skipped
+        if sum(p.group is not None for p in polled) < want:  # idle: train on what there is
+            break
+    return plan, consumed
+
+
+def _broadcast(obj: Any, distributed: bool = True) -> Any:
+    """rank 0's ``obj`` on every rank."""
+    if not (distributed and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _all_reduce(sums: dict[str, float], distributed: bool, device: torch.device) -> dict[str, float]:
+    """Sum stat sums over ranks (fixed key order so every rank packs the same tensor)."""
+    if not distributed:
+        return sums
+    keys = sorted(sums)
+    t = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _std(xs: list[float]) -> float:
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs)) if xs else 0.0
+
+
+class _StopFlag:
+    """SIGTERM / first Ctrl-C: finish the current step, checkpoint, exit. A second Ctrl-C aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old = {}
+        if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
+            self._old = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+if __name__ == "__main__":  # torchrun --nproc_per_node N -m trainer.train --model DIR ...
+    from .cli import main
+
+    main()

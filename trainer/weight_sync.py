@@ -1,0 +1,147 @@
+"""New weights into running engines: pause, load, resume, behind one small interface.
+
+``sync_weights`` pauses the gateway (``/admin/pause`` holds new calls, drains in-flight ones) and every
+engine, has each engine load the new checkpoint, stamps the new policy version on the gateway
+(``/admin/policy_version``), and resumes everything, in ``finally`` so nothing is left paused by a
+failed load. Calls after the resume are sampled from, and stamped with, the new version.
+
+Two engines implement ``Engine``:
+- ``PolarEngine``: our torch engine (``POST /pause?mode=wait``, ``/update_weights {"checkpoint_url",
+  "version"}``, ``/resume``); it reads ``file://`` and ``s3://`` URLs itself.
+- ``VllmEngine``: vLLM's RL routes (server started with ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=wait``,
+  ``/collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}``,
+  ``/reset_prefix_cache``, ``/update_weight_version``, ``/resume``. vLLM reads a directory it can see,
+  so the checkpoint must be on ``file://`` storage shared with the vLLM host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+
+class WeightSyncError(RuntimeError):
+    """An engine or the gateway refused a weight-sync call; the message names it and the reply."""
+
+
+class Engine(Protocol):
+    name: str
+
+    def pause(self) -> None: ...
+    def load(self, url: str, version: int) -> None: ...
+    def resume(self) -> None: ...
+
+
+def _post(client: httpx.Client, base: str, path: str, **kw) -> httpx.Response:
+    try:
+        r = client.post(f"{base.rstrip('/')}{path}", **kw)
+    except httpx.HTTPError as e:
+        raise WeightSyncError(f"{base}{path}: {type(e).__name__}: {e}") from e
+    if r.status_code >= 400:
+        raise WeightSyncError(f"{base}{path}: HTTP {r.status_code}: {r.text[:300]}")
+    return r
+
+
+@dataclass
+class PolarEngine:
+    """Our torch engine."""
+
+    base_url: str
+    timeout_s: float = 600.0
+    name: str = "polar"
+    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=600.0))
+
+    def pause(self) -> None:
+        _post(self.client, self.base_url, "/pause", params={"mode": "wait"}, timeout=self.timeout_s)
+
+    def load(self, url: str, version: int) -> None:
+        body = {"checkpoint_url": url, "version": version}
+        _post(self.client, self.base_url, "/update_weights", json=body, timeout=self.timeout_s)
+
+    def resume(self) -> None:
+        _post(self.client, self.base_url, "/resume", timeout=self.timeout_s)
+
+
+@dataclass
+class VllmEngine:
+    """A vLLM OpenAI-compatible server with its dev-mode RL routes."""
+
+    base_url: str
+    timeout_s: float = 600.0
+    name: str = "vllm"
+    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=600.0))
+
+    def pause(self) -> None:
+        _post(self.client, self.base_url, "/pause", params={"mode": "wait"}, timeout=self.timeout_s)
+
+    def load(self, url: str, version: int) -> None:
+        if not url.startswith("file://"):
+            raise WeightSyncError(f"{self.base_url}: vLLM reloads from a local directory; {url} is not file://")
+        path = url.removeprefix("file://")
+        body = {"method": "reload_weights", "kwargs": {"weights_path": path}, "timeout": self.timeout_s}
+        _post(self.client, self.base_url, "/collective_rpc", json=body, timeout=self.timeout_s)
+        _post(self.client, self.base_url, "/reset_prefix_cache", timeout=self.timeout_s)  # cached KV is from old weights
+        body = {"new_version": str(version)}
+        _post(self.client, self.base_url, "/update_weight_version", json=body, timeout=self.timeout_s)
+
+    def resume(self) -> None:
+        _post(self.client, self.base_url, "/resume", timeout=self.timeout_s)
+
+
+def engine_from_spec(spec: str) -> Engine:
+    """``polar=http://host:port`` or ``vllm=http://host:port``."""
+    kind, _, url = spec.partition("=")
+    if kind == "polar":
+        return PolarEngine(url)
+    if kind == "vllm":
+        return VllmEngine(url)
+    raise ValueError(f"engine spec {spec!r}: expected polar=URL or vllm=URL")
+
+
+@dataclass
+class Gateway:
+    """The gateway's admin routes: hold calls during a swap, then stamp the new version on later ones."""
+
+    base_url: str
+    admin_token: str
+    drain_timeout_s: float = 600.0
+    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=600.0))
+
+    def _post(self, path: str, **kw) -> httpx.Response:
+        return _post(self.client, self.base_url, path, headers={"authorization": f"Bearer {self.admin_token}"}, **kw)
+
+    def pause(self) -> None:
+        self._post("/admin/pause", params={"timeout_s": self.drain_timeout_s})
+
+    def stamp(self, version: int) -> None:
+        self._post("/admin/policy_version", json={"version": version})
+
+    def resume(self) -> None:
+        self._post("/admin/resume")
+
+
+def sync_weights(engines: list[Engine], url: str, version: int, gateway: Gateway | None = None) -> None:
+    """Pause the gateway and all engines, load ``url`` into each engine, stamp ``version``, resume all.
+
+    Raises WeightSyncError naming the first failure; whatever was paused before it is resumed anyway.
+    """
+    paused: list[Engine | Gateway] = []
+    try:
+        for part in ([gateway] if gateway else []) + list(engines):
+            part.pause()
+            paused.append(part)
+        for e in engines:
+            e.load(url, version)
+        if gateway is not None:
+            gateway.stamp(version)
+    finally:
+        errors = []
+        for part in reversed(paused):  # engines first, the gateway last: calls resume on new weights
+            try:
+                part.resume()
+            except WeightSyncError as err:
+                errors.append(str(err))
+        if errors:
+            raise WeightSyncError("; ".join(errors))
