@@ -5,11 +5,12 @@ process, e.g. in tests). Run it with ``polarstream streams worker``; several wor
 topic prefix form one consumer group and split the partitions between them.
 
 Choices, and why:
-- at-least-once: Faust flushes table changelogs before committing offsets, so state is never behind
-  the committed input; every derived record has a deterministic id and nothing is marked done before
-  the broker acknowledged it (runtime.py), so the worst a crash does is a byte-identical re-send that
-  readers drop by event_id. Faust's ``exactly_once`` is not offered: in the same kill test it lost
-  groups (calls missing from restored state) besides re-sending others (docs/streams.md).
+- at-least-once: Faust flushes table changelogs before committing offsets (made reliable below), so
+  state is never behind the committed input; every derived record has a deterministic id and nothing
+  is marked done before the broker acknowledged it (runtime.py), so the worst a crash does is a
+  byte-identical re-send that readers drop by event_id. Faust's ``exactly_once`` is not offered: in
+  the kill test it lost data, and even with the fixes below it still let duplicates through to
+  read_committed consumers (docs/streams.md).
 - ``memory://`` store: state is rebuilt from the changelog topics on start. No native RocksDB binding
   is needed, and the state is small (token ids of in-flight sessions, references for groups).
 - A crashing agent crashes the worker (CrashingSupervisor) and exceptions are not acked, so an event
@@ -147,9 +148,9 @@ def _flush_means_flushed(buffer: Any) -> None:
     Faust's at-least-once commit flushes the producer first, so that table changelog messages are
     written before the offsets of the events that caused them are committed. But faust-streaming 0.15's
     ProducerBuffer.flush gives up after 0.1 s without progress and returns with messages still queued;
-    under load the commit then overtakes changelog writes, and a SIGKILL right after loses state for
-    inputs that will never be replayed. Found by the two-worker kill test (sessions restored without
-    calls that had been committed); this keeps Faust's own ordering but makes flush really flush.
+    under load (its "producer buffer full" warnings) the commit can then overtake changelog writes, and a
+    SIGKILL right after would lose state for inputs that are never replayed. Found reading Faust's code
+    while chasing a kill-test failure; this keeps Faust's own ordering but makes flush really flush.
     """
     original = buffer.flush
 

@@ -44,7 +44,9 @@ class StreamsConfig(BaseModel):
     session_expire_s: float = Field(86400.0, gt=0)  # calls but no finished event: dropped after this
     done_retention_s: float = Field(3600.0, ge=0)  # how long "already emitted" markers catch late duplicates
     tick_interval_s: float = Field(2.0, gt=0)
-    max_record_bytes: int = Field(32 * 1024 * 1024, gt=0)  # larger outputs are counted, logged, not sent
+    # A call whose token data is larger cannot be kept in state: left out (counted, logged), its session
+    # masked. Outputs are bounded by their topics' max.message.bytes instead.
+    max_record_bytes: int = Field(32 * 1024 * 1024, gt=0)
 
     @property
     def baseline(self) -> Literal["mean", "leave_one_out"]:

@@ -55,6 +55,7 @@ class GroupState:
 
 
 def new_group(traj: Trajectory, now: float, partition: int) -> GroupState:
+    """Empty state for the group of ``traj``, first seen at ``now`` on ``partition``."""
     return GroupState(traj.group_id, traj.task_id, traj.num_samples, traj.min_valid, now, partition)
 
 

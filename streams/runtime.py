@@ -95,9 +95,10 @@ class Runtime:
     def write_stats(self) -> None:
         """Log the counters and write them to ``stats_path`` (atomically: a reader never sees half a file)."""
         snapshot = dict(sorted(self.counters.items()))
-        if snapshot != self._logged:  # an idle worker does not repeat itself
+        events = {k: v for k, v in snapshot.items() if not k.endswith("_us")}  # ticks alone move busy time
+        if events != self._logged:  # an idle worker does not repeat itself
             log.info("streams counters: %s", orjson.dumps(snapshot).decode())
-            self._logged = snapshot
+            self._logged = events
         if self.stats_path is not None:
             self.stats_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.stats_path.with_suffix(".tmp")

@@ -6,10 +6,11 @@ session and co-partitioned), so a session's events are handled one at a time by 
 - ``sessions``: session_id -> SessionState (which calls arrived, the finished event, done marker)
 - ``session-calls``: "<session_id>/<call_index>" -> the call's token data (CallTokens JSON)
 
-Order of effects, for crash safety under at-least-once: store the input, then (when complete) send the
-trajectory and wait for the broker's ack, then delete the calls and mark the session done. A crash in
-between replays inputs into a state that may already hold them (deduplicated) and, at worst, re-sends
-a byte-identical trajectory that readers drop by event_id.
+Order of effects, for crash safety under at-least-once: store the input; when the session is complete,
+send its trajectory; once the broker acknowledged it (applied by a later event of the partition, see
+Runtime.settle), mark the session done, then delete its calls. A crash in between replays inputs into
+a state that may already hold them (deduplicated) and, at worst, re-sends a byte-identical trajectory
+that readers drop by event_id.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ class SessionState:
 
 
 def new_session(session_id: str, now: float, partition: int) -> SessionState:
+    """Empty bookkeeping for a session first seen at ``now`` on ``partition``."""
     return SessionState(session_id, partition, now, now)
 
 

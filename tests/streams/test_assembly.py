@@ -124,6 +124,9 @@ def test_fold_refuses_descending_calls():
     (lambda t: t.token_ids.__setitem__(4, 99), "sampled ids are not at"),
     (lambda t: t.loss_mask.__setitem__(0, 1), "trainable tokens for"),
     (lambda t: t.loss_mask.__setitem__(3, 0), "not all trainable"),
+    (lambda t: t.logprobs.__setitem__(5, -0.1), "carries a logprob"),  # an interstitial token
+    (lambda t: t.logprobs.__setitem__(0, float("nan")), "carries a logprob"),
+    (lambda t: t.logprobs.append(0.0), "lengths"),
 ])
 def test_verify_trace_catches_misplaced_tokens(session, corrupt, problem):
     trace = assemble(session, "prefix_merging").traces[0]

@@ -63,7 +63,8 @@ def test_kill_and_restart_mid_stream_loses_and_changes_nothing(polar_settings, t
                 read_topic(other, "groups", until=distinct_keys(kill_at), timeout=120)
                 victim.kill()
                 kills.append(len({m.key for m in read_topic(other, "groups", timeout=1)}))
-                read_topic(other, "groups", until=distinct_keys(restart_at), timeout=120)  # the survivor carries on
+                out = read_topic(other, "groups", until=distinct_keys(restart_at), timeout=120)
+                assert len({m.key for m in out}) >= restart_at, "the surviving worker stalled"
                 victim.start()
             msgs = read_topic(other, "groups", until=distinct_keys(GROUPS), timeout=180, idle=3.0)
         finally:

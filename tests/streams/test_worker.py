@@ -22,7 +22,9 @@ from streams.synthetic import Recorded, SessionSpec, record_group, record_sessio
 from streams.trajectory import build_trajectory
 from streams.testing import dedupe, publish, publish_raw, read_topic
 
-WORKER_ARGS = ["--group-deadline", "4", "--missing-calls-grace", "2", "--missing-calls-timeout", "5", "--tick-interval", "0.5", "--stats-interval", "1"]
+# The missing call's session gives up (3 s) before its group's deadline (6 s), as with the defaults.
+WORKER_ARGS = ["--group-deadline", "6", "--missing-calls-grace", "2", "--missing-calls-timeout", "3",
+               "--tick-interval", "0.5", "--stats-interval", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +85,7 @@ def expected_groups(groups, cfg: StreamsConfig) -> dict[str, TrainingGroup]:
 @pytest.mark.parametrize("builder", ["prefix_merging", "per_request"])
 def test_worker_builds_the_expected_groups(polar_settings, streams_worker, chat_tokenize, builder):
     records, groups = scenario(chat_tokenize)
-    cfg = StreamsConfig(builder=builder, group_deadline_s=4, missing_calls_grace_s=2, tick_interval_s=0.5)
+    cfg = StreamsConfig(builder=builder)  # deadlines do not change output bytes
     expected = expected_groups(groups, cfg)
     assert len(expected) == 5
     publish_raw(polar_settings, "calls", b"g0-s0", b"\x00 not json")
