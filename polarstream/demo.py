@@ -35,7 +35,7 @@ class DemoConfig:
     harness: str = "builtin"
     runtime: str = "auto"  # bwrap when it works here, else subprocess
     seed: int = 0
-    lr: float = 3e-4
+    lr: float = 8e-4
     temperature: float = 1.0
     sft_steps: int = 80
     p_tool: float = 0.3

@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
         harness: Annotated[str, typer.Option(help="builtin, or a real CLI: qwen_code, pi, claude_code, codex, gemini_cli, opencode")] = "builtin",
         runtime: Annotated[str, typer.Option(help="auto (bwrap when installed), bwrap or subprocess")] = "auto",
         seed: Annotated[int, typer.Option(help="fixes the model, the warm start and the task order")] = 0,
-        lr: Annotated[float, typer.Option(help="trainer learning rate")] = 3e-4,
+        lr: Annotated[float, typer.Option(help="trainer learning rate")] = 8e-4,
         run_dir: Annotated[Optional[Path], typer.Option(help="where logs, the report and demo-summary.json go")] = None,
     ) -> None:
         """Train an agent end to end (Kafka, S3, engine, gateway node, Faust, trainer, rollout) and report."""
