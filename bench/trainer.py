@@ -179,7 +179,7 @@ def main() -> None:
 
     vocab = AutoConfig.from_pretrained(args.model).vocab_size
     size = dict(n=8, turns=6, prompt=128, completion=16, tool=32, budget=1024, gps=1, rounds=2) if args.quick else \
-        dict(n=32, turns=10, prompt=384, completion=48, tool=96, budget=4096, gps=2, rounds=3)
+        dict(n=16, turns=8, prompt=256, completion=32, tool=64, budget=2048, gps=2, rounds=2)
     rng = random.Random(0)
     sessions = [make_session(rng, size["turns"], size["prompt"], size["completion"], size["tool"], vocab)
                 for _ in range(size["n"])]
@@ -207,7 +207,7 @@ def main() -> None:
         o = result[other]
         result[key] = {"wall_time_speedup": round(o["total_s"] / a["total_s"], 2),
                        "cpu_time_speedup": round(o["cpu_s"] / a["cpu_s"], 2)}
-    result["trl"] = trl_compare(args.model, sessions, Path(args.trl_python), reps=1 if args.quick else 5)
+    result["trl"] = trl_compare(args.model, sessions, Path(args.trl_python), reps=1 if args.quick else 3)
     print(json.dumps(result, indent=1))
 
 

@@ -60,7 +60,10 @@ def serve(
         policy_version=policy_version,
     )
     app = create_app(settings, cfg)
-    uvicorn.run(app, host=host, port=port or settings.gateway_port, log_level=log_level)
+    # uvicorn closes idle keep-alive connections after 5 s by default; a client reusing one just then
+    # reads a reset (httpx.ReadError). Harnesses idle longer than that while tools run, and under 64
+    # concurrent clients bench/gateway.py hit it in 2 of 3 runs; 75 s (nginx's default) did not.
+    uvicorn.run(app, host=host, port=port or settings.gateway_port, log_level=log_level, timeout_keep_alive=75)
 
 
 def key(

@@ -24,7 +24,7 @@ def train_command(
     engine: Annotated[Optional[list[str]], typer.Option(help="polar=URL or vllm=URL; repeat for several")] = None,
     gateway: Annotated[str, typer.Option(help="gateway URL whose policy version is stamped after a sync")] = "",
     idle_timeout: Annotated[float, typer.Option(help="stop after this many seconds without a group (0: never)")] = 0.0,
-    storage_url: Annotated[str, typer.Option(help="checkpoint root URL (file:// or s3://); default from settings")] = "",
+    storage_url: Annotated[str, typer.Option(help="checkpoint root (file:// or s3://); default: settings")] = "",
     run_dir: Annotated[str, typer.Option(help="JSONL log and TensorBoard directory")] = "",
     config: Annotated[str, typer.Option(help="YAML settings file (infra settings, see infra/settings.py)")] = "",
     set_: Annotated[

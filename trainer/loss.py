@@ -27,7 +27,9 @@ class LossConfig:
 STAT_KEYS = ("tokens", "loss", "pg_loss", "clipped", "approx_kl", "ref_kl", "entropy", "ratio", "tis_weight")
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probability of each target and the entropy of each distribution.
 
     logits (N, V), targets (N,) -> logp (N,) with grad, entropy (N,) without. Logits are divided by
@@ -88,7 +90,9 @@ def policy_loss(
     return loss, stats
 
 
-def microbatch_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def microbatch_logprobs(
+    model: torch.nn.Module, mb: MicroBatch, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Current-policy logprobs and entropies of a micro-batch's trained tokens, (N,) each.
 
     The model computes logits only at the columns that hold a trained position (``logits_to_keep``

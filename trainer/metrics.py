@@ -83,7 +83,8 @@ class Sinks:
                 f"clip {metrics['clip_frac']:.3f} kl {metrics['approx_kl']:.2e} ent {metrics['entropy']:.3f} "
                 f"tok/s {metrics['tokens_per_s']:.0f} stale {metrics['staleness_max']:.0f}")
         if self.bar is not None:
-            self.bar.update(self._task, advance=1, info=f"loss {metrics['loss']:+.3f} reward {metrics['reward_mean']:.2f}")
+            info = f"loss {metrics['loss']:+.3f} reward {metrics['reward_mean']:.2f}"
+            self.bar.update(self._task, advance=1, info=info)
             self.bar.console.print(line, highlight=False, soft_wrap=True)
         else:
             print(line, flush=True)

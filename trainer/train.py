@@ -33,7 +33,7 @@ from .config import ConfigError, TrainConfig
 from .kafka_io import GroupSource, offsets_from_json
 from .loss import LossConfig, summarize
 from .metrics import RunLog, Sinks
-from .packing import assign_weights, pack, pad_by_length, samples_from_group, shard
+from .packing import MicroBatch, Sample, assign_weights, pack, pad_by_length, samples_from_group, shard
 from .selection import SeenIds, StepPlan, lr_at, plan_step
 from .step import accumulate_gradients
 from .weight_sync import Gateway, WeightSyncError, engine_from_spec, sync_weights
@@ -75,14 +75,15 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
     else:
         model_dir = Path(cfg.model)
         state = {"step": 0, "policy_version": 0, "offsets": {}, "seen": [], "counters": {}}
-    dtype = getattr(torch, cfg.dtype)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=cfg.attn_implementation)
+    load = {"dtype": getattr(torch, cfg.dtype), "attn_implementation": cfg.attn_implementation}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **load)
     model.to(device).train()
     ref_model = None
     if cfg.kl_coef > 0:  # the reference is the run's starting model, not the newest checkpoint
-        ref_model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype, attn_implementation=cfg.attn_implementation)
+        ref_model = AutoModelForCausalLM.from_pretrained(cfg.model, **load)
         ref_model.to(device).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                  weight_decay=cfg.weight_decay)
     if info is not None:
         checkpoint.load_optimizer(model_dir, optimizer, device)
     if distributed:  # DDP broadcasts rank 0's parameters at construction, so every rank starts equal
@@ -130,16 +131,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 plan, consumed = _collect(source, seen, version, cfg, stop)
                 wait_s = time.perf_counter() - t_wait
                 if consumed:
-                    samples, cut = [], 0
-                    for c in list(plan.chosen):
-                        s, n = samples_from_group(c.group, cfg.token_budget, c.weight)
-                        samples += s
-                        cut += n
-                        if not s:  # every trace fully masked: consumed, accounted for, not trained
-                            plan.chosen.remove(c)
-                            plan.skipped.append({"event_id": c.group.event_id, "group_id": c.group.group_id,
-                                                 "reason": "no_trainable_tokens"})
-                    payload = (samples, cut)
+                    payload = _samples(plan, cfg)
             payload = _broadcast(payload, distributed)
             if payload is None:
                 break
@@ -153,22 +145,18 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
 
             # 2. normalize over the whole step, pack into micro-batches, take this rank's share
             samples = assign_weights(samples, cfg.loss_norm)
-            if cfg.packing == "packed":
-                row_len = cfg.row_len or (cfg.token_budget if "flash" in cfg.attn_implementation
-                                          else max(s.length for s in samples))
-                micro = pack(samples, cfg.token_budget, row_len)
-            else:
-                micro = pad_by_length(samples, cfg.token_budget)
+            micro = _micro_batches(samples, cfg)
             mine = shard(micro, world, rank)
 
             # 3. forward/backward with gradient accumulation, clip, AdamW
             lr = lr_at(step, cfg)
             for g in optimizer.param_groups:
                 g["lr"] = lr
-            sums = accumulate_gradients(model, mine, loss_cfg, cfg.temperature, ref_model, device, autocast, grad_scale=world)
+            sums = accumulate_gradients(model, mine, loss_cfg, cfg.temperature, ref_model, device, autocast,
+                                        grad_scale=world)
             sums["tokens_fed"] = float(sum(mb.num_tokens for mb in mine))
             sums = _all_reduce(sums, distributed, device)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
@@ -189,7 +177,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 "groups": len(plan.chosen), "skipped": len(plan.skipped), "trajectories": len(rewards),
                 "sequences": len(samples), "microbatches": len(micro), "trained_tokens": sums["tokens"],
                 "tokens": sums["tokens_fed"], "truncated_tokens": cut,
-                "padding_frac": 1 - sum(mb.num_real_tokens for mb in micro) / max(1, sum(mb.num_tokens for mb in micro)),
+                "padding_frac": 1 - sum(mb.num_real_tokens for mb in micro) / sum(mb.num_tokens for mb in micro),
                 "staleness_mean": _mean(plan.staleness), "staleness_max": max(plan.staleness),
                 "step_time_s": dt, "wait_s": wait_s, "tokens_per_s": sums["tokens_fed"] / dt,
             }
@@ -239,7 +227,9 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
 # -- small helpers -----------------------------------------------------------------------------------
 
 
-def _collect(source: GroupSource, seen: SeenIds, version: int, cfg: TrainConfig, stop: "_StopFlag") -> tuple[StepPlan, int]:
+def _collect(
+    source: GroupSource, seen: SeenIds, version: int, cfg: TrainConfig, stop: "_StopFlag"
+) -> tuple[StepPlan, int]:
     """Take messages until the step has ``groups_per_step`` trainable groups (duplicates, stale and
     undecodable ones do not count) or the source goes idle; returns (plan, messages consumed)."""
     plan, consumed = StepPlan(), 0
@@ -253,6 +243,33 @@ def _collect(source: GroupSource, seen: SeenIds, version: int, cfg: TrainConfig,
         if sum(p.group is not None for p in polled) < want:  # idle: train on what there is
             break
     return plan, consumed
+
+
+def _samples(plan: StepPlan, cfg: TrainConfig) -> tuple[list[Sample], int]:
+    """The step's training samples and the sampled tokens cut by the token budget.
+
+    A chosen group none of whose traces has a trainable token moves to ``plan.skipped``.
+    """
+    samples, cut = [], 0
+    for c in list(plan.chosen):
+        s, n = samples_from_group(c.group, cfg.token_budget, c.weight)
+        samples += s
+        cut += n
+        if not s:
+            plan.chosen.remove(c)
+            plan.skipped.append({"event_id": c.group.event_id, "group_id": c.group.group_id,
+                                 "reason": "no_trainable_tokens"})
+    return samples, cut
+
+
+def _micro_batches(samples: list[Sample], cfg: TrainConfig) -> list[MicroBatch]:
+    """Packed rows of ``row_len`` (automatic: one row for flash-attention's varlen kernels, the longest
+    sequence for dense masks; see packing.py), or padded rows."""
+    if cfg.packing == "padded":
+        return pad_by_length(samples, cfg.token_budget)
+    flash = "flash" in cfg.attn_implementation
+    row_len = cfg.row_len or (cfg.token_budget if flash else max(s.length for s in samples))
+    return pack(samples, cfg.token_budget, row_len)
 
 
 def _broadcast(obj: Any, distributed: bool = True) -> Any:

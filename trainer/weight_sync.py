@@ -82,7 +82,8 @@ class VllmEngine:
         path = url.removeprefix("file://")
         body = {"method": "reload_weights", "kwargs": {"weights_path": path}, "timeout": self.timeout_s}
         _post(self.client, self.base_url, "/collective_rpc", json=body, timeout=self.timeout_s)
-        _post(self.client, self.base_url, "/reset_prefix_cache", timeout=self.timeout_s)  # cached KV is from old weights
+        # the prefix cache holds KV computed by the old weights
+        _post(self.client, self.base_url, "/reset_prefix_cache", timeout=self.timeout_s)
         body = {"new_version": str(version)}
         _post(self.client, self.base_url, "/update_weight_version", json=body, timeout=self.timeout_s)
 
