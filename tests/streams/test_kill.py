@@ -24,13 +24,13 @@ GROUPS = 24
 ARGS = ["--tick-interval", "0.5", "--stats-interval", "1", "--session-timeout", "6"]
 
 
-def recorded_sessions():
-    records = []
+def recorded_groups():
+    """The records of each group, group by group."""
+    groups = []
     for g in range(GROUPS):
         rewards = [float(g % 3 == 0), 1.0, 0.5, float(g % 2)]
-        for s in record_group(f"k{g}", rewards, seed=g, turns=6, side_call_at=2, min_valid=2):
-            records.extend(s.records)
-    return records
+        groups.append([r for s in record_group(f"k{g}", rewards, seed=g, turns=6, side_call_at=2, min_valid=2) for r in s.records])
+    return groups
 
 
 def distinct_keys(n):
@@ -38,13 +38,18 @@ def distinct_keys(n):
 
 
 def test_kill_and_restart_mid_stream_loses_and_changes_nothing(polar_settings, tmp_path, record_property):
-    records = recorded_sessions()
+    groups = recorded_groups()
+    records = [r for g in groups for r in g]
+    third = GROUPS // 3
     other = polar_settings.model_copy(update={"topic_prefix": f"k{uuid.uuid4().hex[:8]}.", "data_dir": tmp_path / "other"})
     other.data_dir.mkdir()
     ensure_topics(other)
     try:
         publish(polar_settings, records)
-        publish(other, records)
+        # The killed run's input arrives in thirds, the next third only after a kill, so each kill is
+        # sure to land while groups are still being emitted (on a fast machine everything published at
+        # once can be out before the first kill).
+        publish(other, [r for g in groups[:third] for r in g])
 
         # Uninterrupted reference run.
         ref = WorkerProcess(polar_settings, tmp_path / "ref.log", ARGS).start()
@@ -59,10 +64,12 @@ def test_kill_and_restart_mid_stream_loses_and_changes_nothing(polar_settings, t
         b = WorkerProcess(other, tmp_path / "b.log", ARGS).start()
         kills = []
         try:
-            for victim, kill_at, restart_at in ((a, GROUPS // 6, GROUPS // 3), (b, GROUPS // 2, 2 * GROUPS // 3)):
+            for victim, kill_at, restart_at, more in ((a, GROUPS // 6, GROUPS // 3, groups[third:2 * third]),
+                                                      (b, GROUPS // 2, 2 * GROUPS // 3, groups[2 * third:])):
                 read_topic(other, "groups", until=distinct_keys(kill_at), timeout=120)
                 victim.kill()
                 kills.append(len({m.key for m in read_topic(other, "groups", timeout=1)}))
+                publish(other, [r for g in more for r in g])
                 out = read_topic(other, "groups", until=distinct_keys(restart_at), timeout=120)
                 assert len({m.key for m in out}) >= restart_at, "the surviving worker stalled"
                 victim.start()
