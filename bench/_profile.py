@@ -150,6 +150,8 @@ def gateway(top: int) -> None:
         gw.wait(timeout=60)
         report("gateway event loop while serving 400 Anthropic SSE calls (16 clients)", pstats.Stats(str(tmp / "gateway.prof")),
                0.0, top)
+        report("gateway plan_prompt (template + tokenizer, in worker threads) for the same calls",
+               pstats.Stats(str(tmp / "gateway.prof.plan")), 0.0, top)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -160,8 +162,9 @@ def gateway(top: int) -> None:
 def serve_gateway(out: str, engine_url: str, model_dir: str, port: str) -> None:
     """The gateway, profiled from its first request on, so imports and startup stay out of the numbers.
 
-    Only the event-loop thread is profiled (where the request path runs); work handed to threads
-    (librdkafka's own threads, any executor) is not.
+    The event-loop thread gets one profile; ``plan_prompt`` (chat template + tokenizer), which the
+    service runs in worker threads, gets another (calls serialized by a lock while profiled).
+    librdkafka's own threads are not profiled.
     """
     import uvicorn
 
@@ -169,8 +172,23 @@ def serve_gateway(out: str, engine_url: str, model_dir: str, port: str) -> None:
     from gateway.config import GatewayConfig
     from infra.settings import Settings
 
+    import threading
+
+    import gateway.service as service
+
     app = create_app(Settings(), GatewayConfig(engine_urls=[engine_url], model=model_dir))
-    prof = cProfile.Profile()
+    prof, plan_prof, lock = cProfile.Profile(), cProfile.Profile(), threading.Lock()
+    plan_prompt = service.plan_prompt
+
+    def profiled_plan(*args, **kwargs):  # runs in a worker thread (asyncio.to_thread): its own profile
+        with lock:
+            plan_prof.enable()
+            try:
+                return plan_prompt(*args, **kwargs)
+            finally:
+                plan_prof.disable()
+
+    service.plan_prompt = profiled_plan
 
     async def profiled(scope, receive, send):
         if scope["type"] == "http" and scope["path"] != "/health":
@@ -180,6 +198,7 @@ def serve_gateway(out: str, engine_url: str, model_dir: str, port: str) -> None:
     uvicorn.run(profiled, host="127.0.0.1", port=int(port), log_level="warning")
     prof.disable()
     prof.dump_stats(out)
+    plan_prof.dump_stats(out + ".plan")
 
 
 def main() -> None:

@@ -148,12 +148,13 @@ def _streams(r: dict) -> Iterator[dict | None]:
 def _trainer(r: dict) -> Iterator[dict | None]:
     pm, pr, pad = r.get("prefix_merging_packed"), r.get("per_request_packed"), r.get("prefix_merging_padded")
     area = "Training: prefix_merging vs per_request (packed micro-batches)"
-    for metric, key, unit, hib in (("wall time for one pass", "total_s", "s", False), ("tokens fed to the model", "tokens_fed", "tokens", False),
+    for metric, key, unit, hib in (("wall time for one pass", "total_s", "s", False), ("CPU time for one pass", "cpu_s", "s", False),
+                                   ("tokens fed to the model", "tokens_fed", "tokens", False),
                                    ("sequences", "sequences", "sequences", False), ("trained (sampled) tokens", "trained_tokens", "tokens", None)):
         yield comparison(area, metric, dig(pm, key), dig(pr, key), "per_request", unit, hib)
     area = "Training: packed vs padded micro-batches (prefix_merging data)"
-    for metric, key, unit in (("wall time for one pass", "total_s", "s"), ("tokens fed to the model", "tokens_fed", "tokens"),
-                              ("padding fraction", "padding_frac", "")):
+    for metric, key, unit in (("wall time for one pass", "total_s", "s"), ("CPU time for one pass", "cpu_s", "s"),
+                              ("tokens fed to the model", "tokens_fed", "tokens"), ("padding fraction", "padding_frac", "")):
         yield comparison(area, metric, dig(pm, key), dig(pad, key), "padded", unit, False)
     t = r.get("trl") or {}
     name = f"TRL {t.get('trl_trl_version') or t.get('trl_version') or ''} GRPOTrainer".replace("  ", " ")
