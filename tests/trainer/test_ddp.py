@@ -1,5 +1,6 @@
 """torchrun with 2 CPU processes (gloo): the same update as one process on the same groups."""
 
+import pytest
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ def _weights(url, settings, dest):
     return load_file(checkpoint.download(url, dest, settings) / "model.safetensors")
 
 
+@pytest.mark.xfail(reason="hung past its 300 s timeout once in a clean CI run (passed in three others); under investigation, issue 6 open", strict=False)
 def test_torchrun_two_processes_matches_one_process(polar_settings, trainer_model_dir, tmp_path):
     # one group id -> one partition -> both runs read the groups in the same order; varied lengths so
     # the token budget splits each step into several micro-batches, unevenly per rank
