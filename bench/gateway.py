@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -360,6 +361,7 @@ async def bench(args: argparse.Namespace) -> None:
                 p.kill()
         if kafka is not None:
             kafka.stop()
+        shutil.rmtree(tmp, ignore_errors=True)  # broker data and logs: nothing left in /tmp between runs
     print(json.dumps(result, indent=1))
 
 
