@@ -178,7 +178,7 @@ def main() -> None:
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(args.model).vocab_size
-    size = dict(n=8, turns=6, prompt=128, completion=16, tool=32, budget=1024, gps=1, rounds=2) if args.quick else \
+    size = dict(n=8, turns=6, prompt=128, completion=16, tool=32, budget=1024, gps=1, rounds=1) if args.quick else \
         dict(n=16, turns=8, prompt=256, completion=32, tool=64, budget=2048, gps=2, rounds=2)
     rng = random.Random(0)
     sessions = [make_session(rng, size["turns"], size["prompt"], size["completion"], size["tool"], vocab)
