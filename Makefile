@@ -8,7 +8,7 @@ CACHE ?= $(HOME)/.cache/polarstream
 export PIP_CACHE_DIR := $(CACHE)/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv system demo test test-fast bench infra-up infra-down harnesses clean
+.PHONY: venv system demo test test-fast bench infra-up infra-down harnesses datasets-peer clean
 
 venv: $(STAMP)
 
@@ -30,10 +30,18 @@ $(STAMP): pyproject.toml
 harnesses: venv
 	$(VENV)/bin/polarstream harness install
 
+# HF `datasets` cannot live beside our pins (its hub client needs click>=8.4.2, faust forbids it), so the
+# export test loads our parquet/JSONL with it from a venv of its own, cached outside the clone.
+DATASETS_PEER := $(CACHE)/peers/datasets-venv
+datasets-peer:
+	@$(DATASETS_PEER)/bin/python -c "import datasets" 2>/dev/null || { rm -rf $(DATASETS_PEER) && \
+	  $(PYTHON) -m venv $(DATASETS_PEER) && $(DATASETS_PEER)/bin/pip install -q 'datasets>=4,<6'; } || \
+	  echo "warning: could not build $(DATASETS_PEER); the HF datasets export check will skip"
+
 demo: venv system
 	$(VENV)/bin/polarstream demo
 
-test: venv system harnesses
+test: venv system harnesses datasets-peer
 	$(PY) -m pytest -q -ra
 
 test-fast: venv

@@ -47,8 +47,9 @@ def replay_command(
     timeout_reward: Annotated[float, typer.Option(help="reward of agent-budget timeouts")] = 0.0,
     group_deadline: Annotated[float, typer.Option(help="seconds (event time) after a group's first trajectory to emit with >= min_valid")] = 600.0,
     missing_calls_grace: Annotated[float, typer.Option(help="seconds (event time) a finished session waits for missing calls")] = 30.0,
+    missing_calls_timeout: Annotated[float, typer.Option(help="seconds (event time) after which it stops waiting regardless")] = 300.0,
     tick_interval: Annotated[float, typer.Option(help="seconds (event time) between deadline sweeps")] = 2.0,
-    drain: Annotated[bool, typer.Option(help="at the end of the input, take every deadline as passed (--no-drain: leave open sessions and groups out)")] = True,
+    drain: Annotated[bool, typer.Option(help="at the end of the input, let time run on until every deadline passed (--no-drain: leave open sessions and groups out)")] = True,
     allow_existing: Annotated[bool, typer.Option(help="write into target topics that already hold records")] = False,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
     prefix: Annotated[Optional[str], typer.Option(help=_PREFIX_HELP)] = None,
@@ -69,7 +70,8 @@ def replay_command(
     try:
         cfg = StreamsConfig(builder=builder, advantage=advantage, side_calls=side_calls, zero_variance=zero_variance,
                             epsilon=epsilon, timeout_reward=timeout_reward, group_deadline_s=group_deadline,
-                            missing_calls_grace_s=missing_calls_grace, tick_interval_s=tick_interval)
+                            missing_calls_grace_s=missing_calls_grace, missing_calls_timeout_s=missing_calls_timeout,
+                            tick_interval_s=tick_interval)
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         raise _fail(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}", 2) from None

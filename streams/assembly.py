@@ -29,6 +29,8 @@ BREAK_REASONS = {
     "delta_unresolved": "prompt_delta refers to a call that is missing or shorter than claimed (call dropped)",
     "verify_failed": "a merged trace failed the placement check; its calls were re-emitted one trace each",
 }
+# Why a call has no trace (``Fold.dropped``), besides "delta_unresolved" and "verify_failed" above.
+ERRORED = "error"  # the harness got an error for it (CallRecorded.error): nothing sampled, never trained on
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class CallTokens:
     side_call: bool = False
     break_reason: str = ""  # the gateway's, if it declared one
     created_at: float = 0.0
+    error: bool = False  # answered with an error (CallRecorded.error): counted for the session, never folded
 
     @classmethod
     def from_record(cls, call: CallRecorded) -> "CallTokens":
@@ -60,6 +63,7 @@ class CallTokens:
             side_call=call.side_call,
             break_reason=call.chain.break_reason,
             created_at=call.created_at,
+            error=bool(call.error),
         )
 
     @property
@@ -76,6 +80,7 @@ class CallTokens:
             "d": None if self.delta is None else list(self.delta),
             "c": self.completion_ids, "l": self.logprobs, "v": self.policy_version,
             "s": self.side_call, "r": self.break_reason, "t": self.created_at,
+            **({"x": True} if self.error else {}),  # only when set: older state stays byte-identical
         }
 
     @classmethod
@@ -85,7 +90,7 @@ class CallTokens:
             event_id=o["e"], call_index=o["i"], prompt_ids=o["p"],
             delta=None if d is None else (int(d[0]), int(d[1]), list(d[2])),
             completion_ids=o["c"], logprobs=o["l"], policy_version=o["v"],
-            side_call=o["s"], break_reason=o["r"], created_at=o["t"],
+            side_call=o["s"], break_reason=o["r"], created_at=o["t"], error=bool(o.get("x", False)),
         )
 
 
@@ -194,6 +199,9 @@ def extend(fold: Fold, call: CallTokens) -> Fold:
     if call.call_index <= fold.last_index:
         raise ValueError(f"call {call.call_index} folded after call {fold.last_index}: calls must ascend")
     fold.last_index = call.call_index
+    if call.error:  # its prompt was never continued by the model (it may even exceed the context)
+        fold.dropped[call.call_index] = ERRORED
+        return fold
     prompt = _resolve_prompt(fold, call)
     if prompt is None:
         fold.dropped[call.call_index] = "delta_unresolved"

@@ -16,7 +16,7 @@ import time
 
 import orjson
 
-from schemas import RecordDecodeError, Trajectory, decode
+from schemas import Trajectory, decode
 
 from .groups import GroupState, add_member, build_group, decide, new_group
 from .runtime import Runtime
@@ -30,19 +30,14 @@ STAGE = "groups"
 def register(rt: Runtime) -> None:
     """Declare the stage's agent on the app."""
     topo = rt.topo
-    channel = rt.app.topic(topo.trajectories, topo.group_ticks, key_serializer="raw", value_serializer="raw")
 
-    @rt.app.agent(channel, name="groups")
-    async def groups(stream):  # noqa: ANN001 - a Faust stream
-        async for event in stream.events():
-            msg = event.message
-            started = time.perf_counter()
-            rt.settle(STAGE, msg.partition)
-            if msg.topic == topo.group_ticks:
-                await on_tick(rt, msg.partition)
-            else:
-                await on_trajectory(rt, event.value, msg.partition, msg.offset)
-            rt.count("groups.busy_us", int((time.perf_counter() - started) * 1e6))
+    async def handle(topic: str, value: bytes, partition: int, offset: int) -> None:
+        if topic == topo.group_ticks:
+            await on_tick(rt, partition)
+        else:
+            await on_trajectory(rt, value, partition, offset)
+
+    rt.agent(STAGE, [topo.trajectories, topo.group_ticks], handle)
 
 
 def _load(rt: Runtime, group_id: str) -> GroupState | None:
@@ -52,11 +47,8 @@ def _load(rt: Runtime, group_id: str) -> GroupState | None:
 
 async def on_trajectory(rt: Runtime, value: bytes, partition: int, offset: int) -> None:
     """Add a trajectory to its group (deduplicated; retries replace) and emit the group when ready."""
-    try:
-        traj = decode(value, Trajectory)
-    except RecordDecodeError as e:
-        rt.count("trajectories.undecodable")
-        log.warning("skipping undecodable record at %s[%d]@%d: %s", rt.topo.trajectories, partition, offset, e)
+    traj = rt.decode(value, Trajectory, rt.topo.trajectories, partition, offset)
+    if traj is None:
         return
     now = time.time()
     state = _load(rt, traj.group_id) or new_group(traj, now, partition)

@@ -81,19 +81,24 @@ def add_member(state: GroupState, traj: Trajectory) -> str:
     return "stale_attempt" if traj.attempt < held.attempt else "conflict"
 
 
-def decide(state: GroupState, now: float, config: StreamsConfig) -> str:
-    """'' (keep waiting), 'emit', or 'drop:<reason>' for an open group at time ``now``."""
+def due(state: GroupState, config: StreamsConfig) -> tuple[str, float]:
+    """The group's next action ('emit' or 'drop:<reason>') and the time from which it applies
+    (``-inf``: at once); ``('', inf)`` once it emitted or was dropped. A group emits when every sample
+    is in, or at its deadline with at least ``min_valid`` usable members; it is dropped at
+    ``group_expire_s`` if it never gets there. Live agent and replay both ask this (see sessions.due)."""
     if state.emitted:
-        return ""
+        return "", float("inf")
     enough = state.usable >= state.min_valid
     if len(state.members) >= state.num_samples:
-        return "emit" if enough else "drop:too_few_usable"
-    age = now - state.first_seen
-    if age >= config.group_deadline_s and enough:
-        return "emit"
-    if age >= config.group_expire_s:
-        return "drop:expired"
-    return ""
+        return ("emit" if enough else "drop:too_few_usable"), float("-inf")
+    deadline, expire = state.first_seen + config.group_deadline_s, state.first_seen + config.group_expire_s
+    return ("emit", deadline) if enough and deadline <= expire else ("drop:expired", expire)
+
+
+def decide(state: GroupState, now: float, config: StreamsConfig) -> str:
+    """'' (keep waiting), 'emit', or 'drop:<reason>' for an open group at time ``now`` (see ``due``)."""
+    action, at = due(state, config)
+    return action if now >= at else ""
 
 
 def group_id_for(group_id: str, members: Sequence[Trajectory], config: StreamsConfig) -> str:

@@ -21,12 +21,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
-from schemas import Record, encode
+from schemas import Record, RecordDecodeError, decode, encode
 
 from .config import StreamsConfig
 from .topology import Topology
@@ -53,6 +53,32 @@ class Runtime:
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] += n
+
+    def agent(self, stage: str, topics: list[str], handle: Callable[[str, bytes, int, int], Awaitable[None]]) -> None:
+        """Declare a stage's Faust agent: one loop over ``topics`` (raw bytes) that, for each event,
+        first settles the stage's acknowledged sends on that partition (see ``settle``), then awaits
+        ``handle(topic, value, partition, offset)``, and counts the time spent as ``<stage>.busy_us``."""
+        channel = self.app.topic(*topics, key_serializer="raw", value_serializer="raw")
+
+        async def loop(stream):  # noqa: ANN001 - a Faust stream
+            async for event in stream.events():
+                msg = event.message
+                started = time.perf_counter()
+                self.settle(stage, msg.partition)
+                await handle(msg.topic, event.value, msg.partition, msg.offset)
+                self.count(f"{stage}.busy_us", int((time.perf_counter() - started) * 1e6))
+
+        self.app.agent(channel, name=stage)(loop)
+
+    def decode(self, value: bytes, cls: type, topic: str, partition: int, offset: int) -> Any | None:
+        """The record, or None for bytes that are not one: counted as ``<record topic>.undecodable``,
+        logged with where they sit, and skipped (a bad message must not stop the stage)."""
+        try:
+            return decode(value, cls)
+        except RecordDecodeError as e:
+            self.count(f"{cls.TOPIC}.undecodable")
+            log.warning("skipping undecodable record at %s[%d]@%d: %s", topic, partition, offset, e)
+            return None
 
     def get(self, table: str, key: str) -> dict[str, Any] | None:
         raw = self.tables[table].get(key)

@@ -20,7 +20,7 @@ import time
 
 import orjson
 
-from schemas import CallRecorded, RecordDecodeError, SessionEvent, decode
+from schemas import CallRecorded, SessionEvent
 
 from .assembly import CallTokens
 from .runtime import Runtime
@@ -36,22 +36,16 @@ STAGE = "sessions"
 def register(rt: Runtime) -> None:
     """Declare the stage's agent on the app."""
     topo = rt.topo
-    channel = rt.app.topic(topo.calls, topo.session_events, topo.session_ticks,
-                           key_serializer="raw", value_serializer="raw")
 
-    @rt.app.agent(channel, name="sessions")
-    async def sessions(stream):  # noqa: ANN001 - a Faust stream
-        async for event in stream.events():
-            msg = event.message
-            started = time.perf_counter()
-            rt.settle(STAGE, msg.partition)
-            if msg.topic == topo.session_ticks:
-                await on_tick(rt, msg.partition)
-            elif msg.topic == topo.calls:
-                await on_call(rt, event.value, msg.partition, msg.offset)
-            else:
-                await on_session_event(rt, event.value, msg.partition, msg.offset)
-            rt.count("sessions.busy_us", int((time.perf_counter() - started) * 1e6))
+    async def handle(topic: str, value: bytes, partition: int, offset: int) -> None:
+        if topic == topo.session_ticks:
+            await on_tick(rt, partition)
+        elif topic == topo.calls:
+            await on_call(rt, value, partition, offset)
+        else:
+            await on_session_event(rt, value, partition, offset)
+
+    rt.agent(STAGE, [topo.calls, topo.session_events, topo.session_ticks], handle)
 
 
 def _load(rt: Runtime, session_id: str) -> SessionState | None:
@@ -59,18 +53,9 @@ def _load(rt: Runtime, session_id: str) -> SessionState | None:
     return None if raw is None else SessionState.from_json(raw)
 
 
-def _decode(rt: Runtime, value: bytes, cls, where: str):
-    try:
-        return decode(value, cls)
-    except RecordDecodeError as e:
-        rt.count(f"{cls.TOPIC}.undecodable")
-        log.warning("skipping undecodable record at %s: %s", where, e)
-        return None
-
-
 async def on_call(rt: Runtime, value: bytes, partition: int, offset: int) -> None:
     """Store one call (deduplicated) and assemble its session if that completed it."""
-    call = _decode(rt, value, CallRecorded, f"{rt.topo.calls}[{partition}]@{offset}")
+    call = rt.decode(value, CallRecorded, rt.topo.calls, partition, offset)
     if call is None:
         return
     rt.calls_watermark[partition] = max(rt.calls_watermark.get(partition, 0.0), call.created_at)
@@ -105,7 +90,7 @@ async def on_call(rt: Runtime, value: bytes, partition: int, offset: int) -> Non
 
 async def on_session_event(rt: Runtime, value: bytes, partition: int, offset: int) -> None:
     """Record a session's finished event (other kinds are counted and skipped)."""
-    event = _decode(rt, value, SessionEvent, f"{rt.topo.session_events}[{partition}]@{offset}")
+    event = rt.decode(value, SessionEvent, rt.topo.session_events, partition, offset)
     if event is None:
         return
     if event.kind != "finished":
@@ -124,14 +109,13 @@ async def on_session_event(rt: Runtime, value: bytes, partition: int, offset: in
 async def on_tick(rt: Runtime, partition: int) -> None:
     """Deadlines of this partition's sessions: assemble stragglers, drop orphans, forget old markers."""
     now = time.time()
-    watermark = rt.calls_watermark.get(partition, 0.0)
     for key, raw in list(rt.tables[SESSIONS].items()):
         state = SessionState.from_json(orjson.loads(raw))
         if state.partition == partition:
-            await advance(rt, state, now, watermark)
+            await advance(rt, state, now)
 
 
-async def advance(rt: Runtime, state: SessionState, now: float, watermark: float = 0.0) -> None:
+async def advance(rt: Runtime, state: SessionState, now: float) -> None:
     """Act on what ``decide`` says for this session now.
 
     Effects go in crash-safe order: the session is marked done only once its trajectory is acknowledged
@@ -141,7 +125,7 @@ async def advance(rt: Runtime, state: SessionState, now: float, watermark: float
     sid = state.session_id
     if rt.is_pending(STAGE, sid):
         return  # its trajectory is on the way; settling will mark it done
-    action = decide(state, now, rt.config, watermark)
+    action = decide(state, now, rt.config, rt.calls_watermark.get(state.partition, 0.0))
     if not action:
         return
     if action == "forget":

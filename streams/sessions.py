@@ -79,8 +79,9 @@ def add_finished(state: SessionState, event: SessionEvent, now: float) -> str:
     return "added"
 
 
-def decide(state: SessionState, now: float, config: StreamsConfig, calls_watermark: float = 0.0) -> str:
-    """What to do with a session now: '' (wait), 'assemble', 'drop:no_finished' or 'forget'.
+def due(state: SessionState, config: StreamsConfig, calls_watermark: float = 0.0) -> tuple[str, float]:
+    """The session's next action and the time from which it applies: ('assemble', t),
+    ('drop:no_finished', t) or ('forget', t); ``t`` is ``-inf`` when it applies at once.
 
     A finished session with calls still missing (or without num_calls, so stragglers are possible) is
     assembled anyway, masked if calls are missing, once the wait is over: ``missing_calls_grace_s`` has
@@ -90,15 +91,26 @@ def decide(state: SessionState, now: float, config: StreamsConfig, calls_waterma
     that was ever published has been seen; the watermark (not the wall clock) keeps a worker working
     through a backlog, where polar.calls may lag polar.session-events by minutes, from giving up early.
     On an idle partition the watermark stalls, so ``missing_calls_timeout_s`` ends the wait regardless.
+
+    The live agent (``session_agent``) and the replay (``polarstream.tools.rederive``) both ask this
+    one function, through ``decide`` at each event and tick, and the replay also to know how far time
+    must run at the end of its input; that is what keeps their outputs byte-identical.
     """
     if state.done:
-        return "forget" if now - state.done_at >= config.done_retention_s else ""
+        return "forget", state.done_at + config.done_retention_s
     if state.finished is None:
-        return "drop:no_finished" if now - state.last_seen >= config.session_expire_s else ""
+        return "drop:no_finished", state.last_seen + config.session_expire_s
     expected = state.finished.get("num_calls")
     if expected is not None and len(state.calls) >= expected:
-        return "assemble"
-    waited = now - state.finished_at
+        return "assemble", float("-inf")
     grace = config.missing_calls_grace_s
-    seen_past = calls_watermark >= state.finished["created_at"] + grace
-    return "assemble" if (waited >= grace and seen_past) or waited >= config.missing_calls_timeout_s else ""
+    at = state.finished_at + config.missing_calls_timeout_s
+    if calls_watermark >= state.finished["created_at"] + grace:  # the calls topic is past the grace too
+        at = min(at, state.finished_at + grace)
+    return "assemble", at
+
+
+def decide(state: SessionState, now: float, config: StreamsConfig, calls_watermark: float = 0.0) -> str:
+    """What to do with a session now: '' (wait), 'assemble', 'drop:no_finished' or 'forget' (see ``due``)."""
+    action, at = due(state, config, calls_watermark)
+    return action if now >= at else ""

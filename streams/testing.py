@@ -1,8 +1,8 @@
 """Helpers for tests, benches and demos of the streams: publish records, read a topic, run a worker.
 
 They talk to a real broker (no fakes): ``publish`` uses the project's durable Publisher, ``read_topic``
-reads a topic from offset 0 with a throwaway consumer, and ``WorkerProcess`` runs
-``polarstream streams worker`` as a child process that can be stopped or SIGKILLed.
+reads a topic from offset 0 with a throwaway consumer, and ``PolarProcess`` runs a ``polarstream``
+command as a child process that can be stopped or SIGKILLed (``WorkerProcess``: a streams worker).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from schemas import Record
@@ -88,25 +88,24 @@ def dedupe(msgs: list[Message], cls):
     return seen, len(msgs) - len(seen)
 
 
-@dataclass
-class WorkerProcess:
-    """``polarstream streams worker`` as a child process with the test's settings."""
+class PolarProcess:
+    """A ``polarstream <command ...>`` child process that logs to a file and can be stopped (SIGTERM,
+    then SIGKILL after ``stop_timeout_s``) or SIGKILLed. The one child-process helper of the tests
+    and benches: ``WorkerProcess`` below and the rollout tests' ``NodeProcess`` build on it."""
 
-    settings: object
-    log_path: Path
-    args: list[str] = field(default_factory=list)
-    proc: subprocess.Popen | None = None
-    starts: int = 0
+    def __init__(self, command: list[str], env: dict[str, str], log_path: Path, stop_timeout_s: float = 30.0):
+        self.command, self.env, self.log_path = list(command), env, Path(log_path)
+        self.stop_timeout_s = stop_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
 
-    def start(self) -> "WorkerProcess":
-        env = {**os.environ, "POLAR_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
-               "POLAR_TOPIC_PREFIX": self.settings.topic_prefix, "POLAR_DATA_DIR": str(self.settings.data_dir),
-               "PYTHONPATH": str(REPO)}
-        cmd = [sys.executable, "-c", "from polarstream.cli import main; main()", "streams", "worker", *self.args]
+    def start(self):
+        """Start (or restart) the process; its output is appended to the log after a header line."""
+        cmd = [sys.executable, "-c", "from polarstream.cli import main; main()", *self.command]
         self.starts += 1
         with open(self.log_path, "ab") as log:
-            log.write(f"\n===== start {self.starts}: {' '.join(self.args)}\n".encode())
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+            log.write(f"\n===== start {self.starts}: {' '.join(self.command)}\n".encode())
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
         return self
 
     def kill(self) -> None:
@@ -116,11 +115,12 @@ class WorkerProcess:
         self.proc.wait(10)
 
     def stop(self) -> int:
+        """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit code."""
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(30)
+            return self.proc.wait(self.stop_timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait(10)
@@ -129,7 +129,19 @@ class WorkerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class WorkerProcess(PolarProcess):
+    """``polarstream streams worker`` as a child process with the test's settings (and the rest of
+    this process's environment, e.g. credentials)."""
+
+    def __init__(self, settings, log_path: Path, args: list[str] | None = None):
+        self.settings, self.args = settings, list(args or [])
+        env = {**os.environ, "POLAR_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+               "POLAR_TOPIC_PREFIX": settings.topic_prefix, "POLAR_DATA_DIR": str(settings.data_dir),
+               "PYTHONPATH": str(REPO)}
+        super().__init__(["streams", "worker", *self.args], env, log_path)
 
     def stats(self) -> dict:
         import orjson

@@ -39,6 +39,11 @@ class TrainConfig:
     idle_timeout_s: float = 0.0  # stop after this long without a new group (0: wait forever)
     start_from: Literal["earliest", "latest"] = "earliest"  # where a run without a checkpoint starts reading
     consumer_group: str = "polar-trainer"
+    # -- several processes (torchrun) --
+    dist_timeout_s: float = 1800.0  # longest any collective may wait for a peer before the run fails
+    # (torch's gloo default; nccl's is 600 s): a stuck rank becomes an error naming the collective
+    heartbeat_s: float = 30.0  # while rank 0 waits for groups, it tells the other ranks every this
+    # often that the step is still coming, so waiting for data never counts against dist_timeout_s
     # -- loss --
     clip_low: float = 0.2  # ratio floor 1 - clip_low
     clip_high: float = 0.28  # ratio ceiling 1 + clip_high (asymmetric, "clip-higher")
@@ -97,6 +102,8 @@ class TrainConfig:
             (self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1"),
             (self.sync_every >= 0, "sync_every", "must be >= 0"),
             (0 < self.stale_weight <= 1, "stale_weight", "must be in (0, 1]"),
+            (self.dist_timeout_s > 0, "dist_timeout_s", "must be > 0"),
+            (0 < self.heartbeat_s < self.dist_timeout_s, "heartbeat_s", "must be in (0, dist_timeout_s)"),
         ]
         for ok, key, why in checks:
             if not ok:

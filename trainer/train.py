@@ -18,6 +18,10 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +59,8 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
     # -- distributed: torchrun sets the rendezvous env; rank 0 owns Kafka, logs and checkpoints ----
     distributed = dist.is_torchelastic_launched()
     cuda = torch.cuda.is_available()
-    if distributed:
-        dist.init_process_group("nccl" if cuda else "gloo")
+    if distributed:  # every collective fails after dist_timeout_s instead of hanging (see config.py)
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=cfg.dist_timeout_s))
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     master = rank == 0
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}") if cuda else torch.device("cpu")
@@ -125,14 +129,17 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         # -- the loop -------------------------------------------------------------------------------
         while not cfg.max_steps or step < cfg.max_steps:
             # 1. rank 0 takes this step's groups and chooses; every rank receives the same samples
+            # (waiting for groups can take any time: rank 0 sends heartbeats meanwhile, so the other
+            # ranks never sit in one collective for longer than heartbeat_s; see _with_heartbeats)
             payload = None
             if master and not stop.requested:
                 t_wait = time.perf_counter()
-                plan, consumed = _collect(source, seen, version, cfg, stop)
+                plan, consumed = _with_heartbeats(lambda: _collect(source, seen, version, cfg, stop),
+                                                  distributed, cfg.heartbeat_s)
                 wait_s = time.perf_counter() - t_wait
                 if consumed:
                     payload = _samples(plan, cfg)
-            payload = _broadcast(payload, distributed)
+            payload = _broadcast_step(payload, distributed)
             if payload is None:
                 break
             t0 = time.perf_counter()  # step time excludes waiting for data (reported as wait_s)
@@ -279,6 +286,33 @@ def _broadcast(obj: Any, distributed: bool = True) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+_HEARTBEAT = "polar-trainer:heartbeat"
+
+
+def _with_heartbeats(fn: Callable[[], Any], distributed: bool, every_s: float) -> Any:
+    """rank 0: ``fn()``, run in a helper thread when distributed while this thread broadcasts a
+    heartbeat every ``every_s`` (matched by ``_broadcast_step`` on the other ranks). Without them the
+    other ranks would wait in one broadcast for as long as Kafka has no groups, and a collective that
+    waits past the process group's timeout fails the run (gloo: 30 min, nccl: 10 min by default)."""
+    if not (distributed and dist.is_initialized()):
+        return fn()
+    with ThreadPoolExecutor(1, thread_name_prefix="polar-collect") as pool:
+        future = pool.submit(fn)
+        while True:
+            try:
+                return future.result(timeout=every_s)
+            except FutureTimeout:
+                _broadcast(_HEARTBEAT)
+
+
+def _broadcast_step(payload: Any, distributed: bool) -> Any:
+    """rank 0's step payload on every rank, the heartbeats sent while it was collected skipped."""
+    while True:
+        got = _broadcast(payload, distributed)
+        if not (isinstance(got, str) and got == _HEARTBEAT):
+            return got
 
 
 def _all_reduce(sums: dict[str, float], distributed: bool, device: torch.device) -> dict[str, float]:

@@ -45,50 +45,49 @@ def _post(client: httpx.Client, base: str, path: str, **kw) -> httpx.Response:
 
 
 @dataclass
-class PolarEngine:
-    """Our torch engine."""
+class _HttpEngine:
+    """What both engines share: ``POST /pause?mode=wait`` (finish in-flight requests, hold new ones)
+    and ``POST /resume``; subclasses say how to load."""
 
     base_url: str
     timeout_s: float = 600.0
-    name: str = "polar"
+    name: str = ""
     client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=600.0))
 
-    def pause(self) -> None:
-        _post(self.client, self.base_url, "/pause", params={"mode": "wait"}, timeout=self.timeout_s)
+    def _call(self, path: str, **kw) -> httpx.Response:
+        return _post(self.client, self.base_url, path, timeout=self.timeout_s, **kw)
 
-    def load(self, url: str, version: int) -> None:
-        body = {"checkpoint_url": url, "version": version}
-        _post(self.client, self.base_url, "/update_weights", json=body, timeout=self.timeout_s)
+    def pause(self) -> None:
+        self._call("/pause", params={"mode": "wait"})
 
     def resume(self) -> None:
-        _post(self.client, self.base_url, "/resume", timeout=self.timeout_s)
+        self._call("/resume")
 
 
 @dataclass
-class VllmEngine:
+class PolarEngine(_HttpEngine):
+    """Our torch engine."""
+
+    name: str = "polar"
+
+    def load(self, url: str, version: int) -> None:
+        self._call("/update_weights", json={"checkpoint_url": url, "version": version})
+
+
+@dataclass
+class VllmEngine(_HttpEngine):
     """A vLLM OpenAI-compatible server with its dev-mode RL routes."""
 
-    base_url: str
-    timeout_s: float = 600.0
     name: str = "vllm"
-    client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=600.0))
-
-    def pause(self) -> None:
-        _post(self.client, self.base_url, "/pause", params={"mode": "wait"}, timeout=self.timeout_s)
 
     def load(self, url: str, version: int) -> None:
         if not url.startswith("file://"):
             raise WeightSyncError(f"{self.base_url}: vLLM reloads from a local directory; {url} is not file://")
         path = url.removeprefix("file://")
-        body = {"method": "reload_weights", "kwargs": {"weights_path": path}, "timeout": self.timeout_s}
-        _post(self.client, self.base_url, "/collective_rpc", json=body, timeout=self.timeout_s)
-        # the prefix cache holds KV computed by the old weights
-        _post(self.client, self.base_url, "/reset_prefix_cache", timeout=self.timeout_s)
-        body = {"new_version": str(version)}
-        _post(self.client, self.base_url, "/update_weight_version", json=body, timeout=self.timeout_s)
-
-    def resume(self) -> None:
-        _post(self.client, self.base_url, "/resume", timeout=self.timeout_s)
+        self._call("/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": path},
+                                            "timeout": self.timeout_s})
+        self._call("/reset_prefix_cache")  # the prefix cache holds KV computed by the old weights
+        self._call("/update_weight_version", json={"new_version": str(version)})
 
 
 def engine_from_spec(spec: str) -> Engine:

@@ -12,9 +12,12 @@ same input always yields the same output. ``now`` is the broker timestamp of the
 (the live worker used its wall clock, which is within moments of it); deadline sweeps run every
 ``tick_interval_s`` of event time, like the live ticks, and, like a live worker working through a
 backlog, a finished session waits for missing calls until the calls processed in its partition are
-``missing_calls_grace_s`` newer than its finished event. ``drain()`` ends the input: every deadline is
-taken as passed, so finished sessions still missing calls are assembled (and masked), sessions that
-never finished are dropped, and groups emit if they have ``min_valid`` usable members.
+``missing_calls_grace_s`` newer than its finished event (or ``missing_calls_timeout_s`` passed).
+``drain()`` ends the input the way a live worker sees its input stop: the calls watermark stalls and
+time runs on from deadline to deadline (``sessions.due`` / ``groups.due``, the same functions the live
+``decide`` uses) until nothing is open: finished sessions still missing calls are assembled (masked)
+at their timeout, sessions that never finished are dropped, groups emit at their deadline with the
+members in by then, and a member assembled after its group emitted is late, exactly as live.
 """
 
 from __future__ import annotations
@@ -60,8 +63,7 @@ class Rederiver:
         self.members: dict[str, dict[int, bytes]] = {}  # group -> sample_index -> Trajectory bytes
         self.clock = float("-inf")
         self._next_sweep = float("-inf")
-        self._hold_groups = False
-        # Per calls partition, the newest call time processed so far (``calls_seen_until`` of the live
+        # Per calls partition, the newest call time processed so far (``Runtime.calls_watermark`` of the live
         # worker, which a replay always is: a worker working through a backlog until its input ends).
         self.calls_watermark: dict[int, float] = {}
 
@@ -100,33 +102,23 @@ class Rederiver:
         return out
 
     def drain(self) -> list[Record]:
-        """End of input: act as if every deadline passed (see the module doc)."""
-        cfg = self.config
-        horizon = 1.0 + max(cfg.group_deadline_s, cfg.group_expire_s, cfg.missing_calls_grace_s,
-                            cfg.session_expire_s, cfg.done_retention_s)
-        # Input time is the broker's clock, the missing-calls grace also counts on the records' own
-        # created_at: start past both.
-        finished_at = max((s.finished["created_at"] for s in self.sessions.values() if s.finished), default=0.0)
-        start = max(self.clock, finished_at, *self.calls_watermark.values(), 0.0)
-        # Every session settles before any group decides (the live sessions' grace is far shorter
-        # than a group's deadline), then one more horizon passes for the groups that opened meanwhile.
-        self.clock = start + horizon
-        self._hold_groups = True
-        try:
-            out = [r for state in list(self.sessions.values()) for r in self._advance_session(state, self.clock)]
-        finally:
-            self._hold_groups = False
-        # Per calls partition, the newest call time processed so far (``calls_seen_until`` of the live
-        # worker, which a replay always is: a worker working through a backlog until its input ends).
-        self.calls_watermark: dict[int, float] = {}
-        return out + self.sweep(start + 2 * horizon)
+        """End of input: time runs on with no new input until every session and group is closed
+        (see the module doc). Each sweep lands on the earliest deadline still ahead, so sessions and
+        groups close in the order a live worker's ticks would close them."""
+        out: list[Record] = []
+        while True:
+            due = [session_fns.due(s, self.config, self._watermark(s))[1] for s in self.sessions.values() if not s.done]
+            due += [group_fns.due(g, self.config)[1] for g in self.groups.values() if not g.emitted]
+            if not due:
+                return out
+            out += self.sweep(max(self.clock, min(due)))
 
     def sweep(self, now: float) -> list[Record]:
         """A deadline sweep of every session and group at ``now`` (the live ticks)."""
         self.clock = max(self.clock, now)
         out: list[Record] = []
         for state in list(self.sessions.values()):
-            out += self._advance_session(state, self.calls_watermark.get(state.partition, 0.0))
+            out += self._advance_session(state)
         for gid, state in list(self.groups.items()):
             if state.emitted:
                 if self.clock - state.closed_at >= self.config.done_retention_s:
@@ -151,8 +143,11 @@ class Rederiver:
         self._next_sweep = self.clock + self.config.tick_interval_s
         return self.sweep(self.clock)
 
-    def _advance_session(self, state: SessionState, seen_until: float = 0.0) -> list[Record]:
-        action = session_fns.decide(state, self.clock, self.config, seen_until)
+    def _watermark(self, state: SessionState) -> float:
+        return self.calls_watermark.get(state.partition, 0.0)
+
+    def _advance_session(self, state: SessionState) -> list[Record]:
+        action = session_fns.decide(state, self.clock, self.config, self._watermark(state))
         if not action:
             return []
         sid = state.session_id
@@ -192,7 +187,7 @@ class Rederiver:
         if outcome != "duplicate":
             # Kept as bytes and decoded when the group is built, exactly as the live stage does.
             self.members.setdefault(traj.group_id, {})[traj.sample_index] = data
-        return [] if self._hold_groups else self._advance_group(state)
+        return self._advance_group(state)
 
     def _advance_group(self, state: GroupState) -> list[Record]:
         action = group_fns.decide(state, self.clock, self.config)

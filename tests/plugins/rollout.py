@@ -12,17 +12,16 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+
+from streams.testing import PolarProcess
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,20 +34,12 @@ def settings_env(settings) -> dict[str, str]:
             "POLAR_CACHE_DIR": str(settings.cache_dir), "PYTHONPATH": str(REPO)}
 
 
-@dataclass
-class NodeProcess:
-    node_id: str
-    args: list[str]
-    env: dict[str, str]
-    log_path: Path
-    proc: subprocess.Popen | None = None
-    extra: dict = field(default_factory=dict)
+class NodeProcess(PolarProcess):
+    """``polarstream node`` as a child process (start/stop/kill/log_text come from PolarProcess)."""
 
-    def start(self) -> "NodeProcess":
-        cmd = [sys.executable, "-c", "from polarstream.cli import main; main()", "node", "--node-id", self.node_id, *self.args]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
-        return self
+    def __init__(self, node_id: str, args: list[str], env: dict[str, str], log_path: Path):
+        self.node_id, self.args = node_id, list(args)
+        super().__init__(["node", "--node-id", node_id, *self.args], env, log_path, stop_timeout_s=60)
 
     def wait_ready(self, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
@@ -59,24 +50,6 @@ class NodeProcess:
                 raise AssertionError(f"node {self.node_id} exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
             time.sleep(0.2)
         raise AssertionError(f"node {self.node_id} not ready after {timeout}s:\n{self.log_text()[-3000:]}")
-
-    def kill(self) -> None:
-        """SIGKILL: no drain, no commit; its sessions' harness processes die with it (bwrap --die-with-parent)."""
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> int:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 def start_node(settings, base: Path, engine_url: str, model_dir: Path, node_id: str, runtime: str = "bwrap", **flags) -> NodeProcess:

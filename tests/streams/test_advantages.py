@@ -7,7 +7,7 @@ import pytest
 from schemas import Trace, Trajectory
 from streams.advantages import compute_advantages
 from streams.config import StreamsConfig
-from streams.groups import add_member, build_group, decide, new_group
+from streams.groups import add_member, build_group, decide, due, new_group
 
 
 def test_grpo_mean_std_by_hand():
@@ -89,11 +89,13 @@ def test_gathering_retries_duplicates_and_deadlines():
     assert decide(state, 5.0, cfg) == ""
     assert add_member(state, traj(1, 0.0)) == "added"
     assert decide(state, 5.0, cfg) == ""  # 2 of 4 in, before the deadline
+    assert due(state, cfg) == ("emit", 10.0)  # what a replay's end of input runs time on to
     assert decide(state, 10.0, cfg) == "emit"  # deadline, min_valid=2 usable
     assert add_member(state, traj(2, 0.0)) == "added" and add_member(state, traj(3, 0.0, usable=False)) == "added"
     assert decide(state, 1.0, cfg) == "emit"  # all four in
     state.emitted = "x"
     assert add_member(state, traj(1, 1.0, attempt=2)) == "late" and decide(state, 1.0, cfg) == ""
+    assert due(state, cfg) == ("", float("inf"))
 
 
 def test_too_few_usable_waits_then_drops():
@@ -101,6 +103,7 @@ def test_too_few_usable_waits_then_drops():
     state = new_group(traj(0, 0.0), now=0.0, partition=0)
     add_member(state, traj(0, 1.0))
     assert decide(state, 50.0, cfg) == ""  # past the deadline but only 1 usable of min_valid 2
+    assert due(state, cfg) == ("drop:expired", 100.0)
     assert decide(state, 100.0, cfg) == "drop:expired"
     for i in (1, 2, 3):
         add_member(state, traj(i, 0.0, usable=False))

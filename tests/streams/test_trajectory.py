@@ -5,7 +5,7 @@ import pytest
 from schemas import encode
 from streams.assembly import CallTokens
 from streams.config import StreamsConfig
-from streams.sessions import SessionState, add_call, add_finished, decide, new_session
+from streams.sessions import SessionState, add_call, add_finished, decide, due, new_session
 from streams.synthetic import SessionSpec, record_session
 from streams.trajectory import build_trajectory
 
@@ -37,6 +37,7 @@ def test_missing_calls_assemble_after_grace_and_mask():
     add_finished(st, rec.finished, 1.0)
     seen = rec.finished.created_at + 30  # calls processed through 30 s after the finished event
     assert decide(st, 30.0, cfg, seen) == "" and decide(st, 31.0, cfg, seen) == "assemble"
+    assert due(st, cfg, seen) == ("assemble", 31.0) and due(st, cfg, seen - 1) == ("assemble", 301.0)
     assert decide(st, 31.0, cfg, seen - 1) == ""  # the calls topic lags: a missing call may still come
     assert decide(st, 300.0, cfg, 0.0) == "" and decide(st, 301.0, cfg, 0.0) == "assemble"  # idle partition
     traj = build_trajectory(rec.finished, tokens(rec)[:1], cfg, missing_calls=st.missing_calls)

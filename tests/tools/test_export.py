@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -74,13 +78,47 @@ def test_files_round_trip_token_ids_masks_and_logprobs(tmp_path, fmt, polar_sett
     assert got == expected  # ids, masks, float64 logprobs and the rest, exactly
 
 
+# HF `datasets` cannot live in .venv (every release that accepts our fsspec pin needs click>=8.4.2, which
+# faust forbids; see docs/replay-and-eval.md), so the check runs in a peer venv that has it on top of our
+# packages: POLAR_DATASETS_PYTHON, else the peer venv `make datasets-peer` builds (make test does), else the
+# TRL peer venv of bench/trainer.py, else datasets in-process. Only the loading runs there; writing is ours.
+_PEERS = Path.home() / ".cache/polarstream/peers"
+_CANDIDATES = [Path(p) for p in (os.environ.get("POLAR_DATASETS_PYTHON"),) if p] + [
+    _PEERS / "datasets-venv/bin/python", _PEERS / "trl-venv/bin/python"]
+_LOAD = """
+import json, sys, datasets
+out = {}
+for fmt, path in (("parquet", sys.argv[1]), ("json", sys.argv[2])):
+    ds = datasets.load_dataset(fmt, data_files=path, split="train", cache_dir=sys.argv[3])
+    out[fmt] = {"rows": ds.to_list(), "features": {k: str(v) for k, v in ds.features.items()}}
+print(json.dumps({"version": datasets.__version__, **out}))
+"""
+
+
+def _datasets_python() -> list[str]:
+    for peer in _CANDIDATES:
+        if peer.exists() and subprocess.run([str(peer), "-c", "import datasets"], capture_output=True).returncode == 0:
+            return [str(peer)]
+    pytest.importorskip("datasets", reason="HF datasets is neither importable here nor in a peer venv: run "
+                        "`make datasets-peer` (see docs/replay-and-eval.md)")
+    return [sys.executable]
+
+
 def test_loads_with_hf_datasets(tmp_path, polar_settings_offline):
-    datasets = pytest.importorskip("datasets")  # does not resolve beside our pins: see docs/replay-and-eval.md
-    rows = list(trace_rows(traj("g", 0, 1.0, turns=2), Filters(), Counter()))
-    out = tmp_path / "d.parquet"
-    write_rows(iter(rows), "parquet", str(out), polar_settings_offline, ExportStats())
-    ds = datasets.load_dataset("parquet", data_files=str(out), split="train")
-    assert ds[0]["input_ids"] == rows[0]["input_ids"] and ds[0]["loss_mask"] == rows[0]["loss_mask"]
+    python = _datasets_python()
+    rows = [r for t in (traj("g", 0, 1.0, turns=3, compaction=True), traj("g", 1, 0.5, turns=2))
+            for r in trace_rows(t, Filters(), Counter(), 0.5)]
+    files = [tmp_path / "d.parquet", tmp_path / "d.jsonl"]
+    for out in files:
+        write_rows(iter(rows), out.suffix[1:], str(out), polar_settings_offline, ExportStats())
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    proc = subprocess.run([*python, "-c", _LOAD, *map(str, files), str(tmp_path / "cache")],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["parquet"]["rows"] == rows == got["json"]["rows"]  # token ids, masks, logprobs, all columns
+    assert got["parquet"]["features"]["input_ids"] == "List(Value('int32'))"
+    assert got["parquet"]["features"]["loss_mask"] == "List(Value('int8'))"
 
 
 def test_unknown_format_leaves_the_target_alone(tmp_path, polar_settings_offline):
