@@ -6,6 +6,12 @@ batched decode step for every live sequence over the shared left-padded KV cache
 (3) retires finished sequences and resolves their jobs' futures. HTTP handlers never touch the model:
 they submit a ``Job`` and await its future.
 
+Scripted jobs (every choice teacher-forced, ``engine/script.py``) may skip the prompt's prefill: with
+``script_window`` > 0 one forward pass over the prompt's last ``script_window`` tokens followed by the
+forced tokens scores every forced token at once, and the job never joins the decode batch. Those
+logprobs are conditioned on the window only (labelled as such in docs/engine.md): a test-speed mode for
+40-80 KB harness prompts on a CPU, never a training signal.
+
 Pausing holds new jobs in the queue: ``wait`` lets running sequences finish (drain), ``abort`` ends
 them with ``finish_reason="abort"``, ``keep`` freezes them where they are. Weight swaps happen under
 the step lock, so no step ever sees half-updated weights.
@@ -73,7 +79,7 @@ class Batcher:
 
     def __init__(self, model, tokenizer, eos_token_ids: list[int], *, max_num_seqs: int = 64,
                  logprobs_mode: str = "processed_logprobs", seed: int = 0, policy_version: int = 0,
-                 threads: int = 0, prefix_cache_bytes: int = 256 << 20):
+                 threads: int = 0, prefix_cache_bytes: int = 256 << 20, script_window: int = 0):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         self.model, self.tokenizer = model, tokenizer
@@ -83,6 +89,7 @@ class Batcher:
         self.max_num_seqs, self.logprobs_mode = max_num_seqs, logprobs_mode
         self.threads = threads or default_threads(model)
         self.prefix = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.script_window = script_window
         self.policy_version = policy_version
         self._default_gen = torch.Generator(self.device).manual_seed(seed)
         self._cv = threading.Condition()
@@ -95,7 +102,8 @@ class Batcher:
         self._thread: threading.Thread | None = None
         # counters for tests and benchmarks: how much batching actually happened
         self.stats = {"prefills": 0, "prefill_tokens": 0, "prefix_hit_tokens": 0, "decode_steps": 0,
-                      "decoded_tokens": 0, "max_rows": 0}
+                      "decoded_tokens": 0, "max_rows": 0,
+                      "scripted_window_jobs": 0}
 
     # ------------------------------------------------------------------ control (any thread)
 
@@ -195,6 +203,8 @@ class Batcher:
             if job.cancelled:
                 for s in job.seqs:
                     self._finish(s, "abort", None)
+            elif self.script_window > 0 and all(s.forced for s in job.seqs):
+                self._score_scripted(job)
             else:
                 self._prefill(job)
         live = [s for s in self._rows if not s.finished]
@@ -227,6 +237,32 @@ class Batcher:
             self._kv = kv if self._kv is None else self._kv.join(kv)
             self._rows = self._rows + live
             self._cache = cache_of(self._kv.layers)
+
+    def _score_scripted(self, job: Job) -> None:
+        """A forced job in one pass over (last ``script_window`` prompt tokens + forced tokens).
+
+        Position ids continue the real prompt's, so the window sees the positions it would in a full
+        prefill; the logits at window end + t score forced token t, chosen through ``_choose`` exactly
+        as a decode step would (temperature, min_tokens, stop strings and max_tokens all apply).
+        """
+        forced = job.seqs[0].forced
+        assert forced is not None
+        prompt = job.prompt_ids
+        start = max(0, len(prompt) - self.script_window)
+        ids = prompt[start:] + forced[:-1]
+        pos = torch.arange(start, start + len(ids), device=self.device)[None]
+        # Only the last len(forced) positions are scored: the last prompt token's logits predict forced[0].
+        out = self.model(input_ids=torch.tensor([ids], device=self.device), position_ids=pos, use_cache=False,
+                         logits_to_keep=len(forced))
+        self.stats["scripted_window_jobs"] += 1
+        for t in range(len(forced)):
+            live = [s for s in job.seqs if not s.finished]
+            if not live:
+                break
+            self._choose(live, out.logits[:, t].expand(len(live), -1))
+        for s in job.seqs:  # a forced script always ends in EOS; this is a guard, not a path
+            if not s.finished:
+                self._finish(s, "length", None)
 
     def _decode(self) -> None:
         rows, kv = self._rows, self._kv

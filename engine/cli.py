@@ -47,6 +47,8 @@ def serve(
     policy_version: int = typer.Option(0, "--policy-version", help="version reported until the first update"),
     threads: int = typer.Option(0, "--threads", help="CPU threads for the model; 0: 1 for tiny models, else torch's default"),
     prefix_cache_mb: int = typer.Option(256, "--prefix-cache-mb", help="KV memory kept for prefix reuse; 0 disables"),
+    script_window: int = typer.Option(0, "--script-window", help="scripted mode: score scripted turns over the prompt's "
+                                      "last N tokens instead of prefilling it all (fast, approximate logprobs; 0: off)"),
 ) -> None:
     """Serve a model with vLLM's token-level OpenAI API (CPU or CUDA)."""
     import logging
@@ -74,7 +76,8 @@ def serve(
         raise typer.BadParameter(str(e), param_hint="--script") from None
     options = EngineOptions(served_model_names=list(served_model_name or []), max_model_len=max_model_len,
                             max_num_seqs=max_num_seqs, logprobs_mode=logprobs_mode, seed=seed, policy_version=policy_version,
-                            threads=threads, prefix_cache_mb=prefix_cache_mb)
+                            threads=threads, prefix_cache_mb=prefix_cache_mb,
+                            script_window=script_window)
     engine = Engine(lm, model, options, loaded_script)
     uvicorn.run(create_app(engine, Settings()), host=host, port=port, log_level="info")
 

@@ -37,6 +37,7 @@ class EngineOptions:
     policy_version: int = 0
     threads: int = 0  # CPU threads of the engine thread; 0: 1 for tiny models, else torch's default
     prefix_cache_mb: int = 256  # KV kept for prefix reuse across requests; 0 disables it
+    script_window: int = 0  # scripted mode: score forced turns over the prompt's last N tokens only (0: full prefill)
 
 
 class Engine:
@@ -50,7 +51,8 @@ class Engine:
         self.max_token_chars = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
         self.batcher = Batcher(lm.model, lm.tokenizer, lm.eos_token_ids, max_num_seqs=options.max_num_seqs,
                                logprobs_mode=options.logprobs_mode, seed=options.seed, policy_version=options.policy_version,
-                               threads=options.threads, prefix_cache_bytes=options.prefix_cache_mb << 20)
+                               threads=options.threads, prefix_cache_bytes=options.prefix_cache_mb << 20,
+                               script_window=options.script_window if script is not None else 0)
         self.created = int(time.time())
 
     @property

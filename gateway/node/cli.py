@@ -51,6 +51,24 @@ def list_harnesses(config: Optional[Path] = typer.Option(None, help="settings YA
     typer.echo(f"{'builtin':<12} {'gateway/harnesses/builtin.py':<40} built in")
 
 
+@harness_app.command("merge-report")
+def merge_report_cmd(
+    out: Optional[Path] = typer.Option(None, "--out", help="also write the JSON report here"),
+    markdown: bool = typer.Option(False, "--markdown", help="print a markdown table instead of JSON"),
+    config: Optional[Path] = typer.Option(None, help="settings YAML (Kafka, topic prefix)"),
+) -> None:
+    """Merge rate per harness/API from the recorded calls topic (see gateway/harnesses/report.py)."""
+    import json
+
+    from gateway.harnesses.report import markdown_table, read_calls, merge_report
+
+    report = merge_report(read_calls(_settings(config)))
+    text = json.dumps(report, indent=2)
+    if out is not None:
+        out.write_text(text + "\n")
+    typer.echo(markdown_table(report) if markdown else text)
+
+
 def node(
     engine_url: list[str] = typer.Option(..., "--engine-url", help="engine base URL; repeat for several workers"),
     model: str = typer.Option(..., help="tokenizer + chat template: a local HF directory or a built-in name (tiny)"),

@@ -1,0 +1,80 @@
+"""Scripted-mode latency with and without ``script_window``, for harness-sized prompts.
+
+Starts two real engines serving the tiny model with the same script (one tool-call turn), one with a
+full prefill (``script_window`` 0) and one scoring the turn over the prompt's last 256 tokens, and sends
+each a chat request whose user message makes the prompt about ``tokens`` tokens long (40-80 KB harness
+prompts are 10-25 k tokens with the tiny tokenizer). Prints one JSON object: per prompt size the median
+seconds per request of each engine and the speed-up. Requests go one at a time with distinct prompts,
+so the prefix cache never helps.
+
+    .venv/bin/python bench/script_window.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import httpx  # noqa: E402
+
+from engine.local import start_engine_server  # noqa: E402
+from engine.models import ensure_model  # noqa: E402
+
+SCRIPT = "turns:\n  - tool_calls: [{name: bash, arguments: {command: 'echo 7 > answer.txt'}}]\n"
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a command",
+          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+
+
+def one(url: str, words: int, salt: int) -> tuple[float, int]:
+    """Seconds for one scripted chat call with a prompt of about ``words`` words; its prompt length in tokens."""
+    text = f"Task {salt}. " + " ".join(f"w{(salt * 7919 + i) % 5000}" for i in range(words))
+    t0 = time.perf_counter()
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": text}],
+                                                       "tools": TOOLS, "logprobs": True, "return_token_ids": True}, timeout=600)
+    r.raise_for_status()
+    return time.perf_counter() - t0, len(r.json()["prompt_token_ids"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="prompts of ~1k and ~4k words, 1 round (< 1 minute)")
+    args = ap.parse_args()
+    sizes, rounds = ((1000, 4000), 1) if args.quick else ((2000, 5000, 8000), 2)
+    model = ensure_model("tiny")
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "script.yaml"
+        script.write_text(SCRIPT)
+        engines = {w: start_engine_server(model, script=script, script_window=w) for w in (0, 256)}
+        try:
+            one(engines[0].url, 10, -1), one(engines[256].url, 10, -1)  # warm-up
+            results = []
+            for words in sizes:
+                row: dict = {"words": words}
+                for w, server in engines.items():
+                    times, n = [], 0
+                    for k in range(rounds):
+                        s, n = one(server.url, words, words * 10 + k + (1000 if w else 0))
+                        times.append(s)
+                    row["prompt_tokens"] = n
+                    row[f"s_per_call_window_{w}"] = round(statistics.median(times), 3)
+                row["speedup"] = round(row["s_per_call_window_0"] / row["s_per_call_window_256"], 1)
+                results.append(row)
+        finally:
+            for s in engines.values():
+                s.stop()
+    print(json.dumps({"bench": "script_window", "quick": args.quick, "results": results,
+                      "machine": {"cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 1),
+                                  "python": platform.python_version()}}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
