@@ -1,3 +1,5 @@
+# lifecycle: infra.process.Service
+# (the shared server base is infra.process.JavaServer, built on that Service handle)
 """A single-node Apache Kafka 4 broker in KRaft combined mode (broker + controller), on 127.0.0.1.
 
 Runs ``java -cp <maven jars> kafka.Kafka server.properties`` from the jars ``infra/maven.py`` caches.
@@ -11,12 +13,13 @@ from __future__ import annotations
 import base64
 import subprocess
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
+from . import security
 from .errors import InfraError
-from .maven import classpath, jar_dir
-from .process import Service, cds_archive, require_free_ports, require_java, tail, tcp_open
+from .process import JavaServer, render_properties, tcp_open
 from .settings import Settings
 from .topics import largest_message_bytes
 
@@ -91,35 +94,21 @@ def broker_properties(settings: Settings, log_dir: Path) -> dict[str, str]:
     }
 
 
-def render_properties(props: dict[str, str]) -> str:
-    """Java properties file text."""
-    return "".join(f"{k}={v}\n" for k, v in props.items())
-
-
 @dataclass
-class KafkaBroker:
+class KafkaBroker(JavaServer):
     """The project's broker for one ``Settings`` (its ports and data_dir)."""
 
-    settings: Settings
     heap_mb: int = 512
-    die_with_parent: bool = False  # tests set it so a killed test session leaves no broker behind
-    quick_jit: bool = False  # C1 only: starts with half the CPU; fine for short-lived test brokers
-    root: Path = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.root = self.settings.data_dir / "kafka"
-        self.service = Service(
-            name=f"kafka broker on 127.0.0.1:{self.settings.kafka_port}",
-            pid_file=self.root / "kafka.pid",
-            log_file=self.root / "server.log",
-            marker=str(self.config_file),
-            archive=cds_archive(jar_dir("kafka", self.settings)),
-        )
+    kind: ClassVar[str] = "kafka"
+    profile: ClassVar[str] = "kafka"
+    config_name: ClassVar[str] = "server.properties"
+    log_name: ClassVar[str] = "server.log"
+    pid_name: ClassVar[str] = "kafka.pid"
+    xms_mb: ClassVar[int | None] = 128
 
-    @property
-    def config_file(self) -> Path:
-        """The broker's server.properties (also the marker that identifies its process)."""
-        return self.root / "server.properties"
+    def label(self) -> str:
+        return f"kafka broker on 127.0.0.1:{self.settings.kafka_port}"
 
     @property
     def log_dir(self) -> Path:
@@ -131,75 +120,53 @@ class KafkaBroker:
         """host:port for clients."""
         return f"127.0.0.1:{self.settings.kafka_port}"
 
-    def pid(self) -> int | None:
-        """Pid of the running broker, or None."""
-        return self.service.pid()
+    def ports(self) -> dict[str, int]:
+        return {"kafka_port": self.settings.kafka_port, "kafka_controller_port": self.settings.kafka_controller_port}
 
-    def start(self, timeout: float = 90.0) -> bool:
-        """Start the broker unless it runs already and wait until it answers; True when it started one."""
-        started = self.launch()
-        self.wait_ready(timeout)
-        return started
+    def identity(self) -> dict:
+        return {"port": self.settings.kafka_port}
 
-    def launch(self) -> bool:
-        """Spawn the broker (formatting storage on first use) without waiting; False when it already runs."""
-        if self.pid() is not None:
-            running = self.service.info() or {}
-            if running.get("port") != self.settings.kafka_port:
-                raise InfraError(f"kafka from {self.root} already runs on port {running.get('port')}, not "
-                                 f"{self.settings.kafka_port}: run `polarstream infra down` first or use another data_dir")
-            return False
-        java = require_java()
-        require_free_ports("kafka", {"kafka_port": self.settings.kafka_port, "kafka_controller_port": self.settings.kafka_controller_port})
-        cp = classpath("kafka", self.settings)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.config_file.write_text(render_properties(broker_properties(self.settings, self.log_dir)))
-        log4j = self.root / "log4j2.properties"
-        log4j.write_text(_LOG4J.format(log=self.service.log_file))
-        jvm = [java, "-Xms128m", f"-Xmx{self.heap_mb}m", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
-               *(["-XX:TieredStopAtLevel=1"] if self.quick_jit else []),
-               f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.root}", "-cp", cp]
-        if not (self.log_dir / "meta.properties").exists():
-            self._format([*jvm[:1], *self.service.cds_flags(record=False), *jvm[1:]])
-        self.service.spawn([*jvm[:1], *self.service.cds_flags(), *jvm[1:], "kafka.Kafka", str(self.config_file)],
-                           extra={"port": self.settings.kafka_port, "controller_port": self.settings.kafka_controller_port},
-                           die_with_parent=self.die_with_parent)
-        return True
+    def prepare(self) -> list[str]:
+        # Rewritten on every start so port changes apply.
+        props = broker_properties(self.settings, self.log_dir)
+        if self.settings.secure:  # SASL_SSL + mutual-TLS controller + ACLs (infra/security.py)
+            props.update(security.broker_overrides(self.settings))
+        self.config_file.write_text(render_properties(props))
+        self.config_file.chmod(0o600)  # a secured broker's file holds its inter-broker SCRAM password
+        (self.root / "log4j2.properties").write_text(_LOG4J.format(log=self.log_file))
+        return ["kafka.Kafka", str(self.config_file)]
 
-    def _format(self, jvm: list[str]) -> None:
-        cmd = [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", str(self.config_file)]
+    def jvm_properties(self) -> list[str]:
+        return [f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}", f"-Dkafka.logs.dir={self.root}"]
+
+    def before_spawn(self, jvm: list[str]) -> None:
+        # Storage is formatted on first start only (a formatted log dir has meta.properties).
+        if (self.log_dir / "meta.properties").exists():
+            return
+        cmd = [jvm[0], *self.service.cds_flags(record=False), *jvm[1:],
+               "kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", str(self.config_file),
+               *(security.format_args(self.settings) if self.settings.secure else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
-            out = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-10:])
+            # Format echoes the SCRAM records it writes: keep them out of the error text.
+            lines = [ln for ln in (proc.stdout + proc.stderr).strip().splitlines() if "scram" not in ln.lower()]
+            out = "\n".join(lines[-10:])
             raise InfraError(f"kafka: formatting {self.log_dir} failed (exit {proc.returncode}):\n{out}")
 
-    def wait_ready(self, timeout: float = 90.0) -> None:
-        """Block until the broker serves metadata; InfraError with its log's tail if it dies or times out."""
+    def answers(self) -> bool:
         # A TCP probe first keeps librdkafka from logging a refused connection every 50 ms while the
         # JVM boots; the admin call then proves the broker serves metadata (it is registered and unfenced).
-        self.service.wait_ready(lambda: tcp_open(self.settings.kafka_port) and self._answers(), timeout)
-
-    def _answers(self) -> bool:
+        if not tcp_open(self.settings.kafka_port):
+            return False
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        # A secured broker only answers an authenticated client: ask as its admin.
+        who = security.admin_view(self.settings) if self.settings.secure and not self.settings.kafka_username else self.settings
+        admin = AdminClient(who.kafka_config(**{"bootstrap.servers": self.bootstrap, "log_level": 0}))
         try:
             return len(admin.list_topics(timeout=2).brokers) > 0
         except Exception:  # KafkaException while it is still starting
             return False
-
-    def stop(self, timeout: float = 30.0, force: bool = False) -> bool:
-        """Stop the broker; True when one was running.
-
-        SIGTERM makes a controlled shutdown; ``force`` sends SIGKILL, as a crash would (tests use it to
-        prove acknowledged records survive one).
-        """
-        return self.service.stop(timeout, force=force)
-
-    def restart(self, timeout: float = 90.0, force: bool = False) -> None:
-        """Stop (gracefully, or as a crash with ``force``) and start again on the same data."""
-        self.stop(force=force)
-        self.start(timeout)
 
     def status(self) -> dict:
         """Up/down, pid, ports, data directory and log file, for ``infra status``."""
@@ -211,9 +178,5 @@ class KafkaBroker:
             "port": self.settings.kafka_port,
             "controller_port": self.settings.kafka_controller_port,
             "data_dir": str(self.log_dir),
-            "log": str(self.service.log_file),
+            "log": str(self.log_file),
         }
-
-    def log_tail(self, lines: int = 20) -> str:
-        """The last lines of the broker's log."""
-        return tail(self.service.log_file, lines)

@@ -19,7 +19,7 @@ from .errors import InfraError
 from .settings import Settings
 
 POM = Path(__file__).with_name("pom.xml")
-PROFILES = {"kafka": "kafka.version", "s3proxy": "s3proxy.version"}
+PROFILES = {"kafka": "kafka.version", "s3proxy": "s3proxy.version", "mirror": "mirror.version"}
 _NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 _STAMP = ".complete"
 

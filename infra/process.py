@@ -1,5 +1,9 @@
 """Run a Java server as a detached process that a later, separate process can find and stop.
 
+``Service`` is the process handle (pid file, log, marker); ``JavaServer`` is the lifecycle every Java
+server of ours shares (launch from Maven jars, wait until it answers, stop, status), so a server is a
+small subclass that writes its config files and says how to tell it is ready.
+
 Each service keeps a pid file (JSON) in its data directory. A pid alone is not proof: the OS reuses
 pids, so a service only counts as ours while ``/proc/<pid>/cmdline`` still contains its marker (the
 path of its own config file). That is what lets ``polarstream infra down`` in one shell stop exactly
@@ -20,10 +24,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from .errors import InfraError
+from .maven import classpath, jar_dir
+from .settings import Settings
 
 MIN_JAVA = 17
 
@@ -243,3 +250,134 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+@dataclass
+class JavaServer:
+    """Base of the Java servers we run (Kafka, s3proxy, MirrorMaker 2): one instance per ``Settings``.
+
+    A subclass sets ``kind`` (label and sub-directory of data_dir), ``profile`` (the Maven profile of
+    its jars), the three file names, and implements ``prepare`` (write config, return main class and
+    args) and ``answers`` (is it serving yet). Everything about processes lives here.
+    """
+
+    settings: Settings
+    heap_mb: int = 256
+    die_with_parent: bool = False  # tests set it so a killed test session leaves no server behind
+    quick_jit: bool = False  # C1 only: starts with half the CPU; fine for short-lived test servers
+    root: Path = field(init=False)
+
+    kind: ClassVar[str] = ""
+    profile: ClassVar[str] = ""
+    config_name: ClassVar[str] = ""
+    log_name: ClassVar[str] = ""
+    pid_name: ClassVar[str] = ""
+    xms_mb: ClassVar[int | None] = None
+
+    def __post_init__(self) -> None:
+        self.root = self.root_dir()
+        self.service = Service(
+            name=self.label(), pid_file=self.root / self.pid_name, log_file=self.root / self.log_name,
+            marker=str(self.config_file), archive=cds_archive(jar_dir(self.profile, self.settings)),
+        )
+
+    # -- what a subclass describes --
+    def root_dir(self) -> Path:
+        """Directory holding config, log, pid file and data (``<data_dir>/<kind>`` by default)."""
+        return self.settings.data_dir / self.kind
+
+    def label(self) -> str:
+        """Human name for errors ('kafka broker on 127.0.0.1:9092')."""
+        return self.kind
+
+    def ports(self) -> dict[str, int]:
+        """Ports (name -> number) that must be free before a start."""
+        return {}
+
+    def identity(self) -> dict:
+        """What a running instance must match (saved in its pid file), e.g. its port."""
+        return {}
+
+    def prepare(self) -> list[str]:
+        """Write the config files under ``root``; return the main class and its arguments."""
+        raise NotImplementedError
+
+    def jvm_properties(self) -> list[str]:
+        """Extra ``-D`` flags (logging config)."""
+        return []
+
+    def before_spawn(self, jvm: list[str]) -> None:
+        """Hook run with the JVM command prefix (no main class) right before the spawn."""
+
+    def run_info(self) -> dict:
+        """Extra facts about this run for its pid file (read back by ``answers`` in any process)."""
+        return {}
+
+    def answers(self) -> bool:
+        """True once the server serves requests."""
+        raise NotImplementedError
+
+    # -- the shared lifecycle --
+    @property
+    def config_file(self) -> Path:
+        """The server's config file (also the marker that identifies its process)."""
+        return self.root / self.config_name
+
+    @property
+    def log_file(self) -> Path:
+        """Where the server logs."""
+        return self.service.log_file
+
+    def pid(self) -> int | None:
+        """Pid of the running server, or None."""
+        return self.service.pid()
+
+    def start(self, timeout: float = 90.0) -> bool:
+        """Start unless it runs already and wait until it answers; True when it started one."""
+        started = self.launch()
+        self.wait_ready(timeout)
+        return started
+
+    def launch(self) -> bool:
+        """Spawn the server without waiting; False when it already runs (with the same identity)."""
+        if self.pid() is not None:
+            running = self.service.info() or {}
+            for key, want in self.identity().items():
+                if running.get(key) != want:
+                    raise InfraError(f"{self.kind} from {self.root} already runs with {key} {running.get(key)}, not {want}: "
+                                     "run `polarstream infra down` first or use another data_dir")
+            return False
+        java = require_java()
+        require_free_ports(self.kind, self.ports())
+        cp = classpath(self.profile, self.settings)
+        self.root.mkdir(parents=True, exist_ok=True)
+        main = self.prepare()
+        jvm = [java, *([f"-Xms{self.xms_mb}m"] if self.xms_mb else []), f"-Xmx{self.heap_mb}m", "-XX:+UseSerialGC",
+               "-Djava.awt.headless=true", *(["-XX:TieredStopAtLevel=1"] if self.quick_jit else []),
+               *self.jvm_properties(), "-cp", cp]
+        self.before_spawn(jvm)
+        self.service.spawn([java, *self.service.cds_flags(), *jvm[1:], *main], extra={**self.run_info(), **self.identity()},
+                           die_with_parent=self.die_with_parent)
+        return True
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        """Block until it answers; InfraError with its log's tail if it dies or times out."""
+        self.service.wait_ready(self.answers, timeout)
+
+    def stop(self, timeout: float = 30.0, force: bool = False) -> bool:
+        """SIGTERM (SIGKILL with ``force``, as a crash would); True when one was running."""
+        return self.service.stop(timeout, force=force)
+
+    def restart(self, timeout: float = 90.0, force: bool = False) -> None:
+        """Stop (gracefully, or as a crash with ``force``) and start again on the same data."""
+        self.stop(force=force)
+        self.start(timeout)
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the server's log."""
+        return tail(self.service.log_file, lines)
+
+
+def render_properties(props: dict[str, str]) -> str:
+    """Java properties file text."""
+    return "".join(f"{k}={v}\n" for k, v in props.items())

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from .errors import InfraError
-from .maven import classpath, jar_dir
-from .process import Service, cds_archive, require_free_ports, require_java, tail
+from .process import JavaServer, render_properties
 from .settings import Settings
 
 _LOGBACK = """\
@@ -40,29 +40,17 @@ def s3proxy_properties(settings: Settings, objects_dir: Path) -> dict[str, str]:
 
 
 @dataclass
-class S3Server:
+class S3Server(JavaServer):
     """The project's S3 server for one ``Settings`` (its s3_port, credentials and data_dir)."""
 
-    settings: Settings
-    heap_mb: int = 256
-    die_with_parent: bool = False  # tests set it so a killed test session leaves no server behind
-    quick_jit: bool = False  # C1 only: starts with half the CPU; fine for short-lived test servers
-    root: Path = field(init=False)
+    kind: ClassVar[str] = "s3"
+    profile: ClassVar[str] = "s3proxy"
+    config_name: ClassVar[str] = "s3proxy.properties"
+    log_name: ClassVar[str] = "s3proxy.log"
+    pid_name: ClassVar[str] = "s3proxy.pid"
 
-    def __post_init__(self) -> None:
-        self.root = self.settings.data_dir / "s3"
-        self.service = Service(
-            name=f"s3proxy on 127.0.0.1:{self.settings.s3_port}",
-            pid_file=self.root / "s3proxy.pid",
-            log_file=self.root / "s3proxy.log",
-            marker=str(self.config_file),
-            archive=cds_archive(jar_dir("s3proxy", self.settings)),
-        )
-
-    @property
-    def config_file(self) -> Path:
-        """s3proxy's properties file (also the marker that identifies its process)."""
-        return self.root / "s3proxy.properties"
+    def label(self) -> str:
+        return f"s3proxy on 127.0.0.1:{self.settings.s3_port}"
 
     @property
     def objects_dir(self) -> Path:
@@ -74,44 +62,28 @@ class S3Server:
         """The S3 endpoint URL."""
         return f"http://127.0.0.1:{self.settings.s3_port}"
 
-    def pid(self) -> int | None:
-        """Pid of the running server, or None."""
-        return self.service.pid()
+    def ports(self) -> dict[str, int]:
+        return {"s3_port": self.settings.s3_port}
 
-    def start(self, timeout: float = 60.0) -> bool:
-        """Start s3proxy unless it runs already, wait until it answers, ensure the default bucket."""
-        started = self.launch()
-        self.wait_ready(timeout)
-        return started
+    def identity(self) -> dict:
+        return {"port": self.settings.s3_port}
 
-    def launch(self) -> bool:
-        """Spawn s3proxy without waiting; False when it already runs."""
-        if self.pid() is not None:
-            running = self.service.info() or {}
-            if running.get("port") != self.settings.s3_port:
-                raise InfraError(f"s3proxy from {self.root} already runs on port {running.get('port')}, not "
-                                 f"{self.settings.s3_port}: run `polarstream infra down` first or use another data_dir")
-            return False
-        java = require_java()
-        require_free_ports("s3", {"s3_port": self.settings.s3_port})
-        cp = classpath("s3proxy", self.settings)
+    def prepare(self) -> list[str]:
         self.objects_dir.mkdir(parents=True, exist_ok=True)
-        props = s3proxy_properties(self.settings, self.objects_dir)
-        self.config_file.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        logback = self.root / "logback.xml"
-        logback.write_text(_LOGBACK.format(log=self.service.log_file))
-        cmd = [java, *self.service.cds_flags(), f"-Xmx{self.heap_mb}m", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
-               *(["-XX:TieredStopAtLevel=1"] if self.quick_jit else []), f"-Dlogback.configurationFile={logback}", "-cp", cp,
-               "org.gaul.s3proxy.Main", "--properties", str(self.config_file)]
-        self.service.spawn(cmd, extra={"port": self.settings.s3_port}, die_with_parent=self.die_with_parent)
-        return True
+        self.config_file.write_text(render_properties(s3proxy_properties(self.settings, self.objects_dir)))
+        self.config_file.chmod(0o600)  # it holds the S3 secret key
+        (self.root / "logback.xml").write_text(_LOGBACK.format(log=self.log_file))
+        return ["org.gaul.s3proxy.Main", "--properties", str(self.config_file)]
+
+    def jvm_properties(self) -> list[str]:
+        return [f"-Dlogback.configurationFile={self.root / 'logback.xml'}"]
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until s3proxy answers HTTP, then make sure the default bucket exists."""
-        self.service.wait_ready(self._answers, timeout)
+        super().wait_ready(timeout)
         ensure_bucket(self.settings, self.endpoint)
 
-    def _answers(self) -> bool:
+    def answers(self) -> bool:
         # Any HTTP answer (403 for an unsigned request) means the server is serving.
         try:
             urllib.request.urlopen(self.endpoint + "/", timeout=1).close()
@@ -121,26 +93,45 @@ class S3Server:
             return False
         return True
 
-    def stop(self, timeout: float = 20.0) -> bool:
-        """Stop the server; True when one was running."""
-        return self.service.stop(timeout)
-
     def status(self) -> dict:
         """Up/down, pid, endpoint, bucket, data directory and log file, for ``infra status``."""
         pid = self.pid()
         return {
-            "up": pid is not None and self._answers(),
+            "up": pid is not None and self.answers(),
             "pid": pid,
             "endpoint": self.endpoint,
             "port": self.settings.s3_port,
             "bucket": self.settings.s3_bucket,
             "data_dir": str(self.objects_dir),
-            "log": str(self.service.log_file),
+            "log": str(self.log_file),
         }
 
-    def log_tail(self, lines: int = 20) -> str:
-        """The last lines of the server's log."""
-        return tail(self.service.log_file, lines)
+
+@dataclass
+class S3ReadServer(S3Server):
+    """A read-only s3proxy over the same object directory, with its own identity (secure stack).
+
+    s3proxy serves exactly one identity per instance, so checkpoint readers (engines, eval) get a
+    second instance on ``s3_read_port`` with ``s3proxy.read-only-blobstore=true``: any write, delete or
+    bucket creation through it is refused, whatever credentials the reader holds.
+    ``settings`` is the reader's view: s3_port = the read port, s3 keys = the reader's identity.
+    """
+
+    kind: ClassVar[str] = "s3-read"
+
+    @property
+    def objects_dir(self) -> Path:
+        return self.settings.data_dir / "s3" / "objects"  # the writer's objects, shared
+
+    def prepare(self) -> list[str]:
+        main = super().prepare()
+        with self.config_file.open("a") as f:
+            f.write("s3proxy.read-only-blobstore=true\n")
+        return main
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until it answers (the writer instance creates the bucket; this one cannot)."""
+        JavaServer.wait_ready(self, timeout)
 
 
 def ensure_bucket(settings: Settings, endpoint: str | None = None) -> bool:

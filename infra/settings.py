@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 CACHE_DIR = Path(os.environ.get("POLAR_CACHE_DIR", Path.home() / ".cache" / "polarstream"))
@@ -46,7 +46,16 @@ class Settings(BaseSettings):
     kafka_port: int = 9092
     kafka_controller_port: int = 9093
     topic_prefix: str = Field("", description="prepended to every topic name, e.g. 'exp1.'")
+    # Multi-DC (docs/multi-dc.md): the cluster this process publishes to and reads from, a named local
+    # cluster (`infra up --cluster NAME`) or host:port; it only decides kafka_bootstrap.
+    home_cluster: str = Field("", description="named local cluster or host:port; sets kafka_bootstrap")
     kafka_security: dict[str, str] = Field(default_factory=dict, description="extra librdkafka client settings (SASL/TLS)")
+    # A secured cluster (docs/security.md): a username turns SASL on, a CA file turns TLS on.
+    kafka_username: str = Field("", description="SASL principal of this component ('' = no SASL)")
+    kafka_password: SecretStr = Field(SecretStr(""), description="SASL password (never logged or recorded)")
+    kafka_sasl_mechanism: str = "SCRAM-SHA-512"
+    kafka_ca_file: str = Field("", description="PEM CA bundle that signed the brokers' certificates ('' = no TLS)")
+    secure: bool = Field(False, description="`infra up` runs the local stack secured: SASL_SSL, ACLs, read-only S3")
 
     # Object storage
     storage_url: str = Field("", description="checkpoint root; '' means file://<data_dir>/checkpoints")
@@ -54,7 +63,8 @@ class Settings(BaseSettings):
     s3_endpoint: str = ""  # '' means http://127.0.0.1:<s3_port>
     s3_bucket: str = "polarstream"
     s3_access_key: str = "polaradmin"
-    s3_secret_key: str = "polaradmin-secret"
+    s3_secret_key: str = Field("polaradmin-secret", repr=False)  # repr=False: never in a logged Settings
+    s3_read_port: int = 9001  # secure stack: a read-only S3 server (own identity) for checkpoint readers
     s3_region: str = "eu-west-1"  # not us-east-1: s3fs sends a LocationConstraint that some servers reject
 
     # Local state
@@ -65,8 +75,8 @@ class Settings(BaseSettings):
     engine_port: int = 8000
     gateway_port: int = 8100
     rollout_port: int = 8080
-    admin_token: str = "polar-admin"
-    session_secret: str = "polar-dev-session-secret"
+    admin_token: str = Field("polar-admin", repr=False)
+    session_secret: str = Field("polar-dev-session-secret", repr=False)
 
     config: str | None = Field(None, description="optional YAML file with any of these settings")
 
@@ -75,6 +85,12 @@ class Settings(BaseSettings):
         # POLAR_KAFKA_PORT alone moves both the broker and its clients; an explicit bootstrap wins.
         if "kafka_bootstrap" not in self.model_fields_set:
             self.kafka_bootstrap = f"127.0.0.1:{self.kafka_port}"
+            if self.home_cluster:
+                from .clusters import home_bootstrap, home_ca_file
+
+                self.kafka_bootstrap = home_bootstrap(self)
+                # A secured local home cluster has its own CA: its clients trust it without being told.
+                self.kafka_ca_file = self.kafka_ca_file or home_ca_file(self)
         return self
 
     @classmethod
@@ -100,7 +116,17 @@ class Settings(BaseSettings):
 
     def kafka_config(self, **extra: Any) -> dict[str, Any]:
         """librdkafka client configuration shared by producers and consumers."""
-        return {"bootstrap.servers": self.kafka_bootstrap, **self.kafka_security, **extra}
+        return {"bootstrap.servers": self.kafka_bootstrap, **self.kafka_auth(), **self.kafka_security, **extra}
+
+    def kafka_auth(self) -> dict[str, str]:
+        """librdkafka security settings derived from kafka_username / kafka_ca_file ({} for plaintext)."""
+        tls = bool(self.kafka_ca_file)
+        out = {"ssl.ca.location": self.kafka_ca_file} if tls else {}
+        if self.kafka_username:
+            return {**out, "security.protocol": "SASL_SSL" if tls else "SASL_PLAINTEXT",
+                    "sasl.mechanism": self.kafka_sasl_mechanism, "sasl.username": self.kafka_username,
+                    "sasl.password": self.kafka_password.get_secret_value()}
+        return {**out, "security.protocol": "SSL"} if tls else out
 
     def storage_options(self, url: str) -> dict[str, Any]:
         """fsspec options for a URL: s3:// goes to our S3 server with our credentials."""

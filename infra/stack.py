@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .errors import InfraError
 from .kafka import KafkaBroker
 from .maven import fetch
-from .s3 import S3Server
+from .s3 import S3ReadServer, S3Server
 from .settings import Settings
 from .topics import TopicReport, ensure_topics
 
@@ -23,8 +24,15 @@ class Stack:
     ephemeral: bool = False
     kafka: KafkaBroker = field(init=False)
     s3: S3Server = field(init=False)
+    s3_read: S3ReadServer | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
+        if self.settings.secure:  # docs/security.md: the stack itself acts as Kafka admin and S3 writer
+            from .security import admin_view, s3_settings
+
+            self.settings = admin_view(self.settings)
+            reader = s3_settings(self.settings, "reader").model_copy(update={"s3_port": self.settings.s3_read_port})
+            self.s3_read = S3ReadServer(reader, die_with_parent=self.ephemeral, quick_jit=self.ephemeral)
         self.kafka = KafkaBroker(self.settings, die_with_parent=self.ephemeral, quick_jit=self.ephemeral)
         self.s3 = S3Server(self.settings, die_with_parent=self.ephemeral, quick_jit=self.ephemeral)
 
@@ -32,24 +40,44 @@ class Stack:
         """Start whatever is not running (both JVMs boot side by side), then apply topics.yaml."""
         # Jars first, one Maven run after the other: two Maven processes sharing one local repository
         # can corrupt each other's downloads.
+        if not self.settings.secure and (self.settings.data_dir / "security" / "credentials.yaml").exists():
+            # Starting it plaintext would serve its data without authentication or ACLs.
+            raise InfraError(f"{self.settings.data_dir} holds a secured stack: start it with --secure (or POLAR_SECURE=1)")
         fetch("kafka", self.settings)
         fetch("s3proxy", self.settings)
         try:
             self.kafka.launch()
             self.s3.launch()
+            if self.s3_read is not None:
+                self.s3_read.launch()
             self.kafka.wait_ready(timeout)
             self.s3.wait_ready(timeout)
+            if self.s3_read is not None:
+                self.s3_read.wait_ready(timeout)
         except BaseException:
             if self.ephemeral:  # a test session must not leave half a stack behind
                 self.down()
             raise
-        return ensure_topics(self.settings)
+        report = ensure_topics(self.settings)
+        if self.settings.secure:
+            from .acls import apply_acls
+
+            apply_acls(self.settings)
+        return report
 
     def down(self) -> dict[str, bool]:
         """Stop both servers; says which ones were running."""
-        return {"kafka": self.kafka.stop(), "storage": self.s3.stop()}
+        out = {"kafka": self.kafka.stop(), "storage": self.s3.stop()}
+        # A read-only S3 server that `up --secure` started goes too, even when `down` forgot --secure.
+        read = self.s3_read or S3ReadServer(self.settings.model_copy(update={"s3_port": self.settings.s3_read_port}))
+        if self.s3_read is not None or read.pid() is not None:
+            out["storage-read"] = read.stop()
+        return out
 
     def status(self) -> dict:
         """Both servers' status plus the topic prefix and data directory."""
-        return {"kafka": self.kafka.status(), "storage": self.s3.status(), "topic_prefix": self.settings.topic_prefix,
-                "data_dir": str(self.settings.data_dir)}
+        out = {"kafka": self.kafka.status(), "storage": self.s3.status(), "topic_prefix": self.settings.topic_prefix,
+               "data_dir": str(self.settings.data_dir), "secure": self.settings.secure}
+        if self.s3_read is not None:
+            out["storage_read"] = self.s3_read.status()
+        return out
