@@ -35,6 +35,13 @@ def serve(
     max_tokens: int = typer.Option(4096, help="completion limit when a request names none"),
     max_model_len: Optional[int] = typer.Option(None, help="context length (default: ask the engine)"),
     policy_version: int = typer.Option(0, help="initial policy version stamped on calls"),
+    max_messages: int = typer.Option(10_000, help="most messages one request may carry (400 beyond)"),
+    max_tools: int = typer.Option(1_024, help="most tool definitions one request may carry (400 beyond)"),
+    max_output_tokens: int = typer.Option(1_048_576, help="largest max_tokens a request may ask for (400 beyond)"),
+    max_json_depth: int = typer.Option(64, help="deepest JSON nesting accepted in a body (400 beyond)"),
+    max_sessions_per_key: int = typer.Option(256, help="sessions one API key may have calls in flight in (429 beyond)"),
+    max_inflight_per_session: int = typer.Option(32, help="calls of one session in flight at once (429 beyond)"),
+    body_timeout: float = typer.Option(120.0, help="seconds a request body may take to arrive (408 beyond)"),
     config: Optional[Path] = typer.Option(None, help="settings YAML (Kafka, topics, tokens)"),
     log_level: str = typer.Option("warning", help="uvicorn log level"),
 ) -> None:
@@ -45,6 +52,7 @@ def serve(
 
     from .app import create_app
     from .config import GatewayConfig
+    from .limits import Limits
 
     if upstream not in ("polar", "vllm", "sglang"):
         raise typer.BadParameter(f"{upstream!r}: expected polar, vllm or sglang", param_hint="--upstream")
@@ -58,6 +66,9 @@ def serve(
         publish_timeout_s=publish_timeout, max_body_bytes=int(max_body_mb * 1024 * 1024),
         upstream_timeout_s=upstream_timeout, default_max_tokens=max_tokens, max_model_len=max_model_len,
         policy_version=policy_version,
+        limits=Limits(max_json_depth=max_json_depth, max_messages=max_messages, max_tools=max_tools,
+                      max_output_tokens=max_output_tokens, max_sessions_per_key=max_sessions_per_key,
+                      max_inflight_per_session=max_inflight_per_session, body_timeout_s=body_timeout),
     )
     app = create_app(settings, cfg)
     # uvicorn closes idle keep-alive connections after 5 s by default; a client reusing one just then

@@ -7,6 +7,7 @@ adapter.parse_request -> Gateway.call -> adapter.render_response / render_stream
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
 from collections.abc import AsyncIterator, Iterable
@@ -14,11 +15,13 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, WebSocket
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 
 from . import errors
 from .canonical import ProviderAdapter, RequestError
 from .events import harness_from_user_agent
+from .limits import KeyLimiter, Limits, check_body, check_request
 from .providers import ADAPTERS, parse_route
 from .providers.detection import CHAT
 from .service import Gateway
@@ -82,17 +85,26 @@ def _decompress(body: bytes, encoding: str) -> bytes:
     raise RequestError(415, f"content-encoding {encoding!r} is not supported (send identity, gzip or deflate)")
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The request body as a JSON object, refusing bodies over ``limit`` bytes before reading them."""
+async def read_json(request: Request, limit: int, limits: Limits | None = None) -> dict[str, Any]:
+    """The request body as a JSON object, refusing bodies over ``limit`` bytes before reading them.
+
+    ``limits``: the body must also arrive within ``body_timeout_s`` (a stalled client would otherwise
+    hold its connection forever) and nest no deeper than ``max_json_depth``.
+    """
+    limits = limits or Limits()
     too_large = RequestError(413, f"request body exceeds the gateway's limit of {limit} bytes", "request_too_large")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
+    except TimeoutError:
+        raise RequestError(408, f"request body not received within {limits.body_timeout_s:g}s", "timeout_error") from None
     raw = _decompress(bytes(body), request.headers.get("content-encoding", "").strip().lower())
     if len(raw) > limit:
         raise too_large
@@ -102,6 +114,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         raise RequestError(400, f"body: not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise RequestError(400, "body: expected a JSON object")
+    check_body(data, limits)
     return data
 
 
@@ -123,15 +136,19 @@ async def model_call(request: Request, path: str) -> Response:
     adapter = ADAPTERS.get(route.provider, ADAPTERS[CHAT])
     try:
         claims = authenticate(gw, request.app.state.settings.session_secret, path_key, request)
-        body = await read_json(request, gw.config.max_body_bytes)
+        limits = gw.config.limits
+        body = await read_json(request, gw.config.max_body_bytes, limits)
         route = parse_route(rest, request.headers, body)
         adapter = ADAPTERS[route.provider]
         if route.action == "count_tokens":
-            n = await gw.count_tokens(adapter.parse_count_tokens(body, model=route.model))
-            return JSON(adapter.render_count_tokens(n))
+            counted = adapter.parse_count_tokens(body, model=route.model)
+            check_request(counted, limits)
+            return JSON(adapter.render_count_tokens(await gw.count_tokens(counted)))
         req = adapter.parse_request(body, model=route.model, stream=route.stream)
+        check_request(req, limits)
         harness = claims.harness or harness_from_user_agent(request.headers.get("user-agent", ""))
-        resp = await gw.call(claims, req, harness)
+        with key_limiter(request).hold(path_key or header_key(request) or claims.session_id, claims.session_id):
+            resp = await gw.call(claims, req, harness)
         if req.stream:
             # The whole answer exists already: render it now so a render bug is a clean error, not a cut stream.
             parts = list(adapter.render_stream(req, resp))
@@ -140,9 +157,20 @@ async def model_call(request: Request, path: str) -> Response:
         return JSON(adapter.render_response(req, resp))
     except RequestError as e:
         return error_response(adapter, e)
+    except ClientDisconnect:  # the client went away mid-body: nobody to answer, nothing was recorded
+        log.info("client disconnected while sending %s", rest)
+        return Response(status_code=400)
     except Exception:  # never a stack trace to the harness; the log has it
         log.exception("unexpected error on %s", rest)
         return error_response(adapter, RequestError(500, "internal gateway error (see the gateway log)", "api_error"))
+
+
+def key_limiter(request: Request) -> KeyLimiter:
+    """The app's per-key limiter, made on first use (apps built without ``create_app`` get one too)."""
+    state = request.app.state
+    if getattr(state, "key_limiter", None) is None:
+        state.key_limiter = KeyLimiter(state.gateway.config.limits)
+    return state.key_limiter
 
 
 def _models_body(gw: Gateway, request: Request, rest: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ def _arguments_obj(arguments: str) -> Any:
     # Templates render arguments with ``tojson``; vLLM also turns the JSON text into an object first.
     try:
         return json.loads(arguments) if arguments else {}
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # nested past Python's limit: rendered as text
         return arguments
 
 

@@ -10,6 +10,9 @@ from pydantic import ValidationError
 from .records import SCHEMA_VERSION, Record
 
 R = TypeVar("R", bound=Record)
+# Deeper payloads are refused: pydantic cannot serialize ~250 levels and orjson encodes at most 254, so a
+# deeper record would decode here but fail when a consumer re-publishes it (found by tests/fuzz).
+MAX_DEPTH = 128
 
 
 class RecordDecodeError(ValueError):
@@ -33,6 +36,8 @@ def decode(data: bytes | str, cls: type[R]) -> R:
         raise RecordDecodeError(name, "", f"not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise RecordDecodeError(name, "", f"expected a JSON object, got {type(obj).__name__}")
+    if _too_deep(obj, MAX_DEPTH):
+        raise RecordDecodeError(name, "", f"nested deeper than {MAX_DEPTH} levels")
     version = obj.get("schema_version")
     if version != SCHEMA_VERSION:
         raise RecordDecodeError(name, "schema_version", f"unsupported version {version!r} (this build reads {SCHEMA_VERSION})")
@@ -42,3 +47,17 @@ def decode(data: bytes | str, cls: type[R]) -> R:
         err = e.errors(include_url=False)[0]
         field = ".".join(str(p) for p in err["loc"])
         raise RecordDecodeError(name, field, err["msg"]) from None
+
+
+def _too_deep(value: object, limit: int) -> bool:
+    """Whether a decoded JSON value nests more than ``limit`` containers (iterative: deep input cannot recurse)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False

@@ -21,11 +21,13 @@ from gateway.providers.common import (
     bad,
     error_type,
     get,
-    ignored_fields,
     items,
+    nonempty_items,
+    note_ignored,
     obj,
     pieces,
     positive_int,
+    preamble,
     prefixed,
     signature,
     sse,
@@ -68,16 +70,12 @@ class AnthropicMessages:
         return self._parse(body, count_only=True, stream=False)
 
     def _parse(self, body: dict[str, Any], *, count_only: bool, stream: bool | None) -> ChatRequest:
-        body = obj(body, "body")
-        extras: dict[str, Any] = {k: body[k] for k in _RECORDED if k in body}
+        body, extras = preamble(body, _RECORDED)
         system, billing = _system_text(body.get("system"), self.strip_billing_header)
         if billing:
             extras["billing_header"] = billing
         messages = [Message("system", system)] if system else []
-        raw_messages = items(get(body, "messages", list, required=True), "messages")
-        if not raw_messages:
-            raise bad("messages", "at least one message is required")
-        for i, m in enumerate(raw_messages):
+        for i, m in enumerate(nonempty_items(body, "messages", "message")):
             messages.extend(_message(obj(m, f"messages.{i}"), f"messages.{i}", messages))
         tools, skipped = _tools(get(body, "tools", list, default=[]))
         if skipped:
@@ -85,8 +83,7 @@ class AnthropicMessages:
         output_config = get(body, "output_config", dict, default={})
         thinking = get(body, "thinking", dict, default={})
         structured = isinstance(output_config.get("format"), dict)
-        if ignored := ignored_fields(body, _KNOWN):
-            extras["ignored_fields"] = ignored
+        note_ignored(body, _KNOWN, extras)
         sampling = Sampling(
             max_tokens=positive_int(body, "max_tokens", required=not count_only),
             temperature=get(body, "temperature", float),

@@ -28,7 +28,7 @@ def normalize_arguments(value: str | Mapping[str, Any] | None) -> str:
         return json.dumps(value, ensure_ascii=False)
     try:
         return json.dumps(json.loads(value), ensure_ascii=False)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past Python's recursion limit: kept as text too
         return value
 
 
@@ -42,7 +42,7 @@ def canonical_arguments(value: str | Mapping[str, Any] | None) -> str:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return value.strip()
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
@@ -60,7 +60,7 @@ def arguments_object(text: str) -> dict[str, Any]:
     """
     try:
         value = json.loads(text) if text.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return {UNPARSED_KEY: text}
     return value if isinstance(value, dict) else {UNPARSED_KEY: text}
 

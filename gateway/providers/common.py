@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import orjson
 
-from gateway.canonical import Message, RequestError
+from gateway.canonical import Message, RequestError, Tool, ToolCall
+from gateway.providers.arguments import normalize_arguments
 
 TEXT_JOIN = "\n"  # how several text blocks of one message become one string (fixed, so prompts are stable)
 IMAGE_PLACEHOLDER = "[image]"  # the served models are text-only; the placeholder keeps the turn's shape
@@ -107,6 +108,79 @@ def ignored_fields(body: Mapping[str, Any], known: set[str]) -> list[str]:
 def tool_names_by_id(messages: list[Message]) -> dict[str, str]:
     """Call id -> tool name over the assistant turns so far (tool results name their tool)."""
     return {c.id: c.name for m in messages for c in m.tool_calls}
+
+
+# ------------------------------------------------------------------------ shared request parsing
+
+
+def preamble(body: Any, recorded: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every parser's first step: the body as an object, and the provider fields recorded as they are."""
+    body = obj(body, "body")
+    return body, {k: body[k] for k in recorded if k in body}
+
+
+def nonempty_items(body: Mapping[str, Any], key: str, what: str) -> list[Any]:
+    """A required array with at least one entry (``messages``, ``contents``); ``what`` names an entry."""
+    value = items(get(body, key, list, required=True), key)
+    if not value:
+        raise bad(key, f"at least one {what} is required")
+    return value
+
+
+def note_ignored(body: Mapping[str, Any], known: set[str], extras: dict[str, Any]) -> None:
+    """Record the top-level fields the adapter does not use (never dropped silently)."""
+    if ignored := ignored_fields(body, known):
+        extras["ignored_fields"] = ignored
+
+
+def parts_text(value: Any, field: str, *, text_kinds: tuple[str, ...], image_kinds: tuple[str, ...]) -> str:
+    """OpenAI-style content: a string, or typed parts joined as text (images and others as placeholders).
+
+    Chat calls its parts ``text``/``image_url``, Responses ``input_text``/``output_text``/``input_image``;
+    both have ``refusal``. Unknown kinds stay visible as ``[kind]`` rather than vanishing.
+    """
+    if value is None or isinstance(value, str):
+        return value or ""
+    texts = []
+    for j, part in enumerate(items(value, field)):
+        part = obj(part, f"{field}.{j}")
+        kind = get(part, "type", str, f"{field}.{j}.type", required=True)
+        if kind in text_kinds:
+            texts.append(get(part, "text", str, f"{field}.{j}.text", required=True))
+        elif kind == "refusal":
+            texts.append(get(part, "refusal", str, f"{field}.{j}.refusal", default=""))
+        elif kind in image_kinds:
+            texts.append(IMAGE_PLACEHOLDER)
+        else:
+            texts.append(f"[{kind}]")
+    return TEXT_JOIN.join(texts)
+
+
+def tool_choice_mode(value: Any) -> str | None:
+    """OpenAI's ``tool_choice`` when absent or a string (auto/none/required); None when it is an object."""
+    if value is None:
+        return "auto"
+    if isinstance(value, str):
+        if value not in ("auto", "none", "required"):
+            raise bad("tool_choice", f"expected 'auto', 'none', 'required' or a tool, got {value!r}")
+        return value
+    return None
+
+
+def function_tool(fn: Mapping[str, Any], field: str, *, prefix: str = "") -> Tool:
+    """An OpenAI function tool (``name``, ``description``, ``parameters``) as a canonical Tool."""
+    name = get(fn, "name", str, f"{field}.name", required=True)
+    return Tool(
+        name=f"{prefix}{name}",
+        description=get(fn, "description", str, f"{field}.description", default=""),
+        parameters=get(fn, "parameters", dict, f"{field}.parameters", default={"type": "object", "properties": {}}),
+    )
+
+
+def function_call(call_id: str, fn: Mapping[str, Any], field: str, *, name: str = "") -> ToolCall:
+    """An OpenAI function call echo (``name`` + ``arguments`` text in ``fn``) as a canonical ToolCall."""
+    name = name or get(fn, "name", str, f"{field}.name", required=True)
+    return ToolCall(call_id, name, normalize_arguments(get(fn, "arguments", str, f"{field}.arguments", default="{}")))
 
 
 # ------------------------------------------------------------------------------------ rendering

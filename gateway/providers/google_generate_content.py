@@ -26,6 +26,7 @@ from gateway.providers.common import (
     get,
     ignored_fields,
     items,
+    nonempty_items,
     obj,
     pieces,
     positive_int,
@@ -94,10 +95,7 @@ class GoogleGenerateContent:
         extras: dict[str, Any] = {k: _v(body, k) for k in _RECORDED if _v(body, k) is not None}
         system = _system(_v(body, "systemInstruction"))
         messages = [Message("system", system)] if system else []
-        raw_contents = items(get(body, "contents", list, required=True), "contents")
-        if not raw_contents:
-            raise bad("contents", "at least one content is required")
-        messages += _contents(raw_contents)
+        messages += _contents(nonempty_items(body, "contents", "content"))
         tools, dropped = _tools(get(body, "tools", list, default=[]))
         if dropped:
             extras["dropped_tools"] = dropped  # googleSearch, codeExecution...: run on Google's servers
@@ -317,11 +315,14 @@ def _json_schema(schema: Any) -> Any:
 
 
 def _tool_choice(tool_config: dict[str, Any]) -> str:
-    fcc = get(tool_config, _k(tool_config, "functionCallingConfig"), dict, "toolConfig.functionCallingConfig", default={})
-    mode = str(fcc.get("mode") or "AUTO").upper()
-    allowed = _v(fcc, "allowedFunctionNames") or []
+    field = "toolConfig.functionCallingConfig"
+    fcc = get(tool_config, _k(tool_config, "functionCallingConfig"), dict, field, default={})
+    mode = (get(fcc, "mode", str, f"{field}.mode") or "AUTO").upper()
+    # A dict or a string here once reached allowed[0] (KeyError, a 500): found by tests/fuzz.
+    allowed = stop_list(get(fcc, _k(fcc, "allowedFunctionNames"), list, f"{field}.allowedFunctionNames"),
+                        f"{field}.allowedFunctionNames")
     if mode == "NONE":
         return "none"
     if mode == "ANY":
-        return allowed[0] if len(allowed) == 1 and isinstance(allowed[0], str) else "required"
+        return allowed[0] if len(allowed) == 1 else "required"
     return "auto"

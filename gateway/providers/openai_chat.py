@@ -14,21 +14,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.canonical import ChatRequest, ChatResponse, ContextLengthError, Message, RequestError, Sampling, Tool, ToolCall
-from gateway.providers.arguments import normalize_arguments
 from gateway.providers.common import (
-    IMAGE_PLACEHOLDER,
     TEXT_JOIN,
     bad,
     error_type,
+    function_call,
+    function_tool,
     get,
-    ignored_fields,
-    items,
+    nonempty_items,
+    note_ignored,
     obj,
+    parts_text,
     pieces,
     positive_int,
+    preamble,
     prefixed,
     sse,
     stop_list,
+    tool_choice_mode,
     tool_names_by_id,
 )
 from gateway.providers.side_calls import DEFAULT_MARKERS, is_side_call
@@ -62,13 +65,9 @@ class OpenAIChat:
         return self._parse(body, stream=False)
 
     def _parse(self, body: dict[str, Any], *, stream: bool | None) -> ChatRequest:
-        body = obj(body, "body")
-        extras: dict[str, Any] = {k: body[k] for k in _RECORDED if k in body}
-        raw_messages = items(get(body, "messages", list, required=True), "messages")
-        if not raw_messages:
-            raise bad("messages", "at least one message is required")
+        body, extras = preamble(body, _RECORDED)
         messages: list[Message] = []
-        for i, m in enumerate(raw_messages):
+        for i, m in enumerate(nonempty_items(body, "messages", "message")):
             messages.append(_message(obj(m, f"messages.{i}"), f"messages.{i}", messages))
         tools, skipped = _tools(get(body, "tools", list, default=[]))
         if skipped:
@@ -77,8 +76,7 @@ class OpenAIChat:
             raise bad("n", "only n=1 is supported")
         stream_options = get(body, "stream_options", dict, default={})
         extras["include_usage"] = stream_options.get("include_usage") is True  # read by render_stream
-        if ignored := ignored_fields(body, _KNOWN):
-            extras["ignored_fields"] = ignored
+        note_ignored(body, _KNOWN, extras)
         max_tokens = positive_int(body, "max_completion_tokens") or positive_int(body, "max_tokens")
         effort = get(body, "reasoning_effort", str)
         response_format = get(body, "response_format", dict, default={})
@@ -190,21 +188,7 @@ def openai_error(err: RequestError, *, param: str) -> dict[str, Any]:
 
 def _content(value: Any, field: str) -> str:
     """String content or a list of parts (text, refusal; images and files as placeholders)."""
-    if value is None or isinstance(value, str):
-        return value or ""
-    texts = []
-    for j, part in enumerate(items(value, field)):
-        part = obj(part, f"{field}.{j}")
-        kind = get(part, "type", str, f"{field}.{j}.type", required=True)
-        if kind == "text":
-            texts.append(get(part, "text", str, f"{field}.{j}.text", required=True))
-        elif kind == "refusal":
-            texts.append(get(part, "refusal", str, f"{field}.{j}.refusal", default=""))
-        elif kind == "image_url":
-            texts.append(IMAGE_PLACEHOLDER)
-        else:
-            texts.append(f"[{kind}]")
-    return TEXT_JOIN.join(texts)
+    return parts_text(value, field, text_kinds=("text",), image_kinds=("image_url",))
 
 
 def _message(m: dict[str, Any], field: str, history: list[Message]) -> Message:
@@ -224,14 +208,9 @@ def _message(m: dict[str, Any], field: str, history: list[Message]) -> Message:
     msg = Message("assistant", content, reasoning=reasoning)
     for j, call in enumerate(get(m, "tool_calls", list, f"{field}.tool_calls", default=[])):
         call = obj(call, f"{field}.tool_calls.{j}")
-        fn = obj(call.get("function"), f"{field}.tool_calls.{j}.function")
-        msg.tool_calls.append(
-            ToolCall(
-                id=get(call, "id", str, f"{field}.tool_calls.{j}.id", required=True),
-                name=get(fn, "name", str, f"{field}.tool_calls.{j}.function.name", required=True),
-                arguments=normalize_arguments(get(fn, "arguments", str, f"{field}.tool_calls.{j}.function.arguments", default="{}")),
-            )
-        )
+        call_id = get(call, "id", str, f"{field}.tool_calls.{j}.id", required=True)
+        fn_field = f"{field}.tool_calls.{j}.function"
+        msg.tool_calls.append(function_call(call_id, obj(call.get("function"), fn_field), fn_field))
     return msg
 
 
@@ -243,24 +222,13 @@ def _tools(raw: list[Any]) -> tuple[list[Tool], list[str]]:
         if t.get("type", "function") != "function":
             skipped.append(str(t.get("name") or t.get("type")))
             continue
-        fn = obj(t.get("function"), f"tools.{i}.function")
-        tools.append(
-            Tool(
-                name=get(fn, "name", str, f"tools.{i}.function.name", required=True),
-                description=get(fn, "description", str, f"tools.{i}.function.description", default=""),
-                parameters=get(fn, "parameters", dict, f"tools.{i}.function.parameters", default={"type": "object", "properties": {}}),
-            )
-        )
+        tools.append(function_tool(obj(t.get("function"), f"tools.{i}.function"), f"tools.{i}.function"))
     return tools, skipped
 
 
 def _tool_choice(value: Any) -> str:
-    if value is None:
-        return "auto"
-    if isinstance(value, str):
-        if value not in ("auto", "none", "required"):
-            raise bad("tool_choice", f"expected 'auto', 'none', 'required' or a function, got {value!r}")
-        return value
+    if mode := tool_choice_mode(value):
+        return mode
     choice = obj(value, "tool_choice")
     fn = obj(choice.get("function"), "tool_choice.function")
     return get(fn, "name", str, "tool_choice.function.name", required=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.canonical import ChatRequest, ChatResponse, Message, RequestError, Sampling, ToolCall
-from gateway.providers.common import bad, get, ignored_fields, items, obj, pieces, positive_int, prefixed, sse
+from gateway.providers.common import bad, get, items, note_ignored, pieces, positive_int, preamble, prefixed, sse
 from gateway.providers.openai_chat import openai_error
 from gateway.providers.responses_input import custom_input, parse_input, parse_tools, tool_choice
 from gateway.providers.side_calls import DEFAULT_MARKERS, is_side_call
@@ -49,18 +49,16 @@ class OpenAIResponses:
         return self._parse(body, stream=False)
 
     def _parse(self, body: dict[str, Any], *, stream: bool | None) -> ChatRequest:
-        body = obj(body, "body")
+        body, extras = preamble(body, _RECORDED)
         if body.get("previous_response_id"):
             raise bad("previous_response_id", "this gateway stores no responses: send the whole conversation in input")
-        extras: dict[str, Any] = {k: body[k] for k in _RECORDED if k in body}
         instructions = get(body, "instructions", str, default="")
         messages = [Message("system", instructions)] if instructions else []
         if body.get("input") is None:
             raise bad("input", "Field required")
         messages += parse_input(body["input"], extras)
         tools = parse_tools(items(get(body, "tools", list, default=[]), "tools"), extras)
-        if ignored := ignored_fields(body, _KNOWN):
-            extras["ignored_fields"] = ignored
+        note_ignored(body, _KNOWN, extras)
         reasoning = get(body, "reasoning", dict, default=None)
         text_format = get(body, "text", dict, default={}).get("format") or {}
         system = "\n".join(m.content for m in messages if m.role == "system")

@@ -13,7 +13,18 @@ from typing import Any
 
 from gateway.canonical import Message, Tool, ToolCall
 from gateway.providers.arguments import arguments_object, normalize_arguments
-from gateway.providers.common import IMAGE_PLACEHOLDER, TEXT_JOIN, bad, get, items, obj, tool_names_by_id
+from gateway.providers.common import (
+    TEXT_JOIN,
+    bad,
+    function_call,
+    function_tool,
+    get,
+    items,
+    obj,
+    parts_text,
+    tool_choice_mode,
+    tool_names_by_id,
+)
 
 CUSTOM_INPUT_SCHEMA = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
 NAMESPACE_SEP = "."  # canonical name of a namespaced tool: "<namespace>.<tool>"
@@ -76,21 +87,7 @@ def _join(a: str, b: str) -> str:
 
 def _content(value: Any, field: str) -> str:
     """A string, or content parts: input_text/output_text/refusal as text, images and files as placeholders."""
-    if value is None or isinstance(value, str):
-        return value or ""
-    texts = []
-    for j, part in enumerate(items(value, field)):
-        part = obj(part, f"{field}.{j}")
-        kind = get(part, "type", str, f"{field}.{j}.type", required=True)
-        if kind in ("input_text", "output_text", "text"):
-            texts.append(get(part, "text", str, f"{field}.{j}.text", required=True))
-        elif kind == "refusal":
-            texts.append(get(part, "refusal", str, f"{field}.{j}.refusal", default=""))
-        elif kind == "input_image":
-            texts.append(IMAGE_PLACEHOLDER)
-        else:
-            texts.append(f"[{kind}]")
-    return TEXT_JOIN.join(texts)
+    return parts_text(value, field, text_kinds=("input_text", "output_text", "text"), image_kinds=("input_image",))
 
 
 def _reasoning_text(item: dict[str, Any], field: str) -> str:
@@ -110,10 +107,8 @@ def _call(item: dict[str, Any], field: str, kind: str) -> ToolCall:
     if namespace:
         name = namespace + NAMESPACE_SEP + name
     if kind == "custom_tool_call":
-        args = normalize_arguments({"input": get(item, "input", str, f"{field}.input", default="")})
-    else:
-        args = normalize_arguments(get(item, "arguments", str, f"{field}.arguments", default="{}"))
-    return ToolCall(call_id, name, args)
+        return ToolCall(call_id, name, normalize_arguments({"input": get(item, "input", str, f"{field}.input", default="")}))
+    return function_call(call_id, item, field, name=name)
 
 
 def parse_tools(raw: list[Any], extras: dict[str, Any]) -> list[Tool]:
@@ -152,28 +147,23 @@ def _tool(t: dict[str, Any], field: str, custom: list[str], dropped: list[str], 
     if kind not in ("function", "custom"):
         dropped.append(str(t.get("name") or kind))
         return None
+    if kind == "function":
+        return function_tool(t, field, prefix=prefix + NAMESPACE_SEP if prefix else "")
     name = get(t, "name", str, f"{field}.name", required=True)
     if prefix:
         name = prefix + NAMESPACE_SEP + name
     description = get(t, "description", str, f"{field}.description", default="")
-    if kind == "custom":
-        custom.append(name)
-        fmt = t.get("format")
-        if isinstance(fmt, dict) and fmt.get("type") == "grammar":
-            description = f"{description}\n\nInput grammar ({fmt.get('syntax', '')}):\n{fmt.get('definition', '')}".strip()
-        return Tool(name, description, CUSTOM_INPUT_SCHEMA)
-    params = get(t, "parameters", dict, f"{field}.parameters", default={"type": "object", "properties": {}})
-    return Tool(name, description, params)
+    custom.append(name)
+    fmt = t.get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+        description = f"{description}\n\nInput grammar ({fmt.get('syntax', '')}):\n{fmt.get('definition', '')}".strip()
+    return Tool(name, description, CUSTOM_INPUT_SCHEMA)
 
 
 def tool_choice(value: Any) -> str:
     """``auto``/``none``/``required`` or ``{"type": "function"|"custom", "name"}``; other forms mean auto."""
-    if value is None:
-        return "auto"
-    if isinstance(value, str):
-        if value not in ("auto", "none", "required"):
-            raise bad("tool_choice", f"expected 'auto', 'none', 'required' or a tool, got {value!r}")
-        return value
+    if mode := tool_choice_mode(value):
+        return mode
     choice = obj(value, "tool_choice")
     if choice.get("type") in ("function", "custom"):
         return get(choice, "name", str, "tool_choice.name", required=True)

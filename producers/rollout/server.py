@@ -25,14 +25,16 @@ from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infra.settings import Settings
-from schemas import SessionEvent, TaskRequest
+from schemas import SessionEvent, TaskRequest, encode
 
 from .fanout import FanOutError, cancel_marker, fan_out
 from .progress import TaskState, apply_event, new_task_state
 
 log = logging.getLogger("polarstream.rollout")
+MAX_TASKS_PER_SUBMISSION = 1_000  # a list larger than this is refused whole (400)
 
 
 class ApiError(Exception):
@@ -51,16 +53,39 @@ class Rollout:
         self.tasks: dict[str, TaskState] = {}
         self.events_seen = 0
 
-    async def submit(self, task: TaskRequest) -> dict[str, Any]:
-        """Publish the task and its sessions; ApiError for a duplicate, a bad mix or Kafka trouble."""
+    def check(self, tasks: list[TaskRequest]) -> list[list[Any]]:
+        """Every task's sessions, once all of them are known to be submittable; else ApiError, nothing published.
+
+        A list is checked whole first, so a bad or duplicate entry cannot leave the ones before it
+        published behind an error answer.
+        """
+        if len(tasks) > MAX_TASKS_PER_SUBMISSION:
+            raise ApiError(400, "invalid_task", f"{len(tasks)} tasks in one submission; the limit is {MAX_TASKS_PER_SUBMISSION}")
+        ids = [t.task_id for t in tasks]
+        if len(set(ids)) != len(ids):
+            raise ApiError(400, "invalid_task", "task_id: the same task_id appears twice in this submission")
+        return [self._sessions(t) for t in tasks]
+
+    def _sessions(self, task: TaskRequest) -> list[Any]:
         if task.cancelled:
             raise ApiError(400, "invalid_task", "cancelled: a submitted task must not be a cancel marker")
         if task.task_id in self.tasks:
             raise ApiError(409, "duplicate_task", f"task {task.task_id!r} was already submitted; use a new task_id")
         try:
             sessions = fan_out(task, self.settings.session_secret)
+            for record in (task, *sessions[:1]):  # the first session embeds the task: one level deeper
+                encode(record)
         except FanOutError as e:
             raise ApiError(400, "invalid_task", str(e)) from None
+        except (TypeError, ValueError, UnicodeError) as e:
+            # Lone surrogates, nesting past what can be serialized: found by tests/fuzz (they were 503s).
+            raise ApiError(400, "invalid_task", f"the task cannot be recorded as JSON ({e})") from None
+        return sessions
+
+    async def submit(self, task: TaskRequest, sessions: list[Any] | None = None) -> dict[str, Any]:
+        """Publish the task and its sessions; ApiError for a duplicate, a bad mix or Kafka trouble."""
+        if sessions is None:
+            sessions = self._sessions(task)
         state = self.tasks[task.task_id] = new_task_state(task, [s.session_id for s in sessions])
         try:
             await self.publisher.publish(task)
@@ -162,10 +187,18 @@ def create_rollout_app(settings: Settings, *, control_token: str | None = None, 
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=exc.status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes and wrong methods too answer in the API's own shape (schemathesis found {"detail"}).
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, f"http_{exc.status_code}")
+        return JSONResponse({"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"] if p != "body")
+        # Model validators put their own name in the path ("function-after[_defaults(), TaskRequest]"): drop it.
+        where = ".".join(str(p) for p in err["loc"] if p != "body" and not str(p).startswith("function-"))
         return JSONResponse({"error": {"code": "invalid_task", "message": f"{where}: {err['msg']}"}}, status_code=400)
 
     def check(token: str | None) -> None:
@@ -178,9 +211,9 @@ def create_rollout_app(settings: Settings, *, control_token: str | None = None, 
         """Submit a task (or a list of tasks); answered once everything is durably in Kafka."""
         check(x_polar_control_token)
         rollout: Rollout = request.app.state.rollout
-        if isinstance(body, list):
-            return [await rollout.submit(t) for t in body]
-        return await rollout.submit(body)
+        tasks = body if isinstance(body, list) else [body]
+        answers = [await rollout.submit(t, s) for t, s in zip(tasks, rollout.check(tasks))]
+        return answers if isinstance(body, list) else answers[0]
 
     @app.get("/tasks")
     async def list_tasks(request: Request) -> list[dict[str, Any]]:
@@ -214,5 +247,5 @@ def parse_task(line: str, where: str) -> TaskRequest:
         return TaskRequest.model_validate_json(line)
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
-        field = ".".join(str(p) for p in err["loc"])
+        field = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
         raise ValueError(f"{where}: {field}: {err['msg']}" if field else f"{where}: {err['msg']}") from None

@@ -64,7 +64,7 @@ def test_delta_must_point_backwards():
 def test_long_prompts_find_the_first_mismatch_exactly(cut):
     """Block-wise comparison (bench/_profile.py: this runs on every call) agrees with a plain scan."""
     base = list(range(1, 6145))  # 6 blocks of 1024
-    prompt = [*base[:cut], -1, *base[cut + 1:], 7, 8]
+    prompt = [*base[:cut], 0, *base[cut + 1:], 7, 8]  # 0: an id the base never has
     d = encode_prompt(tuple(prompt), 2, base)  # any Sequence: a tuple must match a list by value
     assert (d.base_len, d.suffix_ids) == (cut, prompt[cut:]) if cut else d is None
     extends = encode_prompt([*base, 7, 8], 2, tuple(base))
