@@ -59,6 +59,7 @@ def create_app(
         template = ChatTemplate.load(config.model, chat_template=config.chat_template,
                                      template_kwargs=config.template_kwargs)
     gw = Gateway(config, template)
+    gw.redactor.key = settings.session_secret.encode()  # placeholders: stable per deployment, not guessable
     if settings.admin_token == "polar-admin" or settings.session_secret == "polar-dev-session-secret":
         log.warning("gateway runs with the development admin token / session secret: set POLAR_ADMIN_TOKEN and "
                     "POLAR_SESSION_SECRET before exposing it")

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .limits import Limits
+from .redact import RedactConfig
+
 
 @dataclass
 class GatewayConfig:
@@ -31,3 +34,5 @@ class GatewayConfig:
     hold_timeout_s: float = 600.0  # while paused, how long a new call waits before a 503
     max_sessions: int = 10_000  # each holds its last request's history (tens of KB); nodes DELETE finished ones
     template_kwargs: dict[str, object] = field(default_factory=dict)  # extra chat-template variables
+    limits: Limits = field(default_factory=Limits)  # request, session and key limits (gateway/limits.py)
+    redact: RedactConfig = field(default_factory=RedactConfig)  # credentials scrubbed before recording (gateway/redact.py)

@@ -4,7 +4,10 @@
         ─▶ CallRecorded ─▶ durable publish ─▶ advance session state ─▶ ChatResponse
 
 The session's state (call_index, chain tip, counters) advances only once its event is in Kafka (sync
-mode), so a call answered with an error leaves no trace and a retry takes the same call_index. If the
+mode). A call the engine side fails (render error, context length, upstream timeout or transport
+failure, engine rejection or abort) is recorded too, with ``error`` set and nothing sampled, before the
+harness gets its error: it takes a call_index but never becomes a chain tip, so the retry extends the
+last answered call. A call refused because the event log is down is, necessarily, not recorded. If the
 broker does not confirm within ``publish_timeout_s`` the harness gets a 503 at once; the publish keeps
 going in the background and the session refuses further calls until its outcome is known, so the
 state always agrees with what is in the topic.
@@ -24,8 +27,9 @@ from schemas import CallRecorded, new_event_id
 from . import errors
 from .canonical import ChatRequest, ChatResponse, ContextLengthError, RequestError
 from .config import GatewayConfig
-from .events import build_call_record
+from .events import build_call_record, build_failed_record
 from .gate import Gate, GateClosed
+from .redact import Redactor, token_decoder
 from .sessions import SessionClaims, SessionState, SessionStore, Turn
 from .template import ChatTemplate, TemplateError
 from .tokens import PromptPlan, plan_prompt
@@ -66,11 +70,14 @@ class Gateway:
         self.max_model_len = config.max_model_len
         self.kafka_stalled = False  # a publish timed out and is unresolved: refuse calls quickly
         self.counters = {"calls": 0, "errors": 0, "publish_failures": 0}
+        self.redactor = Redactor(config.redact)  # create_app keys its placeholders with the session secret
+        self._decode_one = token_decoder(getattr(template, "tokenizer", None))
 
     # -- public -----------------------------------------------------------------------------------
 
     async def count_tokens(self, req: ChatRequest) -> int:
         """Prompt tokens of ``req`` rendered afresh (what a harness budgets with; not recorded)."""
+        req, _ = self.redactor.scrub_request(req)  # count what the model will see: placeholders, not secrets
         try:
             ids = await asyncio.to_thread(self.template.prompt_ids, req.messages, req.tools, reasoning=req.reasoning)
         except TemplateError as e:
@@ -105,24 +112,30 @@ class Gateway:
 
     async def _call_locked(self, st: SessionState, req: ChatRequest, harness: str) -> ChatResponse:
         received_at, t0 = time.time(), time.perf_counter()
-        try:  # in a worker thread: tokenizing a fresh 80 KB prompt must not stall other sessions' calls
-            plan = await asyncio.to_thread(plan_prompt, self.template, st.main, req)
-        except TemplateError as e:
-            raise RequestError(400, str(e)) from None
-        if st.evicted and plan.break_reason == "first_call":
-            plan.break_reason = "state_evicted"
-        gen = await self._generate(st, req, plan)
+        # Credentials are scrubbed before tokenizing: neither the engine nor any recorded id sees them.
+        req, scrubbed = self.redactor.scrub_request(req)
+        plan = PromptPlan([])
+        try:
+            try:  # in a worker thread: tokenizing a fresh 80 KB prompt must not stall other sessions' calls
+                plan = await asyncio.to_thread(plan_prompt, self.template, st.main, req)
+            except TemplateError as e:
+                raise RequestError(400, str(e)) from None
+            if st.evicted and plan.break_reason == "first_call":
+                plan.break_reason = "state_evicted"
+            gen = await self._generate(st, req, plan)
+        except RequestError as e:
+            # The harness sees this error: record it (nothing sampled, never trained on) before answering.
+            await self._record_failure(st, req, plan, scrubbed, harness, e, received_at, t0)
+            raise
         parsed, finish, matched = self._interpret(req, gen)
         policy = gen.policy_version if gen.policy_version is not None else self.policy_version
         call_index = st.next_call_index
-        # Delta base: the call this prompt was built on (or repeats), else the session's latest call.
-        builds_on_main = st.main is not None and (plan.extends_call_index is not None or plan.break_reason == "retry")
-        base = (st.main.call_index, st.main.full_sequence) if builds_on_main else st.last_call
         record = build_call_record(
             claims=st.claims, call_index=call_index, req=req, plan=plan, gen=gen, parsed=parsed, finish_reason=finish,
-            policy_version=policy, served_model=self.served_model, harness=harness, base=base,
+            policy_version=policy, served_model=self.served_model, harness=harness, base=self._delta_base(st, plan),
             received_at=received_at, total_ms=(time.perf_counter() - t0) * 1000, event_id=new_event_id(),
         )
+        await self._finish_record(record, scrubbed, plan)
         await self._publish(st, record, lambda: _advance(st, req, plan, gen, parsed, call_index))
         self.counters["calls"] += 1
         return ChatResponse(
@@ -130,6 +143,36 @@ class Gateway:
             tool_calls=parsed.tool_calls, finish_reason=finish, matched_stop=matched,  # type: ignore[arg-type]
             prompt_tokens=len(plan.prompt_ids), completion_tokens=len(gen.completion_ids), created=received_at,
         )
+
+    @staticmethod
+    def _delta_base(st: SessionState, plan: PromptPlan) -> tuple[int, list[int]] | None:
+        """The call this prompt was built on (or repeats), else the session's latest answered call."""
+        builds_on_main = st.main is not None and (plan.extends_call_index is not None or plan.break_reason == "retry")
+        return (st.main.call_index, st.main.full_sequence) if builds_on_main else st.last_call
+
+    async def _finish_record(self, record: CallRecorded, scrubbed: Any, plan: PromptPlan) -> None:
+        if scrubbed.counts:  # placeholder spans decode the whole prompt: off the event loop
+            await asyncio.to_thread(self.redactor.finish_record, record, scrubbed, plan.prompt_ids, self._decode_one)
+        else:
+            self.redactor.finish_record(record, scrubbed, plan.prompt_ids, self._decode_one)
+
+    async def _record_failure(self, st: SessionState, req: ChatRequest, plan: PromptPlan, scrubbed: Any, harness: str,
+                              err: RequestError, received_at: float, t0: float) -> None:
+        """Publish the CallRecorded of a call answered with ``err`` (``error`` set, nothing sampled).
+
+        It takes the next call_index, so the session's count includes it and the streams wait for it,
+        but it never becomes a chain tip or a delta base: the next call extends the last answered one.
+        If the event log cannot take it either, ``_publish`` raises its 503 instead of ``err``.
+        """
+        call_index = st.next_call_index
+        record = build_failed_record(
+            claims=st.claims, call_index=call_index, req=req, plan=plan, error=f"{err.status} {err.kind}: {err.message}",
+            policy_version=self.policy_version, served_model=self.served_model, harness=harness,
+            base=self._delta_base(st, plan) if plan.prompt_ids else None, received_at=received_at,
+            total_ms=(time.perf_counter() - t0) * 1000, event_id=new_event_id(),
+        )
+        await self._finish_record(record, scrubbed, plan)
+        await self._publish(st, record, lambda: _advance_failed(st, call_index))
 
     async def _generate(self, st: SessionState, req: ChatRequest, plan: PromptPlan) -> Generation:
         assert self.upstream is not None, "gateway used outside its lifespan"
@@ -219,6 +262,13 @@ def _settle(st: SessionState) -> None:
         p.apply()
     else:
         st.failed += 1
+
+
+def _advance_failed(st: SessionState, call_index: int) -> None:
+    """The session after a recorded failed call: only the index and the count move (``failed`` is
+    counted by ``Gateway.call``); the chain tip and the delta base stay on the last answered call."""
+    st.next_call_index = call_index + 1
+    st.calls += 1
 
 
 def _advance(st: SessionState, req: ChatRequest, plan: PromptPlan, gen: Generation, parsed: ParsedOutput,

@@ -22,6 +22,7 @@ _COMPONENTS = (
     "trainer.cli",
     "producers.cli",
     "polarstream.tools_cli",
+    "polarstream.tools.forget",
     "polarstream.demo_cli",
 )
 

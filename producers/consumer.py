@@ -25,6 +25,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from infra.security import AUTHZ_ERRORS, access_denied
 from infra.settings import Settings
 from schemas import RECORD_BY_TOPIC, Record, RecordDecodeError, decode
 
@@ -132,6 +133,9 @@ class RecordConsumer:
             if err is not None:
                 if err.fatal():
                     raise KafkaException(err)
+                if err.name() in AUTHZ_ERRORS:  # retrying cannot help: say who may not read what
+                    raise access_denied(self.settings, err.name(), err.str(), f"read {msg.topic() or self.topics} "
+                                        f"as consumer group {self.group_id!r}")
                 log.warning("consumer %s: %s", self.group_id, err.str())
                 continue
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()

@@ -26,6 +26,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from infra.security import AUTHN_ERRORS, access_denied
 from infra.settings import Settings
 from infra.topics import largest_message_bytes
 from schemas import Record, encode
@@ -137,6 +138,7 @@ class Publisher:
         cfg["logger"] = logging.getLogger("librdkafka")  # not raw stderr: callers choose what they see
         cfg.update(config or {})
         cfg["error_cb"] = self._on_error
+        self._auth_reported = False
         self._producer = Producer(cfg)
         self._fatal: KafkaError | None = None
         self._full_lock = threading.Lock()
@@ -243,6 +245,11 @@ class Publisher:
         if err.fatal():
             self._fatal = err
             log.error("publisher fatal error: %s", err.str())
+        elif err.name() in AUTHN_ERRORS and "transport failure" not in err.str() and not self._auth_reported:
+            # Retried too (a rotated password may arrive), but say once, plainly, why nothing is delivered.
+            # A broker going away mid-handshake also reports _AUTHENTICATION ("transport failure"): not a refusal.
+            self._auth_reported = True
+            log.error("%s", access_denied(self.settings, err.name(), err.str(), "connect"))
         else:
             log.debug("publisher: %s", err.str())
 

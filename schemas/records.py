@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -19,6 +19,7 @@ SCHEMA_VERSION = 1
 
 Provider = Literal["anthropic.messages", "openai.chat", "openai.responses", "google.generate_content", "engine"]
 SessionStatus = Literal["ok", "timeout", "failed", "infra_error", "cancelled"]
+TokenId = Annotated[int, Field(ge=0)]  # a vocabulary index: a negative one would index from the end
 
 
 def new_event_id() -> str:
@@ -35,7 +36,9 @@ def derived_event_id(*parts: Any) -> str:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    # No inf/NaN: JSON has no spelling for them (orjson writes null), so such a record would be
+    # published but never decode again; lax mode would otherwise accept "inf" strings (tests/fuzz).
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
 
 class Record(_Model):
@@ -138,7 +141,7 @@ class PromptDelta(_Model):
 
     base_call_index: int = Field(ge=0)
     base_len: int = Field(ge=0)
-    suffix_ids: list[int]
+    suffix_ids: list[TokenId]
 
 
 class ToolCallOut(_Model):
@@ -188,9 +191,9 @@ class CallRecorded(Record):
     harness: str = ""
     side_call: bool = False
     request: dict[str, Any] = Field(default_factory=dict)  # normalized: messages, tools, sampling
-    prompt_ids: list[int] | None = None  # full prompt, or None when prompt_delta is set
+    prompt_ids: list[TokenId] | None = None  # full prompt, or None when prompt_delta is set
     prompt_delta: PromptDelta | None = None
-    completion_ids: list[int] = Field(default_factory=list)
+    completion_ids: list[TokenId] = Field(default_factory=list)
     completion_logprobs: list[float] = Field(default_factory=list)
     finish_reason: str = ""
     output: CallOutput = Field(default_factory=CallOutput)
@@ -198,6 +201,11 @@ class CallRecorded(Record):
     timings: Timings = Field(default_factory=Timings)
     chain: ChainInfo = Field(default_factory=ChainInfo)
     error: str = ""
+    # Credentials the gateway scrubbed (gateway/redact.py, docs/security.md): kind -> count in this
+    # event's new content ("output.<kind>" for the model's own text), and [start, end) ranges of the
+    # full prompt's ids that are placeholders, so training or export can mask them.
+    redactions: dict[str, int] = Field(default_factory=dict)
+    scrubbed_spans: list[list[int]] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> "CallRecorded":
@@ -245,8 +253,8 @@ class Trace(_Model):
     """One training sequence: token ids with a loss mask and the rollout (behaviour) logprobs."""
 
     call_indices: list[int]
-    token_ids: list[int]
-    loss_mask: list[int]  # 1 on sampled tokens, 0 on prompt / interstitial tokens
+    token_ids: list[TokenId]
+    loss_mask: list[Literal[0, 1]]  # 1 on sampled tokens, 0 on prompt / interstitial tokens
     logprobs: list[float]  # rollout logprob on sampled tokens, 0.0 elsewhere
     policy_versions: list[int] = Field(default_factory=list)  # one per call in call_indices
     break_reason: str = ""  # why this trace did not continue an earlier one

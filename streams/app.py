@@ -25,6 +25,7 @@ import asyncio
 import logging
 from typing import Any
 
+from infra.security import faust_credentials
 from infra.settings import Settings
 
 from . import group_agent, session_agent
@@ -58,6 +59,7 @@ def create_app(
     app = faust.App(
         topo.app_id,
         broker=[f"kafka://{b.strip()}" for b in settings.kafka_bootstrap.split(",")],
+        broker_credentials=faust_credentials(settings),  # SASL/TLS on a secured cluster (docs/security.md)
         store="memory://",
         datadir=str(datadir),
         processing_guarantee="at_least_once",  # exactly_once lost data in our kill test: docs/streams.md

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from gateway.config import GatewayConfig
+from gateway.redact import scrub_session_event
 from gateway.runtimes import make_runtime
 from gateway.runtimes.tunnel import serve_unix_to_tcp
 from infra.settings import Settings
@@ -79,13 +80,17 @@ class Node:
         self._relay = await serve_unix_to_tcp(str(sock_path), "127.0.0.1", self.gateway_port)
         runtime = make_runtime(self.cfg.runtime, sock_path, self.cfg.image)
         self.publisher = Publisher(self.settings, client_id=f"polar-node-{self.cfg.node_id}")
-        self.pipeline = Pipeline(self.cfg, runtime, self.gateway_port, self.publisher.publish, self.settle_calls)
+        self.pipeline = Pipeline(self.cfg, runtime, self.gateway_port, self._publish_event, self.settle_calls)
         self.intake = SessionIntake(self.settings, self.cfg, self.pipeline, session_timeout_ms=self.session_timeout_ms)
         self.pipeline.on_done = self.intake.on_done
         self.watcher = TaskWatcher(self.settings, self.cfg.node_id, self.intake, self.pipeline)
         self._tasks += [asyncio.ensure_future(self.intake.run()), asyncio.ensure_future(self.watcher.run())]
         log.info("node %s: gateway on %s:%d, runtime %s, %d run slots + READY %d", self.cfg.node_id,
                  self.cfg.gateway_host, self.gateway_port, self.cfg.runtime, self.cfg.run_workers, self.cfg.ready_target)
+
+    async def _publish_event(self, event):
+        # A harness's output tail or an evaluator's message can quote a credential: scrub like the calls.
+        return await self.publisher.publish(scrub_session_event(event, self.app.state.gateway.redactor))
 
     async def settle_calls(self, session_id: str) -> int | None:
         """Calls the gateway recorded for ``session_id``, after its in-flight call (if any) settled."""

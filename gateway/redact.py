@@ -1,0 +1,206 @@
+"""Credentials out of the log: scrub them from a call before the model or Kafka sees them.
+
+Where it runs (docs/security.md): on the *incoming* request, before the prompt is tokenized. The
+engine then generates from the placeholders, so the recorded prompt ids are exactly what the model
+was conditioned on (training stays on-policy) and no token id anywhere encodes the secret. The
+model's own output is recorded as sampled (its token ids are never changed); its text fields are
+scrubbed too, so a secret-shaped string the model produced by itself is not in the text of the event.
+
+A secret becomes ``[REDACTED:<kind>:<hash8>]``: ``hash8`` is an HMAC of the secret under a per-
+deployment key, so the same secret gets the same placeholder in every call (prompts stay prefixes of
+each other, token-in/token-out keeps merging) while nobody without the key can test guesses of a
+weak password against the log. Scrubbing is idempotent: placeholders never match a pattern.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import hashlib
+import hmac
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+PLACEHOLDER = re.compile(r"\[REDACTED:([a-z0-9_]+):([0-9a-f]{8})\]")
+_NOT_PLACEHOLDER = r"(?!\[REDACTED:)"
+
+# kind -> pattern. Where a pattern has a group named ``s``, only that group is the secret (the label
+# around it, e.g. "Bearer " or "API_KEY=", stays readable). Order matters: the first match wins.
+PATTERNS: dict[str, str] = {
+    "private_key": r"-----BEGIN (?P<label>[A-Z0-9 ]*)PRIVATE KEY-----[\s\S]*?-----END (?P=label)PRIVATE KEY-----",
+    "anthropic_key": r"\bsk-ant-[A-Za-z0-9_\-]{20,}",
+    "openai_key": r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}",
+    "google_api_key": r"\bAIza[0-9A-Za-z_\-]{35}",
+    "aws_access_key": r"\b(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b",
+    "aws_secret_key": r"(?i:aws.{0,24}?(?:secret|private).{0,24}?)[\"'=:\s]+(?P<s>" + _NOT_PLACEHOLDER + r"[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])",
+    "github_token": r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})",
+    "slack_token": r"\bxox[abposr]-[A-Za-z0-9\-]{10,}",
+    "jwt": r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
+    "bearer": r"(?i:\bbearer)\s+(?P<s>" + _NOT_PLACEHOLDER + r"[A-Za-z0-9\-._~+/]{12,}=*)",
+    # .env style: an UPPER_CASE name that says it is a secret, '=' or ': ', a value of 6+ characters
+    # (not a call or a reference to another variable, which is code, not a credential).
+    "env_secret": (r"(?m)^[ \t]*(?:export[ \t]+)?[A-Z][A-Z0-9_]*(?:SECRET|TOKEN|PASSWORD|PASSWD|PWD|API_?KEY|ACCESS_KEY|"
+                   r"PRIVATE_KEY|CREDENTIALS?|AUTH)[A-Z0-9_]*[ \t]*(?:=|:[ \t])[ \t]*[\"']?(?P<s>" + _NOT_PLACEHOLDER
+                   + r"(?![$%{(])[^\s\"'#()]{6,})"),
+}
+
+
+@dataclass
+class RedactConfig:
+    """What the gateway scrubs. ``extra`` adds kind -> regex (a group named ``s`` marks the secret part)."""
+
+    enabled: bool = True
+    extra: dict[str, str] = field(default_factory=dict)
+    disable: list[str] = field(default_factory=list)  # built-in kinds to switch off (false positives)
+
+
+@dataclass
+class Scrubbed:
+    """What scrubbing one request found: counts per kind, and per message index (to count new ones only)."""
+
+    counts: Counter = field(default_factory=Counter)
+    per_message: dict[int, Counter] = field(default_factory=dict)
+
+    def since(self, offset: int) -> dict[str, int]:
+        """Counts in messages[offset:] (what a recorded event stores anew) plus the non-message parts."""
+        out = Counter(self.per_message.get(-1, Counter()))
+        for i, c in self.per_message.items():
+            if i >= offset:
+                out.update(c)
+        return dict(out)
+
+
+class Redactor:
+    """Scrubs strings, chat requests and recorded calls with one compiled pattern set."""
+
+    def __init__(self, config: RedactConfig | None = None, key: str = "polarstream-redaction"):
+        self.config = config or RedactConfig()
+        self.key = key.encode()
+        kinds = {k: v for k, v in PATTERNS.items() if k not in self.config.disable}
+        for kind, rx in self.config.extra.items():
+            if not re.fullmatch(r"[a-z0-9_]+", kind):
+                raise ValueError(f"redaction kind {kind!r}: use lower-case letters, digits and _")
+            try:
+                re.compile(rx)
+            except re.error as e:
+                raise ValueError(f"redaction pattern {kind!r} is not a valid regex: {e}") from None
+            kinds[kind] = rx
+        self.patterns = [(k, re.compile(v)) for k, v in kinds.items()]
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
+    def placeholder(self, kind: str, secret: str) -> str:
+        """The stable placeholder of ``secret``."""
+        digest = hmac.new(self.key, secret.encode(), hashlib.sha256).hexdigest()[:8]
+        return f"[REDACTED:{kind}:{digest}]"
+
+    def scrub(self, text: str, counts: Counter | None = None) -> str:
+        """``text`` with every secret replaced by its placeholder; adds what it found to ``counts``."""
+        if not text or not self.enabled:
+            return text
+        for kind, rx in self.patterns:
+            text = rx.sub(lambda m, kind=kind: self._replace(m, kind, counts), text)
+        return text
+
+    def _replace(self, m: re.Match, kind: str, counts: Counter | None) -> str:
+        group = "s" if "s" in m.re.groupindex and m.group("s") is not None else 0
+        secret = m.group(group)
+        if PLACEHOLDER.fullmatch(secret):
+            return m.group(0)
+        if counts is not None:
+            counts[kind] += 1
+        start, end = m.start(group) - m.start(0), m.end(group) - m.start(0)
+        whole = m.group(0)
+        return whole[:start] + self.placeholder(kind, secret) + whole[end:]
+
+    def scrub_obj(self, value: Any, counts: Counter | None = None) -> Any:
+        """Strings anywhere inside dicts / lists scrubbed (provider extras, tool arguments)."""
+        if isinstance(value, str):
+            return self.scrub(value, counts)
+        if isinstance(value, dict):
+            return {k: self.scrub_obj(v, counts) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.scrub_obj(v, counts) for v in value]
+        return value
+
+    def scrub_request(self, req: Any) -> tuple[Any, Scrubbed]:
+        """A copy of a canonical ChatRequest with messages, tool calls and extras scrubbed."""
+        found = Scrubbed()
+        if not self.enabled:
+            return req, found
+        messages = []
+        for i, m in enumerate(req.messages):
+            c: Counter = Counter()
+            calls = [dataclasses.replace(tc, arguments=self.scrub(tc.arguments, c)) for tc in m.tool_calls]
+            messages.append(dataclasses.replace(m, content=self.scrub(m.content, c), reasoning=self.scrub(m.reasoning, c),
+                                                tool_calls=calls))
+            if c:
+                found.per_message[i] = c
+                found.counts.update(c)
+        extra_counts: Counter = Counter()
+        extras = self.scrub_obj(req.extras, extra_counts)
+        if extra_counts:
+            found.per_message[-1] = extra_counts
+            found.counts.update(extra_counts)
+        if not found.counts:
+            return req, found
+        return dataclasses.replace(req, messages=messages, extras=extras), found
+
+    def finish_record(self, record: Any, found: Scrubbed, prompt_ids: Sequence[int],
+                      decode_one: Callable[[int], str]) -> Any:
+        """Scrub the output text of a built CallRecorded, set ``redactions`` and ``scrubbed_spans``."""
+        if not self.enabled:
+            return record
+        out_counts: Counter = Counter()
+        o = record.output
+        o.text, o.reasoning, o.parse_error = (self.scrub(o.text, out_counts), self.scrub(o.reasoning, out_counts),
+                                              self.scrub(o.parse_error, out_counts))
+        for tc in o.tool_calls:
+            tc.arguments = self.scrub(tc.arguments, out_counts)
+        record.error = self.scrub(record.error, out_counts)
+        counts = Counter(found.since(int(record.request.get("messages_offset", 0))))
+        counts.update({f"output.{k}": v for k, v in out_counts.items()})
+        record.redactions = dict(counts)
+        if found.counts:  # placeholders can only be in the prompt if this request had secrets
+            record.scrubbed_spans = placeholder_spans(prompt_ids, decode_one)
+        return record
+
+
+def placeholder_spans(ids: Sequence[int], decode_one: Callable[[int], str]) -> list[list[int]]:
+    """[start, end) token ranges of ``ids`` whose text overlaps a placeholder."""
+    pieces = [decode_one(i) for i in ids]
+    text = "".join(pieces)
+    if "[REDACTED:" not in text:
+        return []
+    ends, pos = [], 0
+    for p in pieces:
+        pos += len(p)
+        ends.append(pos)
+    spans = []
+    for m in PLACEHOLDER.finditer(text):
+        first = bisect.bisect_right(ends, m.start())  # first token whose end lies past the match start
+        last = bisect.bisect_left(ends, m.end())  # token holding the match's last character
+        spans.append([first, last + 1])
+    return spans
+
+
+def token_decoder(tokenizer: Any) -> Callable[[int], str]:
+    """A cached one-token decoder for ``tokenizer`` (placeholder search decodes many ids, few distinct)."""
+
+    @lru_cache(maxsize=262_144)
+    def decode_one(i: int) -> str:
+        return tokenizer.decode([i], skip_special_tokens=False)
+
+    return decode_one
+
+
+def scrub_session_event(event: Any, redactor: Redactor) -> Any:
+    """A SessionEvent with its free-text ``detail`` (harness output tail, evaluator output) scrubbed."""
+    detail = redactor.scrub(event.detail)
+    return event if detail == event.detail else event.model_copy(update={"detail": detail})

@@ -1,0 +1,89 @@
+"""A secured stack for the security tests (tests/security/).
+
+- ``secure_infra`` (session): Kafka with SASL_SSL/SCRAM + ACLs, the writer S3 server and the read-only
+  S3 server on free ports under a temp dir; ``.stack``, ``.settings`` (the admin view: Kafka as
+  ``admin``, S3 as the checkpoint writer).
+- ``secure_settings`` (function): those admin settings with a unique topic prefix whose topics and
+  ACLs exist (topics deleted afterwards).
+- ``principal_settings(settings, "gateway")``: the same settings as one component principal.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from infra.acls import apply_acls
+from infra.errors import InfraError
+from infra.process import free_port
+from infra.security import client_settings
+from infra.settings import Settings
+from infra.stack import Stack
+from infra.topics import delete_topics, ensure_topics
+
+
+@dataclass
+class SecureInfra:
+    stack: Stack
+
+    @property
+    def settings(self) -> Settings:
+        return self.stack.settings
+
+
+def start_secure_stack(base_dir, attempts: int = 3) -> Stack:
+    """A secured stack on fresh free ports under ``base_dir``; retries when a port was taken in between."""
+    for attempt in range(attempts):
+        kafka_port = free_port()
+        settings = Settings(
+            data_dir=base_dir / f"run{attempt}", kafka_port=kafka_port, kafka_controller_port=free_port(),
+            kafka_bootstrap=f"127.0.0.1:{kafka_port}", s3_port=free_port(), s3_read_port=free_port(), s3_endpoint="",
+            topic_prefix="", storage_url="s3://polarstream/tests", secure=True,
+        )
+        stack = Stack(settings, ephemeral=True)
+        try:
+            stack.up()
+            return stack
+        except InfraError as e:
+            if "already in use" not in str(e) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="session")
+def secure_infra(tmp_path_factory) -> SecureInfra:
+    """The secured stack for the whole session, stopped at its end."""
+    stack = start_secure_stack(tmp_path_factory.mktemp("secure-infra"))
+    try:
+        yield SecureInfra(stack)
+    finally:
+        stack.down()
+
+
+@pytest.fixture
+def secure_settings(secure_infra: SecureInfra, tmp_path) -> Settings:
+    """Admin settings for one test: own topic prefix (topics + ACLs applied), storage prefix, data dir."""
+    tag = uuid.uuid4().hex[:10]
+    settings = secure_infra.settings.model_copy(update={
+        "topic_prefix": f"s{tag}.", "storage_url": f"s3://{secure_infra.settings.s3_bucket}/tests/{tag}",
+    })
+    ensure_topics(settings)
+    apply_acls(settings)
+    yield settings
+    try:
+        delete_topics(settings, timeout=10)
+    except Exception:  # cleanup only
+        pass
+
+
+def principal_settings(settings: Settings, principal: str) -> Settings:
+    """``settings`` (same prefix, same stack) as one component principal."""
+    return client_settings(settings, principal)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if "secure_infra" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)

@@ -1,0 +1,117 @@
+"""gateway/redact.py: what is scrubbed, what is left alone, and where placeholders sit in token ids."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from gateway.canonical import ChatRequest, Message, ToolCall
+from gateway.redact import PLACEHOLDER, RedactConfig, Redactor, placeholder_spans, token_decoder
+
+AWS_ID = "AKIAQ7EXAMPLE4SECRET"
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # 40 characters
+BEARER = "eyJhbGciOiJIUzI1NiJ9-opaque-token-77f1c2"
+SAMPLES = {
+    "aws_access_key": f"aws_access_key_id = {AWS_ID}",
+    "aws_secret_key": f"aws_secret_access_key = {AWS_SECRET}",
+    "anthropic_key": "ANTHROPIC says: sk-ant-api03-abcdefghijklmnopqrstuvwxyz012345",
+    "openai_key": "key sk-proj-ABCDEFGHIJKLMNOPQRSTUVWX1234",
+    "google_api_key": "url?key=AIzaSyA1234567890abcdefghijklmnopqrstuv",
+    "github_token": "token ghp_abcdefghijklmnopqrstuvwxyz0123456789AB",
+    "bearer": f"curl -H 'Authorization: Bearer {BEARER}' https://api",
+    "env_secret": "DATABASE_PASSWORD=hunter2hunter2\n",
+    "private_key": "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\nIBAAK\n-----END RSA PRIVATE KEY-----",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+}
+BENIGN = [
+    "def get_password(user):\n    return db.lookup(user)\n",
+    "SECRET_KEY = os.environ.get('SECRET_KEY')\n",
+    "API_TOKEN=${API_TOKEN}\n",
+    "The bearer of this letter is trusted.",
+    "sk-short",
+    "sha256 e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    "git commit 4b825dc642cb6eb9a060e54bf8d69288fbee4904",
+    "PASSWORD_MIN_LENGTH: 8",
+]
+
+
+@pytest.mark.parametrize("kind", sorted(SAMPLES))
+def test_each_kind_is_scrubbed_with_a_stable_placeholder(kind):
+    r = Redactor(key="k")
+    counts: Counter = Counter()
+    out = r.scrub(SAMPLES[kind], counts)
+    assert counts == {kind: 1}, out
+    m = PLACEHOLDER.search(out)
+    assert m and m.group(1) == kind
+    assert r.scrub(SAMPLES[kind]) == out  # same secret, same placeholder
+    assert r.scrub(out) == out  # idempotent: placeholders never match again
+    assert Redactor(key="other").scrub(SAMPLES[kind]) != out  # the hash is keyed
+
+
+def test_labels_around_a_secret_stay_readable():
+    r = Redactor()
+    assert r.scrub(SAMPLES["bearer"]).startswith("curl -H 'Authorization: Bearer [REDACTED:bearer:")
+    assert r.scrub(SAMPLES["env_secret"]).startswith("DATABASE_PASSWORD=[REDACTED:env_secret:")
+    assert BEARER not in r.scrub(SAMPLES["bearer"]) and AWS_SECRET not in r.scrub(SAMPLES["aws_secret_key"])
+
+
+@pytest.mark.parametrize("text", BENIGN)
+def test_ordinary_text_and_code_is_left_alone(text):
+    counts: Counter = Counter()
+    assert Redactor().scrub(text, counts) == text and not counts
+
+
+def test_extra_patterns_disable_and_bad_regex():
+    r = Redactor(RedactConfig(extra={"ticket": r"TCK-(?P<s>\d{6})"}, disable=["bearer"]))
+    assert r.scrub("see TCK-123456").startswith("see TCK-[REDACTED:ticket:")
+    assert r.scrub(SAMPLES["bearer"]) == SAMPLES["bearer"]
+    with pytest.raises(ValueError, match="not a valid regex"):
+        Redactor(RedactConfig(extra={"bad": "("}))
+    with pytest.raises(ValueError, match="lower-case"):
+        Redactor(RedactConfig(extra={"Bad Kind": "x"}))
+    assert Redactor(RedactConfig(enabled=False)).scrub(SAMPLES["bearer"]) == SAMPLES["bearer"]
+
+
+def test_scrub_request_counts_per_message_and_since_an_offset():
+    req = ChatRequest(provider="openai.chat", model="m", messages=[
+        Message("user", f"my key is {AWS_ID}"),
+        Message("assistant", "", tool_calls=[ToolCall("c1", "shell", '{"command": "cat .env"}')]),
+        Message("tool", f"DATABASE_PASSWORD=hunter2hunter2\nAuthorization: Bearer {BEARER}", tool_call_id="c1"),
+    ], extras={"metadata": {"note": SAMPLES["github_token"]}})
+    out, found = Redactor().scrub_request(req)
+    assert req.messages[0].content.endswith(AWS_ID)  # the original is not modified
+    text = repr(out)
+    assert AWS_ID not in text and "hunter2hunter2" not in text and BEARER not in text and "ghp_" not in text
+    assert found.counts == {"aws_access_key": 1, "env_secret": 1, "bearer": 1, "github_token": 1}
+    assert found.since(2) == {"env_secret": 1, "bearer": 1, "github_token": 1}  # extras always count
+    clean = ChatRequest(provider="openai.chat", model="m", messages=[Message("user", "hi")])
+    assert Redactor().scrub_request(clean)[0] is clean
+
+
+def test_placeholder_spans_cover_exactly_the_placeholder_tokens(chat_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(chat_tokenizer_dir)
+    r = Redactor()
+    text = r.scrub(f"The file says: aws_key {AWS_ID} and Bearer {BEARER}. Done.")
+    ids = tok.encode(text, add_special_tokens=False)
+    spans = placeholder_spans(ids, token_decoder(tok))
+    assert len(spans) == 2
+    for (a, b), m in zip(spans, PLACEHOLDER.finditer(text)):
+        covered = tok.decode(ids[a:b])
+        assert m.group(0) in covered
+        assert m.group(0) not in tok.decode(ids[a + 1:b]) and m.group(0) not in tok.decode(ids[a:b - 1])  # minimal
+    assert placeholder_spans(tok.encode("no secrets", add_special_tokens=False), token_decoder(tok)) == []
+
+
+def test_session_event_detail_is_scrubbed_and_keeps_its_id():
+    from gateway.redact import scrub_session_event
+    from schemas import SessionEvent
+
+    ev = SessionEvent(session_id="s", kind="finished", status="failed",
+                      detail=f"harness exited with code 1: curl -H 'Authorization: Bearer {BEARER}'")
+    out = scrub_session_event(ev, Redactor())
+    assert BEARER not in out.detail and "[REDACTED:bearer:" in out.detail and out.event_id == ev.event_id
+    clean = SessionEvent(session_id="s", kind="started", detail="node-1")
+    assert scrub_session_event(clean, Redactor()) is clean
