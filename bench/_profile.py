@@ -117,6 +117,8 @@ def gateway(top: int) -> None:
     from infra.settings import Settings
     from infra.topics import ensure_topics
 
+    from bench._procs import server_env
+
     g = bench_module("gateway")
     tmp = Path(tempfile.mkdtemp(prefix="polar-profile-gw-"))
     model_dir = ensure_model("tiny")
@@ -133,8 +135,7 @@ def gateway(top: int) -> None:
                               str(tmp / "stub.json")], tmp / "stub.log"))
         kafka.start()
         ensure_topics(settings)
-        env = {"POLAR_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "POLAR_TOPIC_PREFIX": settings.topic_prefix,
-               "POLAR_DATA_DIR": str(tmp), "PYTHONPATH": str(ROOT)}
+        env = server_env(settings, tmp)
         gw = g.spawn([sys.executable, __file__, "--serve-gateway", str(tmp / "gateway.prof"), f"http://127.0.0.1:{stub_port}",
                       str(model_dir), str(gw_port)], tmp / "gateway.log", env)
         procs.append(gw)

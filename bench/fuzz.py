@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._procs import kafka_for_bench, server_env, spawn, stop, wait_http  # after the path insert: run as a script
+
 SCRIPT = """\
 turns:
   - match: "(?i)title"
@@ -48,27 +50,6 @@ BODY_TIMEOUT_S = 5.0
 CHUNK = 500  # cases drawn per hypothesis run (a fresh seed each)
 SCRIPT_WINDOW = ["--script-window", "512"]  # scripted turns scored on the prompt's tail only (speed)
 UPSTREAM_TIMEOUT_S = 60.0
-
-
-def spawn(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                            cwd=log.parent, start_new_session=True)
-
-
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[3:5]} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up in {timeout:.0f}s")
 
 
 def draw_chunk(provider: str, size: int, seed: int) -> list:
@@ -122,10 +103,7 @@ def read_recorded(settings, expected: set[str], timeout: float = 120.0) -> dict[
 async def run(args: argparse.Namespace) -> dict:
     from engine.models import ensure_model
     from gateway.sessions import mint_session_key
-    from infra.kafka import KafkaBroker
     from infra.process import free_port
-    from infra.settings import Settings
-    from infra.topics import ensure_topics
     from tests.fuzz.client import auth_headers, send_all, summarize
     from tests.fuzz.strategies import PROVIDERS, RENDER, conversations
 
@@ -138,18 +116,9 @@ async def run(args: argparse.Namespace) -> dict:
     t_start = time.monotonic()
     try:
         model_dir = ensure_model("tiny")
-        if args.bootstrap:
-            settings = Settings(kafka_bootstrap=args.bootstrap, topic_prefix=f"fuzz{int(time.time())}.", data_dir=tmp)
-        else:
-            kport = free_port()
-            settings = Settings(kafka_port=kport, kafka_controller_port=free_port(), kafka_bootstrap=f"127.0.0.1:{kport}",
-                                data_dir=tmp, topic_prefix="fuzz.")
-            kafka = KafkaBroker(settings, die_with_parent=True, quick_jit=True)
-            kafka.start()
-        ensure_topics(settings)
+        settings, kafka = kafka_for_bench(args.bootstrap, tmp, "fuzz")
         cli = [sys.executable, "-c", "from polarstream.cli import main; main()"]
-        env = {"POLAR_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "POLAR_TOPIC_PREFIX": settings.topic_prefix,
-               "POLAR_DATA_DIR": str(tmp), "PYTHONPATH": str(ROOT)}
+        env = server_env(settings, tmp)
         (tmp / "script.yaml").write_text(SCRIPT)
         eport, gport = free_port(), free_port()
         engine_help = subprocess.run([*cli, "engine", "--help"], capture_output=True, text=True, env={**os.environ, **env}).stdout
@@ -216,14 +185,7 @@ async def run(args: argparse.Namespace) -> dict:
             send_s=round(send_s, 1),
         )
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs, timeout=30)
         if kafka is not None:
             kafka.stop()
     result["wall_s"] = round(time.monotonic() - t_start, 1)

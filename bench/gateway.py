@@ -30,6 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench._procs import kafka_for_bench, server_env, spawn, stop, wait_http  # after the path insert: run as a script
 PEERS = Path.home() / ".cache" / "polarstream" / "peers"
 CALL = {"name": "Bash", "arguments": {"command": "ls -la src/ && git status --short", "description": "List files"}}
 WORDS = ("the file function value return error test module import class config server request session token "
@@ -212,27 +214,6 @@ async def run_load(target: dict, world: dict, clients: int, total: int, max_byte
 # ------------------------------------------------------------------------------------ processes
 
 
-def spawn(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                            cwd=log.parent, start_new_session=True)
-
-
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up in {timeout:.0f}s")
-
-
 def start_agl(tmp: Path, stub: str) -> tuple[subprocess.Popen, str]:
     """Agent Lightning's server with the stub registered and one rollout; returns its chat base URL."""
     import httpx
@@ -264,10 +245,7 @@ async def bench(args: argparse.Namespace) -> None:
     from engine.models import ensure_model
     from gateway.sessions import mint_session_key
     from gateway.template import ChatTemplate
-    from infra.kafka import KafkaBroker
     from infra.process import free_port
-    from infra.settings import Settings
-    from infra.topics import ensure_topics
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
     procs: list[subprocess.Popen] = []
@@ -284,19 +262,10 @@ async def bench(args: argparse.Namespace) -> None:
         stub = f"http://127.0.0.1:{stub_port}"
         wait_http(stub + "/health", procs[-1])
 
-        if args.bootstrap:
-            settings = Settings(kafka_bootstrap=args.bootstrap, topic_prefix=f"bench{int(time.time())}.", data_dir=tmp)
-        else:
-            kport = free_port()
-            settings = Settings(kafka_port=kport, kafka_controller_port=free_port(), kafka_bootstrap=f"127.0.0.1:{kport}",
-                                data_dir=tmp, topic_prefix="bench.")
-            kafka = KafkaBroker(settings, die_with_parent=True, quick_jit=True)
-            kafka.start()
-        ensure_topics(settings)
+        settings, kafka = kafka_for_bench(args.bootstrap, tmp, "bench")
 
         gw_port = free_port()
-        env = {"POLAR_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "POLAR_TOPIC_PREFIX": settings.topic_prefix,
-               "POLAR_DATA_DIR": str(tmp), "PYTHONPATH": str(ROOT)}
+        env = server_env(settings, tmp)
         procs.append(spawn([sys.executable, "-c", "from polarstream.cli import main; main()", "gateway", "--engine-url", stub,
                             "--model", str(model_dir), "--port", str(gw_port)], tmp / "gateway.log", env))
         ours = f"http://127.0.0.1:{gw_port}"
@@ -352,13 +321,7 @@ async def bench(args: argparse.Namespace) -> None:
                        "peers": peers, "results": out, "load_avg_end": os.getloadavg()[0],
                        "total_s": round(time.monotonic() - t_start, 1)})
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs, timeout=15)
         if kafka is not None:
             kafka.stop()
         shutil.rmtree(tmp, ignore_errors=True)  # broker data and logs: nothing left in /tmp between runs

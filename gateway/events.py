@@ -94,32 +94,16 @@ def build_call_record(
     )
 
 
-def build_failed_record(
-    *,
-    claims: SessionClaims,
-    call_index: int,
-    req: ChatRequest,
-    plan: PromptPlan,
-    error: str,
-    policy_version: int,
-    served_model: str,
-    harness: str,
-    base: tuple[int, list[int]] | None,
-    received_at: float,
-    total_ms: float,
-    event_id: str | None = None,
-) -> CallRecorded:
-    """The event of a call the harness got an error for: ``error`` = "<status> <kind>: <message>".
+def build_failed_record(*, error: str, **call: Any) -> CallRecorded:
+    """The event of a call the harness got an error for: ``error`` = "<status> <kind>: <message>";
+    ``call`` = ``build_call_record``'s keywords less ``gen``, ``parsed`` and ``finish_reason``.
 
     Nothing was sampled (no completion ids or logprobs, ``finish_reason`` "error"); the prompt is the
     one the gateway planned (empty when the chat could not even be rendered), so a context-length
     error shows how long it was. Consumers never train on such a call.
     """
     empty = Generation(completion_ids=[], logprobs=[], finish_reason="error")
-    record = build_call_record(
-        claims=claims, call_index=call_index, req=req, plan=plan, gen=empty, parsed=ParsedOutput(),
-        finish_reason="error", policy_version=policy_version, served_model=served_model, harness=harness, base=base,
-        received_at=received_at, total_ms=total_ms, event_id=event_id)
+    record = build_call_record(gen=empty, parsed=ParsedOutput(), finish_reason="error", **call)
     record.error = error
     return record
 

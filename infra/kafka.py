@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from . import security
 from .errors import InfraError
-from .process import JavaServer, render_properties, tcp_open
+from .process import JavaServer, render_log4j, render_properties, tcp_open
 from .settings import Settings
 from .topics import largest_message_bytes
 
@@ -53,19 +53,6 @@ _BROKER_DEFAULTS = {
     "auto.leader.rebalance.enable": "false",
     "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
 }
-
-_LOG4J = """\
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = INFO
-rootLogger.appenderRef.file.ref = file
-logger.state.name = state.change.logger
-logger.state.level = WARN
-"""
 
 
 def cluster_id() -> str:
@@ -133,7 +120,7 @@ class KafkaBroker(JavaServer):
             props.update(security.broker_overrides(self.settings))
         self.config_file.write_text(render_properties(props))
         self.config_file.chmod(0o600)  # a secured broker's file holds its inter-broker SCRAM password
-        (self.root / "log4j2.properties").write_text(_LOG4J.format(log=self.log_file))
+        (self.root / "log4j2.properties").write_text(render_log4j(self.log_file, "INFO", {"state.change.logger": "WARN"}))
         return ["kafka.Kafka", str(self.config_file)]
 
     def jvm_properties(self) -> list[str]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from .process import JavaServer, render_properties
+from .process import JavaServer, render_log4j, render_properties
 from .security import mirror_client_properties
 from .settings import Settings
 from .topics import largest_message_bytes
@@ -123,18 +123,7 @@ def externalize_secrets(props: dict[str, str], secrets_file: Path) -> tuple[dict
 
 # Connect logs every client's whole config at INFO; WARN keeps the log readable, but MirrorMaker's own
 # lifecycle lines stay (readiness is read from "Kafka MirrorMaker started").
-_MIRROR_LOG4J = """\
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = WARN
-rootLogger.appenderRef.file.ref = file
-logger.mm2.name = org.apache.kafka.connect.mirror.MirrorMaker
-logger.mm2.level = INFO
-"""
+_MIRROR_LOGGERS = {"org.apache.kafka.connect.mirror.MirrorMaker": "INFO"}
 
 
 @dataclass
@@ -178,7 +167,7 @@ class MirrorMaker(JavaServer):
             self.config_file.write_text(f"# MirrorMaker 2: {self.region} <-> {self.center} (docs/multi-dc.md)\n"
                                         + render_properties(self.props))
             self.config_file.chmod(0o600)  # literal SASL passwords may be in it when not externalized
-        (self.root / f"{self.name}.log4j2.properties").write_text(_MIRROR_LOG4J.format(log=self.log_file))
+        (self.root / f"{self.name}.log4j2.properties").write_text(render_log4j(self.log_file, "WARN", _MIRROR_LOGGERS))
         return [MAIN_CLASS, str(self.config_file)]
 
     def jvm_properties(self) -> list[str]:

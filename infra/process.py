@@ -381,3 +381,14 @@ class JavaServer:
 def render_properties(props: dict[str, str]) -> str:
     """Java properties file text."""
     return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+def render_log4j(log: Path, root_level: str, loggers: dict[str, str]) -> str:
+    """log4j2 properties text for a Java server: every line to the file ``log`` at ``root_level``,
+    ``loggers`` (logger name -> level) overriding it."""
+    lines = ["status = warn", "appender.file.type = File", "appender.file.name = file", f"appender.file.fileName = {log}",
+             "appender.file.layout.type = PatternLayout", "appender.file.layout.pattern = [%d] %p %m (%c)%n",
+             f"rootLogger.level = {root_level}", "rootLogger.appenderRef.file.ref = file"]
+    for i, (name, level) in enumerate(loggers.items()):
+        lines += [f"logger.l{i}.name = {name}", f"logger.l{i}.level = {level}"]
+    return "\n".join(lines) + "\n"

@@ -33,6 +33,7 @@ import orjson
 from schemas import RECORD_TYPES, CallRecorded, Trace, TrainingGroup, Trajectory
 from schemas.codec import RecordDecodeError, decode, encode
 from schemas.delta import DeltaError, encode_prompt, resolve_prompt
+from tests.fuzz.json_paths import paths
 
 TYPES = sorted(RECORD_TYPES)
 
@@ -112,24 +113,13 @@ def fuzzed_json(fdp: Any, depth: int = 0) -> Any:
     return {fdp.ConsumeUnicodeNoSurrogates(6): fuzzed_json(fdp, depth + 1) for _ in range(fdp.ConsumeIntInRange(0, 3))}
 
 
-def _paths(value: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
 def check_mutation(fdp: Any) -> None:
     """A valid sample with one location replaced by a fuzzed value, decoded as its own type."""
     if not _SAMPLES:
         _SAMPLES.extend(samples())
     doc = orjson.loads(orjson.dumps(fdp.PickValueInList(_SAMPLES)))
     type_name = doc.pop("__type__")
-    where = fdp.PickValueInList(_paths(doc)[1:])
+    where = fdp.PickValueInList(paths(doc)[1:])
     node = doc
     for key in where[:-1]:
         node = node[key]

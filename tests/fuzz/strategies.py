@@ -28,6 +28,8 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
+from tests.fuzz.json_paths import paths
+
 DEEP = "__deep_nesting__"  # placeholder replaced by deeply nested JSON text
 PROVIDERS = ("anthropic.messages", "openai.chat", "openai.responses", "google.generate_content")
 SPECIAL = ["<|im_end|>", "<|im_start|>", "<tool_call>", "</tool_call>", "<think>", "{{ messages }}", "\x00", "\ufeff",
@@ -206,18 +208,6 @@ def google(c: Conversation) -> tuple[str, dict[str, Any]]:
 
 
 RENDER = {"anthropic.messages": anthropic, "openai.chat": chat, "openai.responses": responses, "google.generate_content": google}
-
-
-def paths(value: Any, prefix: tuple = ()) -> list[tuple]:
-    """Every location inside a JSON value (the root included)."""
-    out = [prefix]
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out += paths(v, prefix + (k,))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            out += paths(v, prefix + (i,))
-    return out
 
 
 def mutate(doc: Any, where: tuple, how: str, new: Any) -> Any:

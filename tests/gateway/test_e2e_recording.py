@@ -9,11 +9,7 @@ import json
 import openai
 
 from schemas import CallRecorded, resolve_prompt
-from tests.plugins.gateway import read_calls
-
-WRITE_FILE = {"type": "function", "function": {"name": "write_file", "description": "Write a file",
-              "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                             "required": ["path", "content"]}}}
+from tests.plugins.gateway import WRITE_FILE, read_calls
 
 
 def resolve_all(calls: list[CallRecorded]) -> dict[int, list[int]]:

@@ -1,8 +1,6 @@
 """Every failure in the caller's own provider shape: auth, bad bodies, size limit, engine failures,
 context overflow. Never a stack trace; the SDKs raise their own typed errors."""
 
-import socket
-
 import anthropic
 import httpx
 import openai
@@ -38,26 +36,6 @@ def post(url, provider, key, *, body=None, content=None):
     headers = {"content-type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     return httpx.post(url + path, json=default if body is None and content is None else body, content=content,
                       headers=headers, timeout=30)
-
-
-@pytest.fixture
-def dead_port():
-    """A port nothing listens on (bound, then released)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-@pytest.fixture
-def silent_port():
-    """A port that accepts connections (kernel backlog) and never answers."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(64)
-    yield s.getsockname()[1]
-    s.close()
 
 
 FIXED = dict(served_model="tiny", max_model_len=4096)  # no start-up discovery against a broken engine

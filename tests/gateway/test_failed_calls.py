@@ -6,8 +6,6 @@ but never becomes a chain tip: the next call extends the last answered one. The 
 (no trace, not trained on) and the session still closes once its calls are in.
 """
 
-import socket
-
 import httpx
 import openai
 import pytest
@@ -22,24 +20,6 @@ from streams.trajectory import build_trajectory
 from tests.gateway.test_e2e_recording import WRITE_FILE, resolve_all
 from tests.gateway.test_errors import FIXED, PROVIDERS, post
 from tests.plugins.gateway import read_calls
-
-
-@pytest.fixture
-def dead_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-@pytest.fixture
-def silent_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(64)
-    yield s.getsockname()[1]
-    s.close()
 
 
 def tool_turn(call) -> list[dict]:

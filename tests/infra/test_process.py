@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from infra.errors import InfraError
-from infra.process import Service, free_port, parse_java_version, pid_alive, port_in_use, require_free_ports
+from infra.process import (Service, free_port, parse_java_version, pid_alive, port_in_use, render_log4j,
+                           require_free_ports)
 
 
 @pytest.mark.parametrize("text, major", [
@@ -23,6 +24,15 @@ def test_parse_java_version(text, major):
 def test_unreadable_java_version():
     with pytest.raises(InfraError, match="could not read the Java version"):
         parse_java_version("command not found")
+
+
+def test_log4j_properties_route_to_the_file_with_per_logger_levels(tmp_path):
+    text = render_log4j(tmp_path / "server.log", "WARN", {"a.b.C": "INFO", "state.change.logger": "ERROR"})
+    props = dict(line.split(" = ", 1) for line in text.splitlines())
+    assert props["appender.file.fileName"] == str(tmp_path / "server.log") and props["rootLogger.level"] == "WARN"
+    levels = {props[k]: props[k.replace(".name", ".level")] for k in props if k.startswith("logger.") and k.endswith(".name")}
+    assert levels == {"a.b.C": "INFO", "state.change.logger": "ERROR"}
+    assert text.endswith("\n") and len(text.splitlines()) == len(props)  # one key per line, none repeated
 
 
 def test_port_in_use_is_reported_with_its_name():

@@ -7,10 +7,13 @@
 - ``tiny_template`` (session): the tiny model's ``ChatTemplate``.
 - ``gateway_factory``: ``make(settings, engine_url, **GatewayConfig overrides)`` -> a running gateway.
 - ``CallsReader`` / ``read_calls``: read CallRecorded events back from the calls topic.
+- ``WRITE_FILE``, ``run_tool_session``, ``finished_events``: a recorded three-call tool session and its end.
+- ``dead_port`` / ``silent_port``: an engine URL's port that refuses connections / accepts and never answers.
 """
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -86,6 +89,26 @@ def tiny_template(tiny_model_dir):
 
 
 @pytest.fixture
+def dead_port():
+    """A port nothing listens on (bound, then released)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def silent_port():
+    """A port that accepts connections (kernel backlog) and never answers."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(64)
+    yield s.getsockname()[1]
+    s.close()
+
+
+@pytest.fixture
 def gateway_factory(tiny_model_dir, tiny_template):
     """``make(settings, engine_url, **GatewayConfig overrides)`` -> a running gateway (ThreadedServer).
 
@@ -152,3 +175,45 @@ def read_calls(settings, expected: int, timeout: float = 30.0, session_id: str |
         return reader.wait(expected, session_id, timeout, settle=1.0)
     finally:
         reader.close()
+
+
+WRITE_FILE = {"type": "function", "function": {"name": "write_file", "description": "Write a file",
+              "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                             "required": ["path", "content"]}}}
+
+
+def run_tool_session(gw, session_id: str, sample_index: int, group_id: str, task_id: str,
+                     tool_output: str = "wrote 2 bytes") -> None:
+    """Three calls through the OpenAI SDK: a tool call, its result (``tool_output``), a follow-up.
+
+    The harness echoes the tool call's arguments compactly, like Qwen Code, so the prompts chain.
+    """
+    import json
+
+    import openai
+
+    key = gw.key(session_id, group_id=group_id, task_id=task_id, sample_index=sample_index)
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=key)
+    messages = [{"role": "system", "content": "You write files."}, {"role": "user", "content": "Create hello.txt containing hi"}]
+    first = client.chat.completions.create(model="m", messages=messages, tools=[WRITE_FILE])
+    (call,) = first.choices[0].message.tool_calls
+    args = json.dumps(json.loads(call.function.arguments), separators=(",", ":"))
+    messages += [{"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function",
+                  "function": {"name": call.function.name, "arguments": args}}]},
+                 {"role": "tool", "tool_call_id": call.id, "content": tool_output}]
+    second = client.chat.completions.create(model="m", messages=messages, tools=[WRITE_FILE])
+    messages += [{"role": "assistant", "content": second.choices[0].message.content},
+                 {"role": "user", "content": "Thanks. Anything else?"}]
+    client.chat.completions.create(model="m", messages=messages, tools=[WRITE_FILE])
+
+
+def finished_events(by_session: dict[str, list], group_id: str, task_id: str) -> list:
+    """One ``finished`` SessionEvent per recorded session (sample i, in order; only sample 0 rewarded),
+    stamped after its last call, for a group of ``len(by_session)`` samples that all must be valid."""
+    from schemas import SessionEvent
+
+    n = len(by_session)
+    return [SessionEvent(session_id=sid, group_id=group_id, task_id=task_id, sample_index=i, num_samples=n,
+                         min_valid=n, kind="finished", status="ok", reward=float(i == 0), num_calls=len(calls),
+                         created_at=max(c.created_at for c in calls) + 1)
+            for i, (sid, calls) in enumerate(by_session.items())]

@@ -13,6 +13,8 @@ The servers are started with PR_SET_PDEATHSIG, so even a killed test session lea
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -53,14 +55,17 @@ class Infra:
         return self.stack.s3
 
 
-def start_test_stack(base_dir, attempts: int = 3) -> Stack:
-    """A stack on fresh free ports under ``base_dir``; retries when a port was taken in between."""
+def start_test_stack(base_dir, attempts: int = 3, secure: bool = False) -> Stack:
+    """A stack on fresh free ports under ``base_dir``; retries when a port was taken in between.
+
+    ``secure``: SASL_SSL/SCRAM Kafka with ACLs plus the read-only S3 server (tests/plugins/security.py)."""
     for attempt in range(attempts):
-        kafka_port, controller_port, s3_port = free_port(), free_port(), free_port()
+        kafka_port = free_port()
+        extra = {"secure": True, "s3_read_port": free_port()} if secure else {}
         settings = Settings(
-            data_dir=base_dir / f"run{attempt}", kafka_port=kafka_port, kafka_controller_port=controller_port,
-            kafka_bootstrap=f"127.0.0.1:{kafka_port}", s3_port=s3_port, s3_endpoint="", topic_prefix="",
-            storage_url="s3://polarstream/tests",
+            data_dir=base_dir / f"run{attempt}", kafka_port=kafka_port, kafka_controller_port=free_port(),
+            kafka_bootstrap=f"127.0.0.1:{kafka_port}", s3_port=free_port(), s3_endpoint="", topic_prefix="",
+            storage_url="s3://polarstream/tests", **extra,
         )
         stack = Stack(settings, ephemeral=True)
         try:
@@ -72,14 +77,21 @@ def start_test_stack(base_dir, attempts: int = 3) -> Stack:
     raise AssertionError("unreachable")
 
 
+@contextmanager
+def running_stack(base_dir, secure: bool = False) -> Iterator[Stack]:
+    """``start_test_stack``, stopped when the block ends (a session fixture's whole life)."""
+    stack = start_test_stack(base_dir, secure=secure)
+    try:
+        yield stack
+    finally:
+        stack.down()
+
+
 @pytest.fixture(scope="session")
 def infra(tmp_path_factory) -> Infra:
     """A running Kafka broker and S3 server for the whole test session, stopped at its end."""
-    stack = start_test_stack(tmp_path_factory.mktemp("infra"))
-    try:
+    with running_stack(tmp_path_factory.mktemp("infra")) as stack:
         yield Infra(stack)
-    finally:
-        stack.down()
 
 
 @pytest.fixture

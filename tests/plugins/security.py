@@ -11,59 +11,25 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 
 import pytest
 
 from infra.acls import apply_acls
-from infra.errors import InfraError
-from infra.process import free_port
 from infra.security import client_settings
 from infra.settings import Settings
-from infra.stack import Stack
 from infra.topics import delete_topics, ensure_topics
-
-
-@dataclass
-class SecureInfra:
-    stack: Stack
-
-    @property
-    def settings(self) -> Settings:
-        return self.stack.settings
-
-
-def start_secure_stack(base_dir, attempts: int = 3) -> Stack:
-    """A secured stack on fresh free ports under ``base_dir``; retries when a port was taken in between."""
-    for attempt in range(attempts):
-        kafka_port = free_port()
-        settings = Settings(
-            data_dir=base_dir / f"run{attempt}", kafka_port=kafka_port, kafka_controller_port=free_port(),
-            kafka_bootstrap=f"127.0.0.1:{kafka_port}", s3_port=free_port(), s3_read_port=free_port(), s3_endpoint="",
-            topic_prefix="", storage_url="s3://polarstream/tests", secure=True,
-        )
-        stack = Stack(settings, ephemeral=True)
-        try:
-            stack.up()
-            return stack
-        except InfraError as e:
-            if "already in use" not in str(e) or attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable")
+from tests.plugins.infra import Infra, running_stack
 
 
 @pytest.fixture(scope="session")
-def secure_infra(tmp_path_factory) -> SecureInfra:
+def secure_infra(tmp_path_factory) -> Infra:
     """The secured stack for the whole session, stopped at its end."""
-    stack = start_secure_stack(tmp_path_factory.mktemp("secure-infra"))
-    try:
-        yield SecureInfra(stack)
-    finally:
-        stack.down()
+    with running_stack(tmp_path_factory.mktemp("secure-infra"), secure=True) as stack:
+        yield Infra(stack)
 
 
 @pytest.fixture
-def secure_settings(secure_infra: SecureInfra, tmp_path) -> Settings:
+def secure_settings(secure_infra: Infra, tmp_path) -> Settings:
     """Admin settings for one test: own topic prefix (topics + ACLs applied), storage prefix, data dir."""
     tag = uuid.uuid4().hex[:10]
     settings = secure_infra.settings.model_copy(update={

@@ -11,21 +11,18 @@ stack's tests/streams/test_gateway_sessions.py).
 
 from __future__ import annotations
 
-import json
-
-import openai
 import pytest
 from confluent_kafka import Consumer
 
 from infra.security import s3_settings
 from polarstream.tools.forget import read_partition
-from schemas import SessionEvent, TrainingGroup, decode, encode, resolve_prompt
+from schemas import TrainingGroup, decode, encode, resolve_prompt
 from streams.assembly import CallTokens
 from streams.config import StreamsConfig
 from streams.groups import build_group
 from streams.testing import WorkerProcess, dedupe, publish, read_topic
 from streams.trajectory import build_trajectory
-from tests.plugins.gateway import read_calls
+from tests.plugins.gateway import finished_events, read_calls, run_tool_session
 from tests.plugins.security import principal_settings
 
 AWS_ID, AWS_SECRET = "AKIAZ5FAKEKEY0000042", "q8Vd0kRk3nUhmR9fakeSecretKeyForTests0042"
@@ -33,26 +30,6 @@ BEARER = "tok_live_7f3a9c2e51b84d6f9e0a1b2c3d4e5f60"
 SECRETS = (AWS_ID, AWS_SECRET, BEARER)
 TOOL_OUTPUT = (f"wrote 2 bytes\n$ cat ~/.aws/credentials\naws_access_key_id = {AWS_ID}\n"
                f"aws_secret_access_key = {AWS_SECRET}\n$ history | tail -1\ncurl -H \"Authorization: Bearer {BEARER}\" https://api.example.com\n")
-WRITE_FILE = {"type": "function", "function": {"name": "write_file", "description": "Write a file",
-              "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                             "required": ["path", "content"]}}}
-
-
-def run_session(gw, session_id: str, sample_index: int) -> None:
-    """Three calls: a tool call, its (secret-laden) result, a follow-up."""
-    key = gw.key(session_id, group_id="sec-group", task_id="sec-task", sample_index=sample_index)
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=key)
-    messages = [{"role": "system", "content": "You write files."}, {"role": "user", "content": "Create hello.txt containing hi"}]
-    first = client.chat.completions.create(model="m", messages=messages, tools=[WRITE_FILE])
-    (call,) = first.choices[0].message.tool_calls
-    args = json.dumps(json.loads(call.function.arguments), separators=(",", ":"))
-    messages += [{"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function",
-                  "function": {"name": call.function.name, "arguments": args}}]},
-                 {"role": "tool", "tool_call_id": call.id, "content": TOOL_OUTPUT}]
-    second = client.chat.completions.create(model="m", messages=messages, tools=[WRITE_FILE])
-    messages += [{"role": "assistant", "content": second.choices[0].message.content},
-                 {"role": "user", "content": "Thanks. Anything else?"}]
-    client.chat.completions.create(model="m", messages=messages, tools=[WRITE_FILE])
 
 
 def scan_all_topics(admin_settings) -> tuple[int, bytes]:
@@ -74,7 +51,7 @@ def test_secured_loop_records_no_secret_and_still_trains(secure_settings, script
     gateway = principal_settings(admin, "gateway")
     gw = gateway_factory(gateway, scripted_engine.url)
     for i in range(2):
-        run_session(gw, f"sec-s{i}", i)
+        run_tool_session(gw, f"sec-s{i}", i, "sec-group", "sec-task", TOOL_OUTPUT)
     calls = read_calls(admin, 6)
     by_session = {sid: [c for c in calls if c.session_id == sid] for sid in ("sec-s0", "sec-s1")}
     assert [len(v) for v in by_session.values()] == [3, 3]
@@ -92,10 +69,7 @@ def test_secured_loop_records_no_secret_and_still_trains(secure_settings, script
             assert len(c.scrubbed_spans) == (0 if c.call_index == 0 else 3)
             for a, b in c.scrubbed_spans:
                 assert "[REDACTED:" in tiny_template.tokenizer.decode(prompt[a:b])
-    finished = [SessionEvent(session_id=sid, group_id="sec-group", task_id="sec-task", sample_index=i, num_samples=2,
-                             min_valid=2, kind="finished", status="ok", reward=float(i == 0), num_calls=3,
-                             created_at=max(c.created_at for c in by_session[sid]) + 1)
-                for i, sid in enumerate(by_session)]
+    finished = finished_events(by_session, "sec-group", "sec-task")
     publish(gateway, finished)
 
     # The worker as principal `streams` (WorkerProcess passes the environment on).

@@ -8,53 +8,25 @@ with every sampled id and logprob in place, and emit the group the pure function
 
 from __future__ import annotations
 
-import json
-
-import openai
-
-from schemas import SessionEvent, TrainingGroup, decode, encode, resolve_prompt
+from schemas import TrainingGroup, decode, encode, resolve_prompt
 from streams.assembly import CallTokens
 from streams.builders import verify_trace
 from streams.config import StreamsConfig
 from streams.groups import build_group
 from streams.testing import dedupe, publish, read_topic
 from streams.trajectory import build_trajectory
-from tests.plugins.gateway import read_calls
-
-WRITE_FILE = {"type": "function", "function": {"name": "write_file", "description": "Write a file",
-              "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                             "required": ["path", "content"]}}}
-
-
-def run_session(gw, session_id: str, sample_index: int) -> None:
-    """Three calls: a tool call, its result, a follow-up; the harness echoes the tool call like Qwen Code."""
-    key = gw.key(session_id, group_id="gw-group", task_id="gw-task", sample_index=sample_index)
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=key)
-    messages = [{"role": "system", "content": "You write files."}, {"role": "user", "content": "Create hello.txt containing hi"}]
-    first = client.chat.completions.create(model="m", messages=messages, tools=[WRITE_FILE])
-    (call,) = first.choices[0].message.tool_calls
-    args = json.dumps(json.loads(call.function.arguments), separators=(",", ":"))
-    messages += [{"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function",
-                  "function": {"name": call.function.name, "arguments": args}}]},
-                 {"role": "tool", "tool_call_id": call.id, "content": "wrote 2 bytes"}]
-    second = client.chat.completions.create(model="m", messages=messages, tools=[WRITE_FILE])
-    messages += [{"role": "assistant", "content": second.choices[0].message.content},
-                 {"role": "user", "content": "Thanks. Anything else?"}]
-    client.chat.completions.create(model="m", messages=messages, tools=[WRITE_FILE])
+from tests.plugins.gateway import finished_events, read_calls, run_tool_session
 
 
 def test_gateway_recorded_sessions_merge_into_one_faithful_trace(polar_settings, scripted_engine, gateway_factory,
                                                                   streams_worker):
     gw = gateway_factory(polar_settings, scripted_engine.url)
     for i in range(2):
-        run_session(gw, f"gw-s{i}", i)
+        run_tool_session(gw, f"gw-s{i}", i, "gw-group", "gw-task")
     calls = read_calls(polar_settings, 6)
     by_session = {sid: [c for c in calls if c.session_id == sid] for sid in ("gw-s0", "gw-s1")}
     assert [len(v) for v in by_session.values()] == [3, 3]
-    finished = [SessionEvent(session_id=sid, group_id="gw-group", task_id="gw-task", sample_index=i, num_samples=2,
-                             min_valid=2, kind="finished", status="ok", reward=float(i == 0), num_calls=3,
-                             created_at=max(c.created_at for c in by_session[sid]) + 1)
-                for i, sid in enumerate(by_session)]
+    finished = finished_events(by_session, "gw-group", "gw-task")
     publish(polar_settings, finished)
 
     streams_worker("--builder", "prefix_merging", "--tick-interval", "0.5")

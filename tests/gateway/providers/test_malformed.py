@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gateway.canonical import ChatRequest, RequestError
 from gateway.providers import ADAPTERS
+from tests.fuzz.json_paths import paths
 
 from .helpers import body, tool_response
 
@@ -27,18 +28,6 @@ CASES = [
     ("openai.responses", "codex_tool_turn"),
     ("google.generate_content", "gemini_cli_tool_turn"),
 ]
-
-
-def paths(value: Any, prefix: tuple = ()) -> list[tuple]:
-    """Every location inside a JSON value."""
-    out = [prefix]
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out += paths(v, prefix + (k,))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            out += paths(v, prefix + (i,))
-    return out
 
 
 DELETE = object()
