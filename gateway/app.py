@@ -13,11 +13,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.exceptions import HTTPException
 
 from infra.settings import Settings
 
 from . import admin, routes
 from .config import GatewayConfig
+from .openapi import openapi_document
 from .service import Gateway, Publisher
 from .template import ChatTemplate
 from .upstream import Upstream, make_upstream
@@ -81,7 +83,10 @@ def create_app(
     app.state.gateway = gw
     app.state.settings = settings
     app.include_router(admin.router)  # before the catch-all model routes
+    document = openapi_document(config.limits, config.max_body_bytes)  # hand-written: the routes are one catch-all
+    app.add_api_route("/openapi.json", lambda: routes.JSON(document), methods=["GET"], include_in_schema=False)
     app.include_router(routes.router)
+    app.add_exception_handler(HTTPException, routes.routing_error)  # type: ignore[arg-type]
     return app
 
 

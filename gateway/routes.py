@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, WebSocket
+from fastapi.exception_handlers import http_exception_handler
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 
@@ -201,6 +203,20 @@ async def get_route(request: Request, path: str) -> Response:
             return error_response(adapter, _ws_refusal())
         return error_response(adapter, RequestError(405, "use POST for /responses", "invalid_request_error"))
     return error_response(ADAPTERS[CHAT], RequestError(404, f"no route GET {rest or '/'}", "not_found_error"))
+
+
+async def routing_error(request: Request, exc: HTTPException) -> Response:
+    """A 404/405 from routing itself, in the caller's provider shape (the admin API keeps FastAPI's).
+
+    The catch-all's ``{path:path}`` cannot match a path with a newline (``%0A`` in a Gemini model name:
+    found by schemathesis), and other methods than GET/POST/HEAD match no route at all.
+    """
+    if request.scope["path"].startswith("/admin/"):
+        return await http_exception_handler(request, exc)
+    _, rest = split_session_prefix(request.scope["path"])
+    message = f"no route {request.method} {rest!r}" if exc.status_code == 404 else str(exc.detail)
+    err = RequestError(exc.status_code, message, errors.kind_for_status(exc.status_code), headers=dict(exc.headers or {}))
+    return error_response(ADAPTERS[parse_route(rest, request.headers).provider], err)
 
 
 @router.head("/{path:path}")
