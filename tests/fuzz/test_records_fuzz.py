@@ -9,6 +9,7 @@ under tests/fuzz/regressions/records/ and are replayed here as they are.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -82,8 +83,11 @@ def test_a_short_atheris_run_finds_nothing(tmp_path):
     for path in CRASHES.glob("crash-*"):
         (corpus / path.name).write_bytes(path.read_bytes())
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # Linux carries a process's peak RSS across fork and exec, and libFuzzer checks that peak: the
+    # child of a long pytest run starts "using" what pytest used. So the limit is 1 GB above that.
+    rss_limit = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024 + 1024
     proc = subprocess.run([sys.executable, "-m", "tests.fuzz.records_target", "-max_total_time=15", "-seed=1",
-                           f"-artifact_prefix={tmp_path}/", str(corpus)], cwd=REPO, env=env, capture_output=True, text=True,
+                           f"-rss_limit_mb={rss_limit}", f"-artifact_prefix={tmp_path}/", str(corpus)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=100)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = [ln for ln in proc.stderr.splitlines() if ln.startswith("Done ")]
