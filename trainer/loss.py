@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from .packing import MicroBatch
 
@@ -21,6 +22,7 @@ class LossConfig:
     clip_high: float = 0.28  # ratio ceiling 1 + clip_high
     tis_cap: float = 0.0  # > 0: truncated importance weight min(pi_old / pi_rollout, tis_cap)
     kl_coef: float = 0.0  # > 0: k3 KL penalty towards the reference policy
+    dual_clip: float = 3.0  # > 1: for A<0 cap the per-token loss at -dual_clip * A (dual-clip PPO); 0: off
 
 
 # Sums over tokens, so micro-batches and ranks aggregate by addition; see ``summarize``.
@@ -35,7 +37,9 @@ def token_logprobs(
     logits (N, V), targets (N,) -> logp (N,) with grad, entropy (N,) without. Logits are divided by
     the sampling temperature first, so logp is comparable with the engine's rollout logprobs.
     """
-    logits = logits.float() / temperature  # (N, V); float32: bf16 log-softmax loses the ratio's precision
+    logits = logits.float()  # (N, V); float32: bf16 log-softmax loses the ratio's precision
+    if temperature != 1.0:
+        logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)  # (N,)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse  # (N,)
     with torch.no_grad():
@@ -54,15 +58,25 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip surrogate with asymmetric clipping; returns (weighted loss sum, stat sums).
 
-    All inputs (N,). ``old_logp`` is the behaviour policy of the ratio: the rollout logprobs, or the
-    trainer's recomputed ones when TIS is on, in which case ``rollout_logp`` gives the truncated
-    importance weight min(pi_old / pi_rollout, tis_cap) that corrects engine/trainer mismatch.
+    All inputs (N,). ``old_logp`` is the behaviour policy of the ratio: the rollout logprobs, or, when
+    TIS is on, the trainer's own (``logp.detach()`` in ``step.accumulate_gradients``: with one update
+    per batch pi_old is the current policy, so the ratio is 1 and its gradient the plain policy
+    gradient), in which case ``rollout_logp`` gives the truncated importance weight
+    min(pi_old / pi_rollout, tis_cap) that corrects engine/trainer mismatch.
+    ``cfg.dual_clip`` = c > 1 caps a negative-advantage token's loss at -c * A (Ye et al. 2020):
+    min(max(-r A, -clip(r) A), -c A). Without it, for A < 0 the pessimistic min keeps the unclipped
+    -r A, unbounded in r, so one token the engine sampled but the trainer finds very likely dominates.
     ``ref_logp`` adds kl_coef * k3(pi_ref || pi), k3 = exp(ref - logp) - (ref - logp) - 1.
     """
     log_ratio = logp - old_logp  # (N,)
     ratio = torch.exp(log_ratio)
     clipped_ratio = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
     pg = -torch.minimum(ratio * advantages, clipped_ratio * advantages)  # (N,) per-token surrogate loss
+    dual = torch.zeros_like(pg, dtype=torch.bool)
+    if cfg.dual_clip > 0:  # the constant -c A wins beyond r > c: no gradient from that token
+        cap = -cfg.dual_clip * advantages
+        dual = (advantages < 0) & (pg > cap)
+        pg = torch.where(dual, cap, pg)
     tis = torch.ones_like(pg)
     if cfg.tis_cap > 0 and rollout_logp is not None:
         tis = torch.exp(old_logp - rollout_logp).clamp(max=cfg.tis_cap).detach()
@@ -77,6 +91,7 @@ def policy_loss(
     with torch.no_grad():
         # A token is clipped when the clipped branch wins and so its gradient is zero.
         clipped = ((advantages > 0) & (ratio > 1 + cfg.clip_high)) | ((advantages < 0) & (ratio < 1 - cfg.clip_low))
+        clipped |= dual
         stats = {
             "tokens": float(logp.numel()),
             "loss": float(loss),
@@ -95,13 +110,51 @@ def microbatch_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Current-policy logprobs and entropies of a micro-batch's trained tokens, (N,) each.
 
-    The model computes logits only at the columns that hold a trained position (``logits_to_keep``
-    as an index tensor), which skips the vocabulary projection for prompt and tool-output tokens.
+    The model runs with ``logits_to_keep`` empty, so its own lm_head projects nothing; a forward hook
+    on the base model takes the final (normed) hidden states, and only the N trained positions go
+    through ``head_logprobs`` (fp32, chunked). The call still goes through ``model`` itself, so a DDP
+    wrapper sees the forward and synchronizes gradients. The micro-batch's ``layout`` reaches the
+    ``polar_varlen`` attention as a forward kwarg (other implementations ignore it).
     """
-    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                use_cache=False, logits_to_keep=mb.keep_cols)
-    logits = out.logits.flatten(0, 1)[mb.keep]  # (R, U, V) -> (N, V)
-    return token_logprobs(logits, mb.targets, temperature)
+    inner = model.module if hasattr(model, "no_sync") else model
+    if mb.layout.shares_prefix and inner.config._attn_implementation != "polar_varlen":
+        raise ValueError("shared-prefix micro-batches need attn_implementation 'polar_varlen' (trainer.attention)")
+    hidden: list[torch.Tensor] = []
+    hook = inner.base_model.register_forward_hook(lambda _m, _a, out: hidden.append(out.last_hidden_state))
+    try:
+        model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+              use_cache=False, logits_to_keep=mb.positions[:0], polar_layout=mb.layout)
+    finally:
+        hook.remove()
+    h = hidden[-1].flatten(0, 1)[mb.positions]  # (R, W, H) -> (N, H)
+    return head_logprobs(h, inner.get_output_embeddings(), mb.targets, temperature)
+
+
+def head_logprobs(
+    hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float = 1.0,
+    chunk_elements: int = 1 << 25,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """lm_head + ``token_logprobs`` of (N, H) final hidden states, in fp32 whatever the autocast, in chunks
+    of about ``chunk_elements`` logits (128 MiB).
+
+    fp32: bf16 logits lose the importance ratio's precision (issue 18). Chunks: when there are several,
+    each chunk's logits are recomputed in backward (checkpoint) instead of kept, so memory is one
+    chunk's, not N x V; a single chunk is simply kept (no recompute).
+    """
+    with torch.autocast(hidden.device.type, enabled=False):
+        h, w = hidden.float(), head.weight.float()
+        b = head.bias.float() if head.bias is not None else None
+        step = max(1, chunk_elements // w.shape[0])
+        recompute = torch.is_grad_enabled() and (h.requires_grad or w.requires_grad) and len(h) > step
+        outs = []
+        for i in range(0, max(len(h), 1), step):  # at least one (maybe empty) chunk: keeps the graph connected
+            args = (h[i:i + step], w, b, targets[i:i + step], temperature)
+            outs.append(checkpoint(_head_chunk, *args, use_reentrant=False) if recompute else _head_chunk(*args))
+    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+
+def _head_chunk(h, w, b, targets, temperature):
+    return token_logprobs(torch.nn.functional.linear(h, w, b), targets, temperature)
 
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:

@@ -27,12 +27,14 @@ def accumulate_gradients(
     """Forward + backward every micro-batch, accumulating gradients; returns stat sums (STAT_KEYS).
 
     Under DDP only the last micro-batch synchronizes gradients (``no_sync`` before it), so a step
-    costs one all-reduce however many micro-batches it has. With ``cfg.tis_cap`` the trainer's own
-    pre-update logprobs are recomputed without grad and become the ratio's behaviour policy.
+    costs one all-reduce however many micro-batches it has. With ``cfg.tis_cap`` the ratio's behaviour
+    policy is the trainer's own current logprobs, detached: one update per batch means pi_old is the
+    policy being trained, so a second no-grad forward would only recompute the same numbers (ratio 1,
+    gradient that of log pi). The TIS weight min(pi_old / pi_rollout, cap) then corrects for the
+    engine/trainer mismatch.
     ``grad_scale`` undoes DDP's gradient averaging (pass the world size): the per-token weights are
     already normalized over the whole step, across ranks, so gradients must be summed, not averaged.
     """
-    inner = model.module if hasattr(model, "no_sync") else model
     sums = dict.fromkeys(STAT_KEYS, 0.0)
     amp = (
         torch.autocast(device_type=torch.device(device).type, dtype=autocast_dtype)
@@ -44,16 +46,14 @@ def accumulate_gradients(
         last = i == len(micro) - 1
         sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
         with sync, amp:
-            old, rollout = mb.rollout_logprobs, None
-            if cfg.tis_cap > 0:
-                with torch.no_grad():
-                    old, _ = microbatch_logprobs(inner, mb, temperature)
-                rollout = mb.rollout_logprobs
             ref = None
             if ref_model is not None and cfg.kl_coef > 0:
                 with torch.no_grad():
                     ref, _ = microbatch_logprobs(ref_model, mb, temperature)
             logp, entropy = microbatch_logprobs(model, mb, temperature)
+            old, rollout = mb.rollout_logprobs, None
+            if cfg.tis_cap > 0:  # pi_old = this very forward, detached (see the docstring)
+                old, rollout = logp.detach(), mb.rollout_logprobs
             loss, stats = policy_loss(logp, old, mb.advantages, mb.weights, cfg, rollout, ref)
             (loss * grad_scale).backward()
         stats["entropy"] = float(entropy.sum())

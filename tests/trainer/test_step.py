@@ -55,13 +55,13 @@ def test_accumulation_over_microbatches_equals_one_batch(trainer_model_dir):
     assert torch.allclose(one, split, atol=1e-6, rtol=1e-4)
 
 
-def test_tis_recomputes_old_logprobs_and_caps_the_weight(trainer_model_dir):
+def test_tis_ratio_is_against_the_trainer_and_the_weight_capped(trainer_model_dir):
     model = AutoModelForCausalLM.from_pretrained(trainer_model_dir, attn_implementation="sdpa")
     group = make_group("g", [[11, 12, 13], [21, 22]], [1.0, 0.0], logprob=-30.0)  # engine far from the trainer
     micro = pack(assign_weights(samples_from_group(group, 1024)[0], "token_mean"), 1024)
     stats = accumulate_gradients(model, micro, LossConfig(tis_cap=2.0))
     assert stats["tokens"] == 5
-    assert stats["ratio"] == pytest.approx(5.0, abs=1e-4)  # ratio against the recomputed pi_old: exactly 1
+    assert stats["ratio"] == pytest.approx(5.0, abs=1e-4)  # pi_old is the trainer's own (detached): exactly 1
     assert stats["tis_weight"] == pytest.approx(10.0)  # pi_old / pi_rollout = e^(~25), capped at 2
     plain = accumulate_gradients(model, micro, LossConfig())
     assert plain["ratio"] > 1e6  # without TIS the ratio is against the rollout logprobs
