@@ -31,6 +31,9 @@ BREAK_REASONS = {
 }
 # Why a call has no trace (``Fold.dropped``), besides "delta_unresolved" and "verify_failed" above.
 ERRORED = "error"  # the harness got an error for it (CallRecorded.error): nothing sampled, never trained on
+# A later call resampled its prompt (gateway "retry", or "resampled" here): the harness discarded this
+# completion, so it must not be trained with the advantage of the trajectory that continued without it.
+REPLACED = "replaced"
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class Member:
     start: int
     logprobs: list[float]
     policy_version: int
+    replaced: bool = False  # a later call resampled the same prompt: context at most, never trained
 
     @property
     def end(self) -> int:
@@ -190,6 +194,20 @@ def _detect_reason(fold: Fold, prompt: list[int]) -> str:
     return "not_prefix"
 
 
+def _mark_replaced(fold: Fold, prompt: list[int]) -> None:
+    """Mark the tip call of every main chain whose prompt is ``prompt`` as replaced (a resample of it).
+
+    Whatever the gateway named the break ("retry") or nothing ("resampled" here), a main call with an
+    earlier tip's exact prompt repeats that turn, and the session goes on from the new completion.
+    """
+    for c in fold.chains:
+        tip = c.members[-1]
+        if c.side_call or tip.replaced or c.tip_prompt_len != len(prompt) or c.tokens[: c.tip_prompt_len] != prompt:
+            continue
+        tip.replaced = True
+        fold.dropped[tip.call_index] = REPLACED
+
+
 def extend(fold: Fold, call: CallTokens) -> Fold:
     """Add the next call of the session (call_index ascending) to the fold, in place; returns it.
 
@@ -220,6 +238,8 @@ def extend(fold: Fold, call: CallTokens) -> Fold:
         reason = "side_call" if call.side_call else (call.break_reason or _detect_reason(fold, prompt))
         if not call.side_call and _has_main_chain(fold):
             fold.breaks[reason] += 1
+        if not call.side_call:
+            _mark_replaced(fold, prompt)
         prompt.extend(call.completion_ids)
         fold.chains.append(Chain(prompt, member.start, [member], reason, call.side_call))
         target = len(fold.chains) - 1

@@ -4,6 +4,8 @@ Every trace is checked against the calls it came from before it leaves (``verify
 id and logprob must sit exactly once right after its own prompt, with mask 1 there and nowhere else.
 A merged trace that fails is never emitted as is: its calls fall back to one trace each, marked
 ``verify_failed`` and counted; a call that fails even alone is dropped and counted.
+A call whose prompt a later call resampled (a harness retry) is in no trace: the harness discarded its
+completion, so it is dropped as ``replaced`` (see ``assembly.REPLACED``) under both builders.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def _trace(chain: Chain, members, end: int, break_reason: str) -> Trace:
 
 
 def _per_call(chain: Chain, break_reason: str) -> list[Trace]:
-    return [_trace(chain, [m], m.end, break_reason) for m in chain.members]
+    return [_trace(chain, [m], m.end, break_reason) for m in chain.members if not m.replaced]
 
 
 def build_traces(fold: Fold, builder: str, side_calls: str = "trace") -> tuple[list[Trace], int]:
@@ -98,7 +100,11 @@ def build_traces(fold: Fold, builder: str, side_calls: str = "trace") -> tuple[l
             left_out += len(chain.members)
             continue
         if builder == "prefix_merging":
-            out.append((chain.members[0].call_index, _trace(chain, chain.members, len(chain.tokens), chain.break_reason)))
+            # A replaced (resampled) call is left out; the chain ends at its last kept call, so a
+            # replaced tip's discarded completion is not even fed as context.
+            kept = [m for m in chain.members if not m.replaced]
+            if kept:
+                out.append((kept[0].call_index, _trace(chain, kept, kept[-1].end, chain.break_reason)))
         elif builder == "per_request":
             reason = "side_call" if chain.side_call else ""
             out.extend((t.call_indices[0], t) for t in _per_call(chain, reason))

@@ -6,7 +6,8 @@ restart needs (``optimizer.pt``, ``trainer_state.json`` with the consumed Kafka 
 ``train_config.json``). ``manifest.json`` is written last and lists every file with its size: a
 directory without a manifest, or whose files do not match it, is not a checkpoint (a crash mid-write
 leaves exactly that). Weight-only exports for engines (``<root>/weights/v00000012/``) use the same
-layout without the optimizer and trainer state.
+layout without the optimizer and trainer state. ``<root>/engine_version.json`` records the version
+the engines last loaded.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ MANIFEST = "manifest.json"
 STATE = "trainer_state.json"
 OPTIMIZER = "optimizer.pt"
 CONFIG = "train_config.json"
+ENGINE_VERSION = "engine_version.json"  # <root>/engine_version.json: the version the engines last loaded
 # Files a copied model directory must not carry into a checkpoint: weights (rewritten) and our own.
 _NOT_COPIED = {MANIFEST, STATE, OPTIMIZER, CONFIG, "config.json", "generation_config.json",
                "model.safetensors.index.json", "pytorch_model.bin.index.json"}
@@ -135,6 +137,36 @@ def latest(root: str, settings: Settings) -> CheckpointInfo | None:
     """The newest complete checkpoint under ``root``, or None."""
     found = list_checkpoints(root, settings)
     return found[-1] if found else None
+
+
+def write_engine_version(root: str, version: int, settings: Settings) -> None:
+    """Record that the engines loaded ``version`` (after each successful sync). A checkpoint is written
+    before its own step's sync, so only this tells a restarted trainer what the engines serve."""
+    data = json.dumps({"version": version, "time": time.time()}).encode()
+    write_bytes(f"{root.rstrip('/')}/{ENGINE_VERSION}", data, settings)
+
+
+def read_engine_version(root: str, settings: Settings) -> int:
+    """The version of the newest successful sync under ``root`` (0 when none was recorded)."""
+    fs, path = filesystem(f"{root.rstrip('/')}/{ENGINE_VERSION}", settings)
+    try:
+        return int(json.loads(fs.cat_file(path))["version"])
+    except FileNotFoundError:
+        return 0
+
+
+def newest_export(root: str, settings: Settings) -> int:
+    """The highest policy version with a weights-only export under ``root`` (0 when none).
+
+    Complete or not: every version published between checkpoints was exported first, and pruning keeps
+    the newest exports, so a restarted trainer that continues above this never reuses a published version.
+    """
+    fs, path = filesystem(f"{root.rstrip('/')}/weights", settings)
+    fs.invalidate_cache()
+    if not fs.exists(path):
+        return 0
+    names = (e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(path, detail=False))
+    return max((int(n[1:]) for n in names if n.startswith("v") and n[1:].isdigit()), default=0)
 
 
 def _read_manifest(fs, dir_path: str) -> dict[str, Any] | None:

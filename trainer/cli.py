@@ -59,12 +59,14 @@ def train_command(
 
     from .checkpoint import CheckpointError
     from .train import train
+    from .weight_sync import WeightSyncError
 
     try:
         summary = train(cfg, settings)
     except ConfigError as e:
         raise typer.BadParameter(str(e)) from None
-    except (KafkaException, CheckpointError) as e:  # unreachable broker, missing topic, unreadable storage
+    # unreachable broker, missing topic, unreadable storage, engines that keep refusing new weights
+    except (KafkaException, CheckpointError, WeightSyncError) as e:
         typer.echo(f"polarstream train: {e}", err=True)
         raise typer.Exit(1) from None
     typer.echo(json.dumps(summary, sort_keys=True))

@@ -14,9 +14,11 @@ from .kafka_io import Polled
 
 
 class SeenIds:
-    """The event ids of the newest ``limit`` consumed groups, in order (bounded memory, checkpointed).
+    """The event ids and group ids (``group_key``) of the newest consumed groups, in order: at most
+    ``limit`` ids (bounded memory, checkpointed).
 
-    At-least-once upstream may deliver a group twice; a group id seen within the window is skipped.
+    At-least-once upstream may deliver a group twice (same event id), and a stream worker that restarts
+    may emit a group again under a new event id (same group id); either seen within the window is skipped.
     """
 
     def __init__(self, ids: Iterable[str] = (), limit: int = 100_000):
@@ -70,9 +72,16 @@ def staleness_weight(staleness: int, cfg: TrainConfig) -> float:
     return math.pow(cfg.stale_weight, staleness - cfg.max_staleness)
 
 
-def plan_step(polled: Sequence[Polled], seen: SeenIds, current_version: int, cfg: TrainConfig) -> StepPlan:
+def group_key(group_id: str) -> str:
+    """A group id's entry in SeenIds (prefixed: event ids are hex digests, group ids anything)."""
+    return f"group:{group_id}"
+
+
+def plan_step(polled: Sequence[Polled], seen: SeenIds, served_version: int, cfg: TrainConfig) -> StepPlan:
     """Decide for each consumed message whether it trains this step and with what weight.
 
+    Staleness is counted against ``served_version``, the policy version the engines last loaded (see
+    train.py): data sampled by the served policy is fresh even when later weight syncs failed.
     Every message is accounted for: chosen, or skipped with a reason. ``seen`` is updated.
     """
     plan = StepPlan()
@@ -87,13 +96,20 @@ def plan_step(polled: Sequence[Polled], seen: SeenIds, current_version: int, cfg
             plan.skipped.append({**info, "reason": "duplicate"})
             continue
         seen.add(g.event_id)
+        if g.group_id:  # a group emits once: another record of it (new event id) is a re-emission
+            if group_key(g.group_id) in seen:
+                plan.skipped.append({**info, "reason": "duplicate_group"})
+                continue
+            seen.add(group_key(g.group_id))
         version = group_version(g)
-        staleness = max(0, current_version - version) if version is not None else 0
+        staleness = max(0, served_version - version) if version is not None else 0
         weight = staleness_weight(staleness, cfg)
         if weight == 0.0:
             plan.skipped.append({**info, "reason": "stale", "staleness": staleness})
         elif not g.trajectories or not any(t.traces for t in g.trajectories):
             plan.skipped.append({**info, "reason": "empty"})
+        elif cfg.skip_task_sets and any(t.task_set in cfg.skip_task_sets for t in g.trajectories):
+            plan.skipped.append({**info, "reason": "eval_only"})  # a held-out set: evaluated, never trained on
         elif cfg.skip_zero_variance and all(a == 0 for a in g.advantages):
             plan.skipped.append({**info, "reason": "zero_variance"})
         else:

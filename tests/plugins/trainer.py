@@ -73,10 +73,23 @@ def end_offsets(settings, logical_topic: str = "groups") -> dict[int, int]:
         c.close()
 
 
-def publish_groups(settings, groups) -> None:
-    """Publish TrainingGroups durably (acknowledged by the broker) in order."""
+def publish_groups(settings, groups, partition: int | None = None) -> None:
+    """Publish TrainingGroups durably (acknowledged by the broker) in order.
+
+    ``partition``: all to that partition (whatever their group ids), so a reader sees them in this order.
+    """
     from producers.publisher import Publisher
 
-    with Publisher(settings) as pub:
-        for g in groups:
-            pub.publish_sync(g, timeout=30)
+    if partition is None:
+        with Publisher(settings) as pub:
+            for g in groups:
+                pub.publish_sync(g, timeout=30)
+        return
+    from confluent_kafka import Producer
+
+    from schemas import encode
+
+    producer = Producer(settings.kafka_config(**{"acks": "all"}))
+    for g in groups:
+        producer.produce(settings.topic("groups"), encode(g), key=g.key().encode(), partition=partition)
+    assert producer.flush(30) == 0

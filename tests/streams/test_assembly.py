@@ -78,9 +78,32 @@ def test_detected_break_reasons():
         call(4, [8, 8], [9]),  # nothing in common
     ]
     out = assemble(calls, "prefix_merging")
+    # Call 0's completion was discarded by the resample: no trace (see test_a_retry_...).
     assert [(t.call_indices, t.break_reason) for t in out.traces] == [
-        ([0], "first_call"), ([1, 2], "resampled"), ([3], "retokenized"), ([4], "not_prefix")]
+        ([1, 2], "resampled"), ([3], "retokenized"), ([4], "not_prefix")]
     assert dict(out.breaks) == {"resampled": 1, "retokenized": 1, "not_prefix": 1}
+    assert out.dropped == {0: "replaced"}
+
+
+@pytest.mark.parametrize("builder", ["per_request", "prefix_merging"])
+@pytest.mark.parametrize("reason", ["retry", ""])  # the gateway's name for it, or detected here ("resampled")
+def test_a_retry_never_trains_the_completion_it_replaced(builder, reason):
+    p = [1, 2, 3, 10, 11, 4]  # turn 1's prompt: turn 0's full sequence + a tool result
+    calls = [
+        call(0, [1, 2, 3], [10, 11]),
+        call(1, p, [12]),  # discarded by the harness ...
+        call(2, p, [13], reason=reason),  # ... which retried: discarded too
+        call(3, p, [15], reason=reason),  # ... and retried again; this one the session continues from
+        call(4, [*p, 15, 5], [14]),
+    ]
+    out = assemble(calls, builder)
+    trained = {tok for t in out.traces for tok, m in zip(t.token_ids, t.loss_mask) if m}
+    assert trained == {10, 11, 15, 14}  # never 12 or 13, under any trace
+    assert sorted(i for t in out.traces for i in t.call_indices) == [0, 3, 4]
+    assert out.dropped == {1: "replaced", 2: "replaced"}
+    assert all(12 not in t.token_ids and 13 not in t.token_ids for t in out.traces)  # not even as context
+    if builder == "prefix_merging":
+        assert [t.call_indices for t in out.traces] == [[0], [3, 4]]
 
 
 def test_longest_tip_wins():

@@ -84,10 +84,10 @@ def _run_torchrun(cmd, env, out_path: Path, step_one_saved, later) -> int:
 
 
 def test_torchrun_two_processes_matches_one_process(polar_settings, trainer_model_dir, tmp_path):
-    # one group id -> one partition -> both runs read the groups in the same order; varied lengths so
-    # the token budget splits each step into several micro-batches, unevenly per rank
-    groups = [make_group("d", [[50 + i] * (3 + i), [60 + i, 61]], [1.0, 0.0]) for i in range(6)]
-    publish_groups(polar_settings, groups[:3])
+    # one partition -> both runs read the groups in the same order; varied lengths so the token budget
+    # splits each step into several micro-batches, unevenly per rank
+    groups = [make_group(f"d{i}", [[50 + i] * (3 + i), [60 + i, 61]], [1.0, 0.0]) for i in range(6)]
+    publish_groups(polar_settings, groups[:3], partition=0)
 
     ddp = polar_settings.model_copy(update={"storage_url": polar_settings.storage_url + "/ddp"})
     env = {**os.environ, **settings_env(ddp), "OMP_NUM_THREADS": "1"}
@@ -98,7 +98,7 @@ def test_torchrun_two_processes_matches_one_process(polar_settings, trainer_mode
            "--run-dir", str(tmp_path / "ddp"), "--set", "consumer_group=ddp", *sets]
     saved = lambda: getattr(checkpoint.latest(ddp.checkpoint_url, ddp), "step", 0) >= 1  # noqa: E731
     out = tmp_path / "torchrun.out"
-    code = _run_torchrun(cmd, env, out, saved, lambda: publish_groups(polar_settings, groups[3:]))
+    code = _run_torchrun(cmd, env, out, saved, lambda: publish_groups(polar_settings, groups[3:], partition=0))
     assert code == 0, out.read_text()[-6000:]
 
     single = polar_settings.model_copy(update={"storage_url": polar_settings.storage_url + "/single"})

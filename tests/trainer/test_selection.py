@@ -33,12 +33,36 @@ def test_plan_dedupes_drops_stale_and_skips_zero_variance():
     flat = make_group("c", [[1], [2]], [1.0, 1.0], policy_version=10)
     bad = Polled("t", 1, 7, None, "TrainingGroup: not valid JSON")
     seen = SeenIds()
-    plan = plan_step([*_polled([fresh, fresh, old, flat]), bad], seen, current_version=10,
+    plan = plan_step([*_polled([fresh, fresh, old, flat]), bad], seen, served_version=10,
                      cfg=TrainConfig(max_staleness=4))
     assert [c.group.group_id for c in plan.chosen] == ["a"] and plan.staleness == [1]
     assert [s["reason"] for s in plan.skipped] == ["duplicate", "stale", "zero_variance", "undecodable"]
     assert plan.skipped[3]["offset"] == 7 and "not valid JSON" in plan.skipped[3]["error"]
     assert plan_step(_polled([fresh]), seen, 10, TrainConfig()).skipped[0]["reason"] == "duplicate"  # across steps
+
+
+def test_a_group_re_emitted_under_a_new_event_id_trains_once():
+    first = make_group("a", [[1], [2]], [1.0, 0.0])
+    again = make_group("a", [[1], [3]], [0.0, 1.0])  # a restarted stream worker rebuilt it: new event id
+    assert first.event_id != again.event_id
+    seen = SeenIds()
+    plan = plan_step(_polled([first, again]), seen, 0, TrainConfig())
+    assert [c.group.event_id for c in plan.chosen] == [first.event_id]
+    assert [(s["event_id"], s["reason"]) for s in plan.skipped] == [(again.event_id, "duplicate_group")]
+    # across steps and across a restart (the window is checkpointed as SeenIds.to_list())
+    later = make_group("a", [[4], [5]], [1.0, 0.0])
+    restored = SeenIds(seen.to_list())
+    assert plan_step(_polled([later]), restored, 0, TrainConfig()).skipped[0]["reason"] == "duplicate_group"
+    assert plan_step(_polled([make_group("b", [[1], [2]], [1.0, 0.0])]), seen, 0, TrainConfig()).chosen
+
+
+def test_staleness_counts_from_the_served_version():
+    """Groups sampled by the version the engines serve are fresh, however far training got past it."""
+    g = make_group("a", [[1], [2]], [1.0, 0.0], policy_version=3)
+    cfg = TrainConfig(max_staleness=0)
+    assert plan_step(_polled([g]), SeenIds(), served_version=3, cfg=cfg).staleness == [0]
+    assert plan_step(_polled([g]), SeenIds(), served_version=2, cfg=cfg).staleness == [0]  # newer than we knew
+    assert plan_step(_polled([g]), SeenIds(), served_version=5, cfg=cfg).skipped[0]["staleness"] == 2
 
 
 def test_downweighting_decays_with_versions_over_the_bound():
@@ -73,3 +97,15 @@ def test_effective_steps_drop_work_lost_in_a_crash():
     log = [{"event": "start", "step": 0}, *({"event": "step", "step": i} for i in (1, 2, 3)),
            {"event": "start", "step": 2}, {"event": "step", "step": 3}, {"event": "step", "step": 4}]
     assert [s["step"] for s in effective_steps(log)] == [1, 2, 3, 4]
+
+
+def test_held_out_task_sets_are_consumed_but_never_trained():
+    train, held = make_group("t", [[1], [2]], [1.0, 0.0]), make_group("h", [[1], [2]], [1.0, 0.0])
+    held = held.model_copy(update={"trajectories": [t.model_copy(update={"task_set": "demo-heldout"})
+                                                    for t in held.trajectories]})
+    plan = plan_step(_polled([train, held]), SeenIds(), served_version=0,
+                     cfg=TrainConfig(skip_task_sets=["demo-heldout"]))
+    assert [c.group.group_id for c in plan.chosen] == ["t"]
+    assert [(s["group_id"], s["reason"]) for s in plan.skipped] == [("h", "eval_only")]
+    # without the setting the same group trains
+    assert len(plan_step(_polled([held]), SeenIds(), served_version=0, cfg=TrainConfig()).chosen) == 1
