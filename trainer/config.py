@@ -23,18 +23,24 @@ class TrainConfig:
     # -- model --
     model: str = ""  # local HF directory the run starts from (config.json + weights + tokenizer files)
     dtype: Literal["float32", "bfloat16"] = "float32"  # parameter dtype; bf16 autocast is used on CUDA either way
-    attn_implementation: str = "sdpa"  # sdpa (packed rows get a block-diagonal mask) | flash_attention_2 | eager
+    attn_implementation: str = "auto"  # auto: polar_varlen (trainer/attention.py: per-sequence SDPA on CPU,
+    # flash varlen on CUDA; no mask, cost = sum of each sequence's square) | sdpa | flash_attention_2 | eager
+    activation_checkpointing: bool = False  # recompute each layer in backward: long traces fit in memory
     temperature: float = 1.0  # the engine's sampling temperature: logprobs are taken of logits / temperature
     # -- data --
     groups_per_step: int = 4  # groups consumed per optimizer step
-    token_budget: int = 4096  # tokens per packed micro-batch row (also the longest trace trained, rest cut)
+    token_budget: int = 4096  # tokens per micro-batch; a longer trace gets a micro-batch of its own
+    max_trace_tokens: int = 0  # longest trace trained, the rest cut (counted, logged as a warning); 0: never cut
+    share_prefix: bool = False  # feed a group's common prefix (system prompt, tools, task) once per micro-batch
     packing: Literal["packed", "padded"] = "packed"  # padded: one sequence per row, padded, with a mask
-    row_len: int = 0  # packed row length; 0: token_budget with flash-attention (varlen kernels), else the
-    # step's longest sequence (a dense block mask costs row_len^2, see packing.py)
-    max_staleness: int = 4  # groups more than this many policy versions behind are stale
+    row_len: int = 0  # packed row length; 0: one row of token_budget with polar_varlen (its cost does not
+    # depend on rows), else the step's longest sequence (sdpa/eager's dense block mask costs row_len^2)
+    max_staleness: int = 4  # groups more than this many policy versions behind the one the engines last
+    # loaded are stale (with sync_every=0, behind the trainer's own version)
     stale_mode: Literal["drop", "downweight"] = "drop"
     stale_weight: float = 0.5  # downweight: weight = stale_weight ** (staleness - max_staleness)
     skip_zero_variance: bool = True  # a group whose advantages are all 0 carries no gradient: skip it
+    skip_task_sets: list[str] = field(default_factory=list)  # task sets that never train (held-out evaluation)
     poll_timeout_s: float = 1.0  # one broker poll
     idle_timeout_s: float = 0.0  # stop after this long without a new group (0: wait forever)
     start_from: Literal["earliest", "latest"] = "earliest"  # where a run without a checkpoint starts reading
@@ -48,8 +54,10 @@ class TrainConfig:
     clip_low: float = 0.2  # ratio floor 1 - clip_low
     clip_high: float = 0.28  # ratio ceiling 1 + clip_high (asymmetric, "clip-higher")
     loss_norm: Literal["token_mean", "seq_mean"] = "token_mean"
-    tis_cap: float = 0.0  # > 0: truncated IS weight min(pi_old / pi_rollout, cap); recomputes pi_old
+    tis_cap: float = 0.0  # > 0: truncated IS weight min(pi_trainer / pi_rollout, cap) on each token
     kl_coef: float = 0.0  # > 0: k3 KL to the frozen starting model
+    dual_clip: float = 3.0  # > 1: for A<0 the per-token loss is capped at -dual_clip * A (dual-clip PPO,
+    # Ye et al. 2020; verl's clip_ratio_c), so a far off-policy token cannot blow up the gradient; 0 disables
     # -- optimizer --
     lr: float = 1e-5
     lr_schedule: Literal["constant", "cosine"] = "constant"  # RL usually keeps lr constant
@@ -66,6 +74,8 @@ class TrainConfig:
     checkpoint_every: int = 1  # steps between checkpoints (weights, optimizer, state, offsets)
     keep_checkpoints: int = 3  # newest complete checkpoints kept, older ones deleted
     sync_every: int = 1  # steps between PolicyVersion + engine weight updates (0: never)
+    max_sync_failures: int = 3  # stop (after a checkpoint) when this many syncs in a row failed: engines
+    # stuck on an old policy would make every later step more off-policy (0: never stop)
     engines: list[str] = field(default_factory=list)  # "polar=http://host:port" or "vllm=http://host:port"
     gateway: str = ""  # gateway base URL whose /admin/policy_version is stamped after a sync
     model_name: str = "policy"  # PolicyVersion.model
@@ -93,14 +103,19 @@ class TrainConfig:
             (self.groups_per_step >= 1, "groups_per_step", "must be >= 1"),
             (self.token_budget >= 2, "token_budget", "must be >= 2"),
             (0 <= self.row_len <= self.token_budget, "row_len", "must be in [0, token_budget]"),
+            (self.max_trace_tokens >= 0, "max_trace_tokens", "must be >= 0 (0: never cut)"),
+            (not self.share_prefix or self.attn_implementation in ("auto", "varlen", "polar_varlen"),
+             "share_prefix", "needs attn_implementation auto (polar_varlen)"),
             (self.temperature > 0, "temperature", "must be > 0"),
             (0 <= self.clip_low < 1, "clip_low", "must be in [0, 1)"),
             (self.clip_high >= 0, "clip_high", "must be >= 0"),
             (self.tis_cap >= 0, "tis_cap", "must be >= 0"),
             (self.kl_coef >= 0, "kl_coef", "must be >= 0"),
+            (self.dual_clip == 0 or self.dual_clip > 1, "dual_clip", "must be 0 (off) or > 1"),
             (self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1"),
             (self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1"),
             (self.sync_every >= 0, "sync_every", "must be >= 0"),
+            (self.max_sync_failures >= 0, "max_sync_failures", "must be >= 0"),
             (0 < self.stale_weight <= 1, "stale_weight", "must be in (0, 1]"),
             (self.dist_timeout_s > 0, "dist_timeout_s", "must be > 0"),
             (0 < self.heartbeat_s < self.dist_timeout_s, "heartbeat_s", "must be in (0, dist_timeout_s)"),

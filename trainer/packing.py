@@ -4,16 +4,17 @@ A trace of n tokens trains the positions that *predict* its sampled tokens, so i
 inputs ``ids[:j]`` predict ``ids[1:j+1]``, where j is the last sampled position. Tokens after the
 last sampled one predict nothing and are never fed.
 
-Packed mode puts several sequences back to back in a row, with ``position_ids`` restarting at 0 for
-each and ``attention_mask=None``; transformers then builds a block-diagonal causal mask from the
-position ids (sdpa/eager) or varlen cu_seqlens (flash-attention 2), so sequences never see each other.
-Rows are first-fit-decreasing bins of ``row_len`` tokens, and a micro-batch holds as many rows as fit
-``rows * longest row <= budget``; the short tail of a row is filled by a padding "sequence" of its
-own (positions from 0 again), so it needs no mask either. One row per micro-batch (``row_len`` =
-budget) is right for flash-attention's varlen kernels, whose cost is the sum of each sequence's
-square; with a dense mask (sdpa) a row costs its own length squared, so shorter rows (about the
-longest sequence) are cheaper there. ``test_packing.py`` checks packed logprobs against
-one-sequence-at-a-time logprobs.
+Packed mode puts sequences back to back, by default one row of up to ``budget`` tokens per micro-batch
+(a trace longer than the budget gets a micro-batch of its own), with each sequence's own
+``position_ids`` and ``attention_mask=None``. The micro-batch's ``Layout`` (where each sequence
+sits) goes to the ``polar_varlen`` attention (attention.py), so attention costs the sum of each
+sequence's square and no mask is built. With ``share_prefix`` the samples of a group that start with
+the same tokens (system prompt, tools, task) are fed as [prefix, branch 1, branch 2, ...]: the prefix
+once, every branch attending to it and to itself, its positions continuing from the prefix. Under
+plain sdpa/eager (no layout) transformers still derives a block-diagonal mask from the restarting
+position ids, so packing without shared prefixes stays correct there, only slower. The short tail of
+a row (``row_len`` > 0 gives several rows) is a padding "sequence" of its own. ``test_packing.py``
+checks packed logprobs and gradients against one-sequence-at-a-time ones.
 
 Padded mode is the fallback for models whose attention ignores position-id packing: one sequence
 per row, rows padded on the right to the longest of the micro-batch, with an attention mask.
@@ -22,11 +23,14 @@ per row, rows padded on the right to the longest of the micro-batch, with an att
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from schemas import TrainingGroup
+
+from .attention import Layout
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Sample:
     group_weight: float = 1.0  # staleness down-weighting
     weight: float = 0.0  # filled by assign_weights
     group_id: str = ""
+    trajectory_id: str = ""  # the trajectory the trace belongs to (seq_mean normalizes per trajectory)
 
     @property
     def length(self) -> int:
@@ -59,16 +64,18 @@ def sample_from_trace(
     max_len: int,
     group_weight: float = 1.0,
     group_id: str = "",
+    trajectory_id: str = "",
 ) -> Sample | None:
     """Shift one trace for training; None when it has no trainable token after position 0.
 
     A trace longer than ``max_len`` inputs keeps its first ``max_len`` (the causal context of the
-    kept tokens stays intact); the cut sampled tokens are simply not trained.
+    kept tokens stays intact); the cut sampled tokens are not trained, and the caller counts and logs
+    them (``samples_from_group``). ``max_len`` 0: never cut (``TrainConfig.max_trace_tokens``).
     """
     sampled = [i for i, m in enumerate(loss_mask) if m and i > 0]  # position 0 has no context to predict from
     if not sampled:
         return None
-    end = min(sampled[-1], max_len)  # number of input positions fed
+    end = min(sampled[-1], max_len) if max_len > 0 else sampled[-1]  # number of input positions fed
     trained = tuple(i - 1 for i in sampled if i <= end)
     if not trained:
         return None
@@ -80,6 +87,7 @@ def sample_from_trace(
         advantage=float(advantage),
         group_weight=group_weight,
         group_id=group_id,
+        trajectory_id=trajectory_id,
     )
 
 
@@ -89,10 +97,12 @@ def samples_from_group(group: TrainingGroup, max_len: int, group_weight: float =
     Returns (samples, sampled tokens cut by ``max_len``).
     """
     samples, cut = [], 0
-    for traj, adv in zip(group.trajectories, group.advantages, strict=True):
+    for k, (traj, adv) in enumerate(zip(group.trajectories, group.advantages, strict=True)):
+        trajectory_id = f"{group.event_id}/{k}"  # unique in the step even if two groups share a group_id
         for trace in traj.traces:
             s = sample_from_trace(
-                trace.token_ids, trace.loss_mask, trace.logprobs, adv, max_len, group_weight, group.group_id
+                trace.token_ids, trace.loss_mask, trace.logprobs, adv, max_len, group_weight, group.group_id,
+                trajectory_id,
             )
             n_sampled = sum(1 for i, m in enumerate(trace.loss_mask) if m and i > 0)
             cut += n_sampled - (len(s.trained) if s else 0)
@@ -105,7 +115,10 @@ def assign_weights(samples: Sequence[Sample], loss_norm: str) -> list[Sample]:
     """Per-token loss weights so that summing ``weight * token_loss`` over the step gives the mean.
 
     token_mean: every trained token of the step counts equally (1 / tokens in the step).
-    seq_mean: every sequence counts equally (1 / (its tokens * sequences in the step)).
+    seq_mean: every trajectory counts equally (1 / (its trained tokens, over all its traces, *
+    trajectories in the step)). Per trajectory, not per trace: the same session is one prefix-merged
+    trace or one trace per call (per_request), and both builders must optimize the same objective.
+    A sample without a ``trajectory_id`` counts as a trajectory of its own.
     Normalizing over the whole step (not per micro-batch) makes gradient accumulation and data
     parallelism exact: any split into micro-batches and ranks sums to the same gradient.
     """
@@ -115,12 +128,16 @@ def assign_weights(samples: Sequence[Sample], loss_norm: str) -> list[Sample]:
         total = sum(len(s.trained) for s in samples)
         return [_with_weight(s, s.group_weight / total) for s in samples]
     if loss_norm == "seq_mean":
-        return [_with_weight(s, s.group_weight / (len(s.trained) * len(samples))) for s in samples]
+        keys = [s.trajectory_id or f"#{i}" for i, s in enumerate(samples)]
+        tokens: Counter[str] = Counter()
+        for key, s in zip(keys, samples):
+            tokens[key] += len(s.trained)
+        return [_with_weight(s, s.group_weight / (tokens[key] * len(tokens))) for key, s in zip(keys, samples)]
     raise ValueError(f"loss_norm: {loss_norm!r} is not token_mean or seq_mean")
 
 
 def _with_weight(s: Sample, w: float) -> Sample:
-    return Sample(s.input_ids, s.targets, s.trained, s.rollout_logprobs, s.advantage, s.group_weight, w, s.group_id)
+    return replace(s, weight=w)
 
 
 @dataclass
@@ -128,10 +145,9 @@ class MicroBatch:
     """Model inputs for one forward pass plus flat per-trained-token training data."""
 
     input_ids: torch.Tensor  # (R, W)
-    position_ids: torch.Tensor  # (R, W) restarting at 0 for every packed sequence (and the row's padding)
+    position_ids: torch.Tensor  # (R, W) each sequence's own positions (a branch continues from its prefix)
     attention_mask: torch.Tensor | None  # (R, W) in padded mode, None when packed
-    keep_cols: torch.Tensor  # (U,) columns whose logits are computed (``logits_to_keep``)
-    keep: torch.Tensor  # (N,) index of each trained token in the flattened (R, U) logits
+    positions: torch.Tensor  # (N,) flat index into the (R * W) hidden states of each trained token
     targets: torch.Tensor  # (N,)
     rollout_logprobs: torch.Tensor  # (N,)
     advantages: torch.Tensor  # (N,)
@@ -139,11 +155,23 @@ class MicroBatch:
     num_sequences: int
     num_real_tokens: int  # tokens that belong to a sequence (the rest is padding)
     members: tuple[int, ...] = ()  # its samples' indices in the list given to pack, in row-major order
+    layout: Layout = field(default_factory=lambda: Layout(()))  # where the sequences sit (attention.py)
 
     @property
     def num_tokens(self) -> int:
         """Tokens the model actually processes, padding included."""
         return self.input_ids.numel()
+
+    @property
+    def attention_pairs(self) -> int:
+        """(query, key) pairs the varlen attention computes: causal pairs per sequence, a shared prefix's
+        pairs once, plus each branch's queries against its prefix; padding computes none."""
+        return self.layout.attention_pairs
+
+    @property
+    def logit_rows(self) -> int:
+        """Rows through lm_head: one per trained token (``loss.microbatch_logprobs``)."""
+        return self.positions.numel()
 
     def to(self, device: torch.device | str) -> "MicroBatch":
         t = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
@@ -151,12 +179,11 @@ class MicroBatch:
 
 
 def first_fit_decreasing(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Bins of sample indices, each summing to at most ``budget``; longest first, first bin that fits."""
+    """Bins of item indices, each summing to at most ``budget``; longest first, first bin that fits.
+    An item longer than ``budget`` gets a bin of its own: a long trace is trained whole, alone."""
     bins: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if lengths[i] > budget:
-            raise ValueError(f"sample {i}: {lengths[i]} tokens exceed the token budget {budget}")
         for b, r in enumerate(room):
             if lengths[i] <= r:
                 bins[b].append(i)
@@ -164,29 +191,82 @@ def first_fit_decreasing(lengths: Sequence[int], budget: int) -> list[list[int]]
                 break
         else:
             bins.append([i])
-            room.append(budget - lengths[i])
+            room.append(max(budget - lengths[i], 0))
     return bins
 
 
-def pack(samples: Sequence[Sample], budget: int, row_len: int = 0) -> list[MicroBatch]:
-    """Packed micro-batches of at most ``budget`` tokens: sequences back to back in rows of
-    ``row_len`` tokens (0: one row of ``budget``; never shorter than the longest sequence)."""
+# Shortest common group prefix worth sharing: below it the extra segments cost more than they save.
+MIN_SHARED_PREFIX = 64
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """Samples placed together in one row: one sample, or samples of a group whose first ``shared``
+    input tokens are identical and fed once (the prefix), each followed by the rest of its tokens."""
+
+    members: tuple[int, ...]
+    shared: int = 0
+    length: int = 0  # tokens fed
+
+
+def _units(samples: Sequence[Sample], budget: int, share_prefix: bool) -> list[_Unit]:
+    """One unit per sample, or with ``share_prefix`` one per group whose samples share at least
+    MIN_SHARED_PREFIX leading tokens (split into several units, each with its own copy of the prefix,
+    where prefix + branches would exceed ``budget``)."""
+    if not share_prefix:
+        return [_Unit((i,), 0, s.length) for i, s in enumerate(samples)]
+    by_group: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        by_group.setdefault(s.group_id or f"#{i}", []).append(i)
+    units = []
+    for members in by_group.values():
+        p = _common_prefix([samples[i].input_ids for i in members]) if len(members) > 1 else 0
+        if p < MIN_SHARED_PREFIX:
+            units += [_Unit((i,), 0, samples[i].length) for i in members]
+            continue
+        cur: list[int] = []
+        for i in sorted(members, key=lambda i: -samples[i].length):
+            size = p + sum(samples[j].length - p for j in cur)
+            if cur and size + samples[i].length - p > budget:
+                units.append(_Unit(tuple(cur), p, size))
+                cur = []
+            cur.append(i)
+        units.append(_Unit(tuple(cur), p, p + sum(samples[j].length - p for j in cur)))
+    return [u if len(u.members) > 1 else _Unit(u.members, 0, u.length) for u in units]
+
+
+def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
+    n = min(len(s) for s in seqs)
+    first = seqs[0]
+    for s in seqs[1:]:
+        k = 0
+        while k < n and s[k] == first[k]:
+            k += 1
+        n = k
+    return n
+
+
+def pack(samples: Sequence[Sample], budget: int, row_len: int = 0, share_prefix: bool = False) -> list[MicroBatch]:
+    """Packed micro-batches of at most ``budget`` tokens (a longer unit gets one of its own): sequences
+    back to back in rows of ``row_len`` tokens (0: one row of ``budget``, the right layout for the varlen
+    attention, whose cost does not depend on rows). ``share_prefix``: a group's common prefix is fed
+    once per micro-batch, its samples' remainders follow it as branches (needs ``polar_varlen``)."""
     if not samples:
         return []
-    longest = max(s.length for s in samples)
-    rows = first_fit_decreasing([s.length for s in samples], max(row_len or budget, longest))
-    return _group_rows(samples, rows, budget, mask=False)
+    units = _units(samples, budget, share_prefix)
+    rows = first_fit_decreasing([u.length for u in units], row_len or budget)
+    return _group_rows(samples, [[units[i] for i in row] for row in rows], budget, mask=False)
 
 
 def pad_by_length(samples: Sequence[Sample], budget: int) -> list[MicroBatch]:
     """Padded micro-batches: one sequence per row, longest first, rows * longest <= ``budget``."""
-    return _group_rows(samples, [[i] for i in range(len(samples))], budget, mask=True)
+    return _group_rows(samples, [[_Unit((i,), 0, s.length)] for i, s in enumerate(samples)], budget, mask=True)
 
 
-def _group_rows(samples: Sequence[Sample], rows: list[list[int]], budget: int, mask: bool) -> list[MicroBatch]:
+def _group_rows(samples: Sequence[Sample], rows: list[list[_Unit]], budget: int, mask: bool) -> list[MicroBatch]:
     """Longest rows first, as many per micro-batch as fit ``rows * longest <= budget``."""
-    length = lambda row: sum(samples[i].length for i in row)  # noqa: E731
-    batches: list[list[list[int]]] = []
+    length = lambda row: sum(u.length for u in row)  # noqa: E731
+    batches: list[list[list[_Unit]]] = []
     for row in sorted(rows, key=lambda r: -length(r)):
         if batches and length(batches[-1][0]) * (len(batches[-1]) + 1) <= budget:
             batches[-1].append(row)
@@ -195,39 +275,49 @@ def _group_rows(samples: Sequence[Sample], rows: list[list[int]], budget: int, m
     return [_build(samples, b, mask) for b in batches]
 
 
-def _build(samples: Sequence[Sample], rows: list[list[int]], mask: bool) -> MicroBatch:
-    width = max(sum(samples[i].length for i in row) for row in rows)
+def _build(samples: Sequence[Sample], rows: list[list[_Unit]], mask: bool) -> MicroBatch:
+    width = max(sum(u.length for u in row) for row in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     pos = torch.zeros(len(rows), width, dtype=torch.long)
     attn = torch.zeros(len(rows), width, dtype=torch.long)
-    trained: list[tuple[int, int, Sample]] = []  # (row, column, sample) of every trained token
+    flat: list[int] = []  # flat (row * width + column) index of every trained token, in members order
+    segments: list[tuple[int, int, int, int, int]] = []
+    members: list[int] = []
     for r, row in enumerate(rows):
         col = 0
-        for i in row:
-            s = samples[i]
-            ids[r, col:col + s.length] = torch.tensor(s.input_ids)
-            pos[r, col:col + s.length] = torch.arange(s.length)
-            trained.extend((r, col + p, s) for p in s.trained)
-            col += s.length
+        for u in row:
+            p, pcol = u.shared, col
+            if p:  # the shared prefix, fed once: a sequence of its own
+                ids[r, col:col + p] = torch.tensor(samples[u.members[0]].input_ids[:p])
+                pos[r, col:col + p] = torch.arange(p)
+                segments.append((r, col, col + p, 0, 0))
+                col += p
+            for i in u.members:
+                s = samples[i]
+                n = s.length - p  # the branch: its tokens after the prefix, positions continuing from it
+                ids[r, col:col + n] = torch.tensor(s.input_ids[p:])
+                pos[r, col:col + n] = torch.arange(p, s.length)
+                if n:
+                    segments.append((r, col, col + n, pcol, pcol + p) if p else (r, col, col + n, 0, 0))
+                flat.extend(r * width + (pcol + q if q < p else col + q - p) for q in s.trained)
+                members.append(i)
+                col += n
         attn[r, :col] = 1
-        pos[r, col:] = torch.arange(width - col)  # padding is a sequence of its own: no mask needed
-    cols = sorted({c for _, c, _ in trained})
-    where = {c: k for k, c in enumerate(cols)}
-    members = tuple(i for row in rows for i in row)
+        pos[r, col:] = torch.arange(width - col)  # padding is a sequence of its own: no mask needed (sdpa)
     seqs = [samples[i] for i in members]
     return MicroBatch(
         input_ids=ids,
         position_ids=pos,
         attention_mask=attn if mask else None,
-        keep_cols=torch.tensor(cols, dtype=torch.long),
-        keep=torch.tensor([r * len(cols) + where[c] for r, c, _ in trained], dtype=torch.long),
+        positions=torch.tensor(flat, dtype=torch.long),
         targets=torch.tensor([s.targets[p] for s in seqs for p in s.trained], dtype=torch.long),
         rollout_logprobs=torch.tensor([lp for s in seqs for lp in s.rollout_logprobs], dtype=torch.float32),
         advantages=torch.tensor([s.advantage for s in seqs for _ in s.trained], dtype=torch.float32),
         weights=torch.tensor([s.weight for s in seqs for _ in s.trained], dtype=torch.float32),
         num_sequences=len(seqs),
-        num_real_tokens=sum(s.length for s in seqs),
-        members=members,
+        num_real_tokens=int(attn.sum()),
+        members=tuple(members),
+        layout=Layout(tuple(segments)),
     )
 
 
@@ -239,14 +329,14 @@ def empty_microbatch() -> MicroBatch:
         input_ids=torch.zeros(1, 1, dtype=torch.long),
         position_ids=torch.zeros(1, 1, dtype=torch.long),
         attention_mask=None,
-        keep_cols=torch.zeros(0, dtype=torch.long),
-        keep=torch.zeros(0, dtype=torch.long),
+        positions=torch.zeros(0, dtype=torch.long),
         targets=torch.zeros(0, dtype=torch.long),
         rollout_logprobs=z,
         advantages=z,
         weights=z,
         num_sequences=0,
         num_real_tokens=0,
+        layout=Layout(((0, 0, 1, 0, 0),)),
     )
 
 

@@ -12,6 +12,7 @@ complete checkpoint and seeks to its offsets, so no group is trained twice and n
 
 from __future__ import annotations
 
+import logging
 import math
 import signal
 import tempfile
@@ -33,14 +34,18 @@ from producers.publisher import Publisher, PublishError
 from schemas import PolicyVersion
 
 from . import checkpoint
+from .attention import load_model
 from .config import ConfigError, TrainConfig
 from .kafka_io import GroupSource, offsets_from_json
 from .loss import LossConfig, summarize
 from .metrics import RunLog, Sinks
+from .optim import apply_update, param_groups
 from .packing import MicroBatch, Sample, assign_weights, pack, pad_by_length, samples_from_group, shard
 from .selection import SeenIds, StepPlan, lr_at, plan_step
 from .step import accumulate_gradients
 from .weight_sync import Gateway, WeightSyncError, engine_from_spec, sync_weights
+
+logger = logging.getLogger(__name__)
 
 # Settings whose values must not be copied into checkpoints.
 _SECRETS = {"s3_access_key", "s3_secret_key", "admin_token", "session_secret", "kafka_security"}
@@ -51,7 +56,6 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
     cfg.validate()
     if not (Path(cfg.model) / "config.json").is_file():
         raise ConfigError(f"model={cfg.model!r}: not a model directory (no config.json)")
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # save_pretrained's shard bar would interleave with ours
@@ -79,22 +83,35 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
     else:
         model_dir = Path(cfg.model)
         state = {"step": 0, "policy_version": 0, "offsets": {}, "seen": [], "counters": {}}
-    load = {"dtype": getattr(torch, cfg.dtype), "attn_implementation": cfg.attn_implementation}
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **load)
+    dtype = getattr(torch, cfg.dtype)
+    # padded micro-batches are the fallback: plain sdpa with the padding mask (the flash varlen path
+    # takes one packed row per micro-batch)
+    attn = "sdpa" if cfg.packing == "padded" and cfg.attn_implementation == "auto" else cfg.attn_implementation
+    model = load_model(model_dir, dtype, attn, cfg.activation_checkpointing)
     model.to(device).train()
     ref_model = None
     if cfg.kl_coef > 0:  # the reference is the run's starting model, not the newest checkpoint
-        ref_model = AutoModelForCausalLM.from_pretrained(cfg.model, **load)
+        ref_model = load_model(cfg.model, dtype, attn)
         ref_model.to(device).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                  weight_decay=cfg.weight_decay)
+    # weight decay on linear matrices only: not on norms, biases or embeddings (see optim.param_groups)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     if info is not None:
         checkpoint.load_optimizer(model_dir, optimizer, device)
     if distributed:  # DDP broadcasts rank 0's parameters at construction, so every rank starts equal
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-    loss_cfg = LossConfig(cfg.clip_low, cfg.clip_high, cfg.tis_cap, cfg.kl_coef)
+    loss_cfg = LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef,
+                          dual_clip=cfg.dual_clip)
     autocast = torch.bfloat16 if cuda else None
     step, version = int(state["step"]), int(state["policy_version"])
+    # Versions published after that checkpoint (weight-only exports, checkpoint_every > 1) named weights
+    # the crash lost: continue above them, so one version number never names two sets of weights.
+    version = max(version, _broadcast(checkpoint.newest_export(root, settings) if master else None, distributed))
+    # The version the engines last loaded (a sync that succeeded) and the failed syncs since: staleness
+    # counts from the former, so failed syncs do not make the groups the engines still sample stale.
+    # (rank 0's business; the marker also covers the syncs that followed the checkpoint)
+    synced = int(state.get("synced_version", state["policy_version"]))
+    synced = max(synced, checkpoint.read_engine_version(root, settings)) if master else synced
+    sync_failures = int(state.get("sync_failures", 0))
     counters: Counter[str] = Counter(state.get("counters", {}))
 
     # -- rank 0: the group source, the run log, the publisher, the engines --------------------------
@@ -118,6 +135,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         nonlocal last_saved
         offsets = source.positions()
         snapshot = {"step": step, "policy_version": version, "offsets": offsets, "seen": seen.to_list(),
+                    "synced_version": synced, "sync_failures": sync_failures,
                     "counters": dict(counters), "time": time.time()}
         url = checkpoint.save_checkpoint(root, step, model, optimizer, snapshot, config_record, model_dir, settings)
         checkpoint.prune(root, cfg.keep_checkpoints, settings)
@@ -134,11 +152,12 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             payload = None
             if master and not stop.requested:
                 t_wait = time.perf_counter()
-                plan, consumed = _with_heartbeats(lambda: _collect(source, seen, version, cfg, stop),
+                served = synced if cfg.sync_every else version  # no syncs: nothing to go by but our own
+                plan, consumed = _with_heartbeats(lambda: _collect(source, seen, served, cfg, stop),
                                                   distributed, cfg.heartbeat_s)
                 wait_s = time.perf_counter() - t_wait
                 if consumed:
-                    payload = _samples(plan, cfg)
+                    payload = _samples(plan, cfg, log)
             payload = _broadcast_step(payload, distributed)
             if payload is None:
                 break
@@ -163,9 +182,11 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                                         grad_scale=world)
             sums["tokens_fed"] = float(sum(mb.num_tokens for mb in mine))
             sums = _all_reduce(sums, distributed, device)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            # A step without signal (every advantage 0, e.g. all-zero-variance groups) leaves the weights
+            # bit-identical: AdamW would still move them on its moments (see optim.skip_update_reason).
+            # It still counts as a step and publishes a new policy version (same weights), so on-policy
+            # rollouts waiting for version step+1 go on.
+            grad_norm, no_update = apply_update(model, optimizer, samples, cfg.grad_clip)
             step += 1
             version += 1
             dt = time.perf_counter() - t0
@@ -177,6 +198,8 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             advs = [a for c in plan.chosen for a in c.group.advantages]
             counters.update(groups=len(plan.chosen), tokens=int(sums["tokens"]))
             counters.update(s["reason"] for s in plan.skipped)
+            if no_update is not None:
+                counters.update({f"no_update_{no_update}": 1})
             metrics = {
                 **summarize(sums), "grad_norm": float(grad_norm), "lr": lr, "policy_version": version,
                 "reward_mean": _mean(rewards), "reward_std": _std(rewards),
@@ -186,7 +209,9 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 "tokens": sums["tokens_fed"], "truncated_tokens": cut,
                 "padding_frac": 1 - sum(mb.num_real_tokens for mb in micro) / sum(mb.num_tokens for mb in micro),
                 "staleness_mean": _mean(plan.staleness), "staleness_max": max(plan.staleness),
+                "engine_version": synced,
                 "step_time_s": dt, "wait_s": wait_s, "tokens_per_s": sums["tokens_fed"] / dt,
+                "updated": float(no_update is None),
             }
             log.write({"event": "step", "step": step, "policy_version": version, "metrics": metrics,
                        "groups": [c.group.event_id for c in plan.chosen], "weights": [c.weight for c in plan.chosen],
@@ -203,9 +228,20 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 try:  # a failure here leaves training and its checkpoint intact; the next sync catches up
                     publisher.publish_sync(record)
                     sync_weights(engines, url, version, gateway)
+                    synced, sync_failures = version, 0
+                    checkpoint.write_engine_version(root, version, settings)
                 except (PublishError, WeightSyncError) as e:
                     counters.update(sync_errors=1)
-                    log.write({"event": "sync_error", "step": step, "policy_version": version, "error": str(e)})
+                    sync_failures += 1
+                    log.write({"event": "sync_error", "step": step, "policy_version": version, "error": str(e),
+                               "failures_in_a_row": sync_failures})
+                    if cfg.max_sync_failures and sync_failures >= cfg.max_sync_failures:
+                        # Going on would train ever further from the policy the engines sample with.
+                        last_url = save() if step != last_saved else last_url
+                        raise WeightSyncError(" ".join(
+                            f"{sync_failures} weight syncs in a row failed (max_sync_failures="
+                            f"{cfg.max_sync_failures}); stopped at step {step}, checkpoint {last_url}; engines "
+                            f"still serve policy version {synced}; last error: {e}".split())) from e
 
         # -- wind down: a final checkpoint for the steps since the last one. Messages consumed after
         # the last step (all skipped) are not worth one: a restart reads and skips them again, and
@@ -213,7 +249,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         if master and step != last_saved:
             last_url = save()
         finished = True
-    finally:  # also on an exception (no checkpoint then: the last complete one stays the truth)
+    finally:  # also on an exception (no checkpoint then, but for the one a sync-failure stop writes first)
         if master:
             log.write({"event": "stop", "step": step, "policy_version": version, "counters": dict(counters),
                        "reason": "error" if not finished else "signal" if stop.requested else "done",
@@ -235,7 +271,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
 
 
 def _collect(
-    source: GroupSource, seen: SeenIds, version: int, cfg: TrainConfig, stop: "_StopFlag"
+    source: GroupSource, seen: SeenIds, served_version: int, cfg: TrainConfig, stop: "_StopFlag"
 ) -> tuple[StepPlan, int]:
     """Take messages until the step has ``groups_per_step`` trainable groups (duplicates, stale and
     undecodable ones do not count) or the source goes idle; returns (plan, messages consumed)."""
@@ -244,7 +280,7 @@ def _collect(
         want = cfg.groups_per_step - len(plan.chosen)
         polled = source.take(want, cfg.poll_timeout_s, cfg.idle_timeout_s, lambda: stop.requested)
         consumed += len(polled)
-        more = plan_step(polled, seen, version, cfg)
+        more = plan_step(polled, seen, served_version, cfg)
         plan.chosen += more.chosen
         plan.skipped += more.skipped
         if sum(p.group is not None for p in polled) < want:  # idle: train on what there is
@@ -252,16 +288,24 @@ def _collect(
     return plan, consumed
 
 
-def _samples(plan: StepPlan, cfg: TrainConfig) -> tuple[list[Sample], int]:
-    """The step's training samples and the sampled tokens cut by the token budget.
+def _samples(plan: StepPlan, cfg: TrainConfig, log: RunLog | None = None) -> tuple[list[Sample], int]:
+    """The step's training samples and the sampled tokens cut by ``max_trace_tokens`` (0: none; a trace
+    longer than the micro-batch budget is trained whole in a micro-batch of its own). A cut is never
+    silent: it is logged as a warning naming the group.
 
     A chosen group none of whose traces has a trainable token moves to ``plan.skipped``.
     """
     samples, cut = [], 0
     for c in list(plan.chosen):
-        s, n = samples_from_group(c.group, cfg.token_budget, c.weight)
+        s, n = samples_from_group(c.group, cfg.max_trace_tokens, c.weight)
         samples += s
         cut += n
+        if n:
+            logger.warning("group %s (event %s): %d sampled tokens cut by max_trace_tokens=%d",
+                           c.group.group_id, c.group.event_id, n, cfg.max_trace_tokens)
+            if log is not None:
+                log.write({"event": "warning", "warning": "trace_cut", "group_id": c.group.group_id,
+                           "event_id": c.group.event_id, "cut_tokens": n, "max_trace_tokens": cfg.max_trace_tokens})
         if not s:
             plan.chosen.remove(c)
             plan.skipped.append({"event_id": c.group.event_id, "group_id": c.group.group_id,
@@ -270,13 +314,14 @@ def _samples(plan: StepPlan, cfg: TrainConfig) -> tuple[list[Sample], int]:
 
 
 def _micro_batches(samples: list[Sample], cfg: TrainConfig) -> list[MicroBatch]:
-    """Packed rows of ``row_len`` (automatic: one row for flash-attention's varlen kernels, the longest
-    sequence for dense masks; see packing.py), or padded rows."""
+    """Packed rows of ``row_len`` (automatic: one row per micro-batch for polar_varlen and flash varlen,
+    whose cost does not depend on rows; the longest sequence for sdpa/eager's dense masks; see
+    packing.py), or padded rows."""
     if cfg.packing == "padded":
         return pad_by_length(samples, cfg.token_budget)
-    flash = "flash" in cfg.attn_implementation
-    row_len = cfg.row_len or (cfg.token_budget if flash else max(s.length for s in samples))
-    return pack(samples, cfg.token_budget, row_len)
+    dense = cfg.attn_implementation in ("sdpa", "eager")
+    row_len = cfg.row_len or (min(max(s.length for s in samples), cfg.token_budget) if dense else 0)
+    return pack(samples, cfg.token_budget, row_len, share_prefix=cfg.share_prefix)
 
 
 def _broadcast(obj: Any, distributed: bool = True) -> Any:
