@@ -11,6 +11,13 @@ Clients replay agent sessions of realistic size: a ~30 KB first request (system 
 each turn appending the echoed tool call and a ~2.3 KB tool result, a new session past ~80 KB. Latency is
 measured at 1 client (to the end of the streamed body); calls/s at 1, 16 and 64 concurrent clients.
 
+Targets run in interleaved rounds (bench/_rounds.py): each round runs every target's whole load plan once,
+in the same order, so a load change hits all of them alike; the numbers are medians over rounds, and
+``rounds`` keeps min, spread and CPU/wall per pass (CPU of this client and of every server process).
+A target is named ``<server>.<mode>``; its mode is what was measured (``chat_stream``: Chat SSE,
+``chat_json``: Chat non-streaming). Agent Lightning rejects streaming, so it is measured as ``chat_json``
+beside ``polarstream.chat_json``, never in a ``chat_stream`` row.
+
     .venv/bin/python bench/gateway.py [--quick] [--bootstrap HOST:PORT]
 """
 
@@ -22,6 +29,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._procs import kafka_for_bench, server_env, spawn, stop, wait_http  # after the path insert: run as a script
+from bench._rounds import interleaved  # noqa: E402
 PEERS = Path.home() / ".cache" / "polarstream" / "peers"
 CALL = {"name": "Bash", "arguments": {"command": "ls -la src/ && git status --short", "description": "List files"}}
 WORDS = ("the file function value return error test module import class config server request session token "
@@ -234,11 +243,49 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests (under a minute with a warm cache)")
     ap.add_argument("--bootstrap", default="", help="use this running Kafka instead of starting one")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every target")
     ap.add_argument("--serve-stub", nargs=2, metavar=("PORT", "SPEC"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_stub:
         return serve_stub(int(args.serve_stub[0]), args.serve_stub[1])
     asyncio.run(bench(args))
+
+
+# A pass is client + servers exchanging requests; under half a core in all it was starved by other jobs.
+CPU_FLOOR = 0.5
+MEDIANS = ("calls_per_s", "p50_ms", "p99_ms")
+
+
+def run_plan(target: dict, world: dict, plan: dict[int, int]) -> dict:
+    """One pass for one target: its whole load plan (1, 16, 64 clients), in a fresh event loop."""
+    async def go() -> dict:
+        return {str(c): await run_load(target, world, c, n, 80_000) for c, n in plan.items()}
+    try:
+        return asyncio.run(go())
+    except Exception as e:  # a peer failing must not hide the others' numbers
+        return {"failed": f"{type(e).__name__}: {e}"}
+
+
+def medians(passes: list[dict]) -> dict:
+    """Per client count, the median over rounds of calls/s and latencies; errors summed over rounds."""
+    failed = [p["failed"] for p in passes if "failed" in p]
+    if failed:
+        return {"failed": failed[0], "failed_passes": len(failed)}
+    out = {}
+    for c in (k for k in passes[0] if isinstance(passes[0][k], dict)):
+        runs = [p[c] for p in passes]
+        out[c] = {"clients": runs[0]["clients"], "requests": runs[0]["requests"], "rounds": len(runs),
+                  **{k: round(statistics.median(r[k] for r in runs), 2) for k in MEDIANS},
+                  "calls_per_s_min": min(r["calls_per_s"] for r in runs), "calls_per_s_max": max(r["calls_per_s"] for r in runs),
+                  "errors": sum(r["errors"] for r in runs), "first_error": next((r["first_error"] for r in runs if r["first_error"]), None),
+                  "request_kb": runs[-1]["request_kb"]}
+    return out
+
+
+def server_pids(procs: list[subprocess.Popen], kafka) -> list[int]:
+    pids = [p.pid for p in procs if p.poll() is None]
+    pid = kafka.pid() if kafka is not None else None
+    return pids + ([pid] if pid else [])
 
 
 async def bench(args: argparse.Namespace) -> None:
@@ -280,6 +327,8 @@ async def bench(args: argparse.Namespace) -> None:
             "direct_engine.chat_stream": {"provider": "chat", "url": lambda sid: (stub + "/v1/chat/completions", {})},
             "polarstream.anthropic_stream": ours_target("anthropic"),
             "polarstream.chat_stream": ours_target("chat"),
+            # Non-streaming Chat: the mode Agent Lightning is measured in, so it has a like-for-like row.
+            "polarstream.chat_json": {**ours_target("chat"), "stream": False},
         }
         peers: dict[str, str] = {}
         if (PEERS / "rllm/bin/rllm-model-gateway").exists():
@@ -302,15 +351,20 @@ async def bench(args: argparse.Namespace) -> None:
             peers["agentlightning"] = f"not installed: python3.12 -m venv {PEERS}/agl && {PEERS}/agl/bin/pip install agentlightning"
 
         world = make_world()
-        plan = {1: 12, 16: 32, 64: 64} if args.quick else {1: 200, 16: 400, 64: 640}
+        # Sized so 3 rounds of 6 targets fit the budget in bench/run_all.py (quick 105 s, full 330 s) on a quiet
+        # machine; at load average ~10 the quick run took 195 s, 87 of them starting Kafka and the servers.
+        plan = {1: 8, 16: 16, 64: 64} if args.quick else {1: 80, 16: 160, 64: 256}
         result["setup_s"] = round(time.monotonic() - t_start, 1)
-        out: dict[str, dict] = {}
-        for name, target in targets.items():
+        for target in targets.values():  # warm-up (connections, first renders); failures show in the rounds
             try:
-                await run_load(target, world, 1, 2, 80_000)  # warm-up (connections, first renders)
-                out[name] = {str(c): await run_load(target, world, c, n, 80_000) for c, n in plan.items()}
-            except Exception as e:  # a peer failing must not hide the others' numbers
-                out[name] = {"failed": f"{type(e).__name__}: {e}"}
+                await run_load(target, world, 1, 2, 80_000)
+            except Exception:
+                pass
+        rounds = await asyncio.to_thread(
+            interleaved, {name: (lambda t=target: run_plan(t, world, plan)) for name, target in targets.items()},
+            args.rounds, cpu_floor=CPU_FLOOR, retries=1, progress=False, cpu_pids=lambda: server_pids(procs, kafka))
+        out: dict[str, dict] = {name: medians(t["passes"]) for name, t in rounds["targets"].items()}
+        result["rounds"] = rounds
         direct = out["direct_engine.chat_stream"].get("1", {})
         for name, runs in out.items():
             if name.startswith("direct") or "1" not in runs:

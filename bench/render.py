@@ -1,19 +1,31 @@
-"""Turn a bench/run_all.py results object into comparisons and the results section of docs/benchmarks.md.
+"""Turn a bench/run_all.py results object into comparisons, the results section of docs/benchmarks.md,
+and every figure between ``<!-- bench:NAME:KEY -->`` markers in README.md and docs/*.md.
 
 Everything on the page is computed from the results JSON alone, so page and JSON cannot disagree.
 A script's own top-level ``comparisons`` list is used as is (after a shape check); a script without
 one gets rows derived from its known JSON layout by DERIVERS, keyed by benchmark name. Every number
 a script printed is also rendered: sibling dicts of scalars become one matrix table, the rest a
-key/value table.
+key/value table. Interleaved-rounds blocks (bench/_rounds.py) get a table of their own (min, median,
+spread, CPU/wall, flagged passes) instead of one row per pass.
+
+Marked figures in prose (MARKER): ``<!-- bench:NAME:KEY -->...<!-- /bench -->``, where NAME is a
+benchmark and KEY either a ``/``-separated path into its JSON (keys may hold dots) or one of
+``comparisons`` (its ours-vs-anchor tables), ``rounds`` (its interleaved-rounds tables) and
+``provenance`` (the commit it measured and what changed since). Tables end with the provenance line.
+Whatever is between the markers is replaced on every render, so a figure typed there by hand is lost.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 START = "<!-- bench:results:start -->"
 END = "<!-- bench:results:end -->"
+MARKER = re.compile(r"<!-- bench:([\w-]+):([^ >]+) -->(.*?)<!-- /bench -->", re.S)
+# Benchmarks that are simulations even when their JSON predates the "kind" field (results recorded earlier).
+DEFAULT_KINDS = {"rollout": "simulation"}
 FIELDS = ("area", "metric", "ours", "anchor", "anchor_name", "unit", "higher_is_better", "note")
 Path_ = tuple[str, ...]
 
@@ -78,7 +90,18 @@ def verdict(ours: float, anchor: float, higher_is_better: bool | None) -> str:
 
 
 def comparisons_for(name: str, result: dict) -> tuple[list[dict], list[str]]:
-    """The comparison rows of one benchmark's JSON, and the problems found in what it provided."""
+    """The comparison rows of one benchmark's JSON, and the problems found in what it provided.
+
+    A result whose ``kind`` is not a measurement (``"simulation"``) has it written into every row's area,
+    so no table shows a simulated ratio as if it were measured."""
+    rows, problems = _comparisons_for(name, result)
+    kind = (result.get("kind") if isinstance(result, dict) else None) or DEFAULT_KINDS.get(name)
+    if kind and kind != "measurement":
+        rows = [dict(r, area=f"{r['area']} [{kind}]") if f"[{kind}]" not in r["area"] else r for r in rows]
+    return rows, problems
+
+
+def _comparisons_for(name: str, result: dict) -> tuple[list[dict], list[str]]:
     given = result.get("comparisons")
     if given is None:
         derive = DERIVERS.get(name)
@@ -117,6 +140,8 @@ def dig(d: object, *keys: str) -> object:
 
 
 def _gateway(r: dict) -> Iterator[dict | None]:
+    """Ours beside each anchor in the anchor's own mode (``chat_json`` beside ``chat_json``): a peer measured
+    non-streaming is compared with our non-streaming numbers, and the row says which mode it was."""
     res = r.get("results") or {}
     metrics = [("p50 latency, 1 client", ("1", "p50_ms"), "ms", False), ("p99 latency, 1 client", ("1", "p99_ms"), "ms", False),
                *((f"calls/s, {c} client{'s' if c != '1' else ''}", (c, "calls_per_s"), "calls/s", True) for c in ("1", "16", "64"))]
@@ -125,10 +150,14 @@ def _gateway(r: dict) -> Iterator[dict | None]:
             continue
         direct = anchor.startswith("direct")
         area = "Gateway: polarstream vs the engine called directly" if direct else "Gateway: polarstream vs peer gateways"
-        ours_names = [n for n in res if n.startswith("polarstream.")] if direct else ["polarstream.chat_stream"]
+        mode = anchor.split(".", 1)[1] if "." in anchor else "chat_stream"
+        same = f"polarstream.{mode}"
+        ours_names = [n for n in res if n.startswith("polarstream.")] if direct else [same if same in res else "polarstream.chat_stream"]
         for ours in ours_names:
-            for label, path, unit, hib in metrics:
-                yield comparison(area, f"{label} ({ours.split('.', 1)[1]})", dig(res, ours, *path), dig(res, anchor, *path),
+            ours_mode = ours.split(".", 1)[1]
+            label = ours_mode if ours_mode == mode else f"ours {ours_mode}, anchor {mode}"
+            for text, path, unit, hib in metrics:
+                yield comparison(area, f"{text} ({label})", dig(res, ours, *path), dig(res, anchor, *path),
                                  anchor, unit, hib, "ours records every call durably in Kafka (acks=all) before answering")
 
 
@@ -180,6 +209,8 @@ def flatten(obj: object, path: Path_ = ()) -> Iterator[tuple[Path_, object]]:
         for k, v in obj.items():
             if not path and k == "comparisons":
                 continue  # rendered as the ours-vs-anchor tables
+            if k in ("passes", "metrics") and "wall_s" in obj and "flagged" in obj:
+                continue  # an interleaved target's passes and last pass: summarised in its rounds table, kept in the JSON
             yield from flatten(v, (*path, str(k)))
     elif isinstance(obj, list) and obj and all(isinstance(v, dict) for v in obj):
         for i, v in enumerate(obj):
@@ -224,15 +255,72 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def render(run: dict) -> str:
-    """The generated results section (between the START and END markers)."""
+def provenance(run: dict, stale: dict | None) -> str:
+    """'measured at <commit>; changed since: <packages or nothing>', with a dirty tree said loudly."""
+    m = run.get("machine", {})
+    where = f"measured at `{m.get('git_commit') or '?'}`"
+    if m.get("git_dirty"):
+        where += " **(dirty: uncommitted changes)**"
+    where += f" ({run.get('mode', '?')} run, {str(m.get('date', '?'))[:10]})"
+    if stale is None:
+        return f"_{where}._"
+    if not stale.get("known"):
+        return f"_{where}; changed since: unknown (commit not in this repository)._"
+    changed = ", ".join(f"`{p}`" for p in stale.get("packages", [])) or "nothing"
+    return f"_{where}; changed since: {changed}._"
+
+
+def rounds_blocks(result: object, path: Path_ = ()) -> Iterator[tuple[str, dict]]:
+    """Every interleaved-rounds block (bench/_rounds.interleaved's return) in a result, with its path."""
+    if isinstance(result, dict):
+        if isinstance(result.get("targets"), dict) and "order" in result:
+            yield ".".join(path), result
+            return
+        for k, v in result.items():
+            yield from rounds_blocks(v, (*path, str(k)))
+
+
+def rounds_table(title: str, block: dict) -> str:
+    la = block.get("load_avg") or {}
+    head = (f"`{title or 'rounds'}`: {fmt(block.get('rounds'))} interleaved rounds ({' '.join(map(str, block.get('order', [])))}), "
+            f"threads {fmt(block.get('threads'))}, CPU/wall floor {fmt(block.get('cpu_floor'))}, "
+            f"load average {fmt(la.get('before'))} → {fmt(la.get('after'))}\n\n")
+    rows = []
+    for name, t in block["targets"].items():
+        w, c = t.get("wall_s") or {}, t.get("cpu_per_wall") or {}
+        rows.append([fmt(name), fmt(w.get("n")), fmt(w.get("min")), fmt(w.get("median")), fmt(w.get("max")), fmt(w.get("spread")),
+                     fmt(c.get("median")), fmt(c.get("min")), fmt(t.get("flagged")), fmt(t.get("reruns"))])
+    return head + table(["target", "passes", "wall s min", "median", "max", "spread (max/min)", "CPU/wall median",
+                         "CPU/wall min", "flagged", "re-runs"], rows)
+
+
+def rows_of(name: str, entry: dict) -> list[dict]:
+    """An entry's comparison rows, derived again from its result: labelling fixes (a peer's mode, a
+    simulation) then reach results recorded before them; an entry without a result keeps its stored rows."""
+    if isinstance(entry.get("result"), dict):
+        return comparisons_for(name, entry["result"])[0]
+    return entry.get("comparisons", [])
+
+
+def kind(entry: dict, name: str = "") -> str:
+    """What a benchmark's numbers are: a measurement unless its JSON (or DEFAULT_KINDS) says otherwise."""
+    return str((entry.get("result") or {}).get("kind") or DEFAULT_KINDS.get(name) or "measurement")
+
+
+def render(run: dict, stale: dict | None = None) -> str:
+    """The generated results section (between the START and END markers); ``stale`` from bench/_provenance."""
     m, out = run.get("machine", {}), [START, ""]
     mode = run.get("mode", "?")
     out.append(f"## Results ({mode} run)\n")
-    commit = f"`{m.get('git_commit')}`" + (" (with uncommitted changes)" if m.get("git_dirty") else "")
-    out.append(f"Measured {m.get('date', '?')} at commit {commit}; {len(run.get('benchmarks', {}))} benchmarks "
-               f"in {fmt(run.get('seconds'))} s, one at a time. Written by `bench/run_all.py` into "
-               "`bench/results/latest.json`; this section is generated from that file.")
+    if m.get("git_dirty"):
+        files = ", ".join((m.get("git_dirty_files") or [])[:5]) or "files not recorded"
+        out.append(f"> **DIRTY: measured with uncommitted changes** ({files}): these numbers describe no commit.\n")
+    la = run.get("load_avg") or {}
+    load = f" Load average {fmt(la.get('before'))} before, {fmt(la.get('after'))} after." if la else ""
+    out.append(f"Measured {m.get('date', '?')} at commit `{m.get('git_commit')}`; {len(run.get('benchmarks', {}))} benchmarks "
+               f"in {fmt(run.get('seconds'))} s, one at a time.{load} Written by `bench/run_all.py` into "
+               "`bench/results/latest.json`; this section is generated from that file.\n")
+    out.append(provenance(run, stale))
     if mode == "quick":
         out.append("\n**Quick mode**: every script ran with `--quick` (smaller workloads), so the numbers are "
                    "noisier than a full run's.")
@@ -244,29 +332,39 @@ def render(run: dict) -> str:
         ["OS", fmt(m.get("os"))], ["Python", fmt(m.get("python"))], ["Java", fmt(m.get("java"))], *versions, *peers])]
 
     benches = run.get("benchmarks", {})
-    out += ["\n### Benchmarks run\n", table(["benchmark", "status", "seconds", "command"], [
-        [n, e.get("status", "?"), fmt(e.get("seconds")), f"`{e['command']}`" if e.get("command") else fmt(e.get("error"))]
+    out += ["\n### Benchmarks run\n", table(["benchmark", "status", "seconds", "kind", "load before → after", "command"], [
+        [n, e.get("status", "?"), fmt(e.get("seconds")), kind(e, n),
+         f"{fmt((e.get('load_avg') or {}).get('before'))} → {fmt((e.get('load_avg') or {}).get('after'))}",
+         f"`{e['command']}`" if e.get("command") else fmt(e.get("error"))]
         for n, e in benches.items()])]
 
-    rows = [(n, c) for n, e in benches.items() for c in e.get("comparisons", [])]
+    rows = [(n, c) for n, e in benches.items() for c in rows_of(n, e)]
     out.append("\n### Ours vs anchor\n")
     out.append("Each anchor was measured in the same run, on the same machine. *ours ÷ anchor* is the plain ratio; "
                "the verdict accounts for whether higher or lower is better. Rows whose anchor is not installed "
-               "or whose run failed are absent.")
+               "or whose run failed are absent. An area marked [simulation] compares simulated work, not real sessions.")
     for area in dict.fromkeys(c["area"] for _, c in rows):
         group = [(n, c) for n, c in rows if c["area"] == area]
-        out += [f"\n#### {area}\n", table(
-            ["metric", "unit", "ours", "anchor", "anchor value", "ours ÷ anchor", "verdict"],
-            [[fmt(c["metric"]), fmt(c["unit"]) if c["unit"] else "", fmt(c["ours"]), fmt(c["anchor_name"]), fmt(c["anchor"]),
-              fmt(c["ratio"]), c["verdict"]] for _, c in group])]
+        out += [f"\n#### {area}\n", comparison_table([c for _, c in group])]
         notes = dict.fromkeys(f"{c['note']} (bench/{n}.py)" for n, c in group if c.get("note"))
         out += [f"\n- {note}" for note in notes]
+        out.append("\n" + provenance(run, stale))
     if not rows:
         out.append("\nNo comparisons in this run.")
+
+    blocks = [(n, t, b) for n, e in benches.items() for t, b in rounds_blocks(e.get("result") or {})]
+    if blocks:
+        out.append("\n### Interleaved rounds\n")
+        out.append("Targets compared in one benchmark ran in rounds (A B A B ...), so load changes hit them alike. "
+                   "A pass whose CPU/wall fell under the floor was flagged and re-run; *flagged* counts such passes.")
+        for n, title, block in blocks:
+            out += [f"\n#### {n}: {title or 'rounds'}\n", rounds_table(title, block), "\n" + provenance(run, stale)]
 
     out.append("\n### All numbers\n")
     for name, e in benches.items():
         out.append(f"\n#### {name}: {e.get('status', '?')}\n")
+        if kind(e, name) != "measurement":
+            out.append(f"**{kind(e, name)}**: {fmt((e.get('result') or {}).get('kind_note') or 'see the script docstring')}\n")
         if e.get("status") != "ok":
             out.append(f"{fmt(e.get('error'))}\n")
             if e.get("stderr_tail"):
@@ -276,13 +374,54 @@ def render(run: dict) -> str:
             out.append(f"- comparisons problem: {fmt(problem)}\n")
         for title, header, body in number_tables(e.get("result") or {}):
             out.append((f"`{title}`\n\n" if title else "") + table(header, body) + "\n")
+        out.append(provenance(run, stale) + "\n")
     out += ["", END]
     return "\n".join(out)
 
 
-def render_into(doc: Path, run: dict) -> None:
+def comparison_table(rows: list[dict]) -> str:
+    return table(["metric", "unit", "ours", "anchor", "anchor value", "ours ÷ anchor", "verdict"],
+                 [[fmt(c["metric"]), fmt(c["unit"]) if c["unit"] else "", fmt(c["ours"]), fmt(c["anchor_name"]), fmt(c["anchor"]),
+                   fmt(c["ratio"]), c["verdict"]] for c in rows])
+
+
+def render_marker(run: dict, stale: dict | None, name: str, key: str) -> str:
+    """What goes between ``<!-- bench:NAME:KEY -->`` and ``<!-- /bench -->`` (see the module docstring)."""
+    entry = (run.get("benchmarks") or {}).get(name) or {}
+    result = entry.get("result") or {}
+    prov = provenance(run, stale)
+    if key == "provenance":
+        return prov
+    if key == "comparisons":
+        rows = rows_of(name, entry)
+        if not rows:
+            return f"\n_no comparisons from bench/{name}.py in bench/results/latest.json ({entry.get('status', 'not run')})._\n"
+        parts = []
+        for area in dict.fromkeys(c["area"] for c in rows):
+            parts += [f"**{area}**\n", comparison_table([c for c in rows if c["area"] == area]), ""]
+        return "\n" + "\n".join(parts) + "\n" + prov + "\n"
+    if key == "rounds":
+        blocks = list(rounds_blocks(result))
+        body = "\n\n".join(rounds_table(t, b) for t, b in blocks) or f"_bench/{name}.py ran no interleaved rounds in this run._"
+        return "\n" + body + "\n\n" + prov + "\n"
+    value = dig(result, *key.split("/"))
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        value = {key.rsplit("/", 1)[-1]: value}  # rows (one per prompt size, say) read as one matrix
+    if isinstance(value, dict):
+        body = "\n\n".join((f"`{t}`\n\n" if t else "") + table(h, r) for t, h, r in number_tables(value))
+        return "\n" + body + "\n\n" + prov + "\n"
+    if value is None:
+        return f"(not in latest.json: {name}:{key})"
+    return fmt(value)
+
+
+def render_markers(text: str, run: dict, stale: dict | None) -> str:
+    return MARKER.sub(lambda mo: f"<!-- bench:{mo[1]}:{mo[2]} -->{render_marker(run, stale, mo[1], mo[2])}<!-- /bench -->", text)
+
+
+def render_into(doc: Path, run: dict, stale: dict | None = None) -> None:
     """Replace the generated section of ``doc`` (hand-written text around it is kept); create it if needed."""
-    section = render(run)
+    section = render(run, stale)
     text = doc.read_text() if doc.exists() else ""
     if START in text and END in text:
         before, rest = text.split(START, 1)
@@ -290,4 +429,32 @@ def render_into(doc: Path, run: dict) -> None:
     else:
         text = (text or "# Benchmarks\n\n") + "\n" + section + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
+    doc.write_text(render_markers(text, run, stale))
+
+
+def pages(root: Path) -> list[Path]:
+    """The pages whose figures come from the results: README.md and docs/*.md."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def render_docs(run: dict, root: Path, results_doc: Path | None = None, stale: dict | None = None) -> list[Path]:
+    """Re-render the results section of ``results_doc`` and every marker in README.md and docs/*.md.
+
+    ``stale`` defaults to what changed in the measured code since the run's commit (bench/_provenance).
+    Returns the pages whose text changed."""
+    if stale is None:
+        from bench._provenance import changed_since
+
+        m = run.get("machine", {})
+        stale = changed_since(m.get("git_commit_full") or m.get("git_commit"), root)
+    results_doc = results_doc or root / "docs/benchmarks.md"
+    changed = []
+    for page in dict.fromkeys([*pages(root), results_doc]):
+        before = page.read_text() if page.exists() else None
+        if page == results_doc:
+            render_into(page, run, stale)
+        elif before is not None and "<!-- bench:" in before:
+            page.write_text(render_markers(before, run, stale))
+        if page.exists() and page.read_text() != before:
+            changed.append(page)
+    return changed

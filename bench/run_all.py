@@ -1,13 +1,20 @@
 """Run every benchmark, one at a time, and write one results file and one results page.
 
     .venv/bin/python bench/run_all.py [--quick] [--only NAME ...] [--timeout S] [--out JSON] [--doc MD]
-    .venv/bin/python bench/run_all.py --render-only      # re-render docs/benchmarks.md from the JSON
+    .venv/bin/python bench/run_all.py --render-only      # re-render README.md and docs/*.md from the JSON
+    .venv/bin/python bench/run_all.py --staleness        # measured code changed since the JSON's commit (exit 1 if any)
 
 Each ``bench/NAME.py`` runs in its own subprocess (its own process group, so whatever it started dies
 with it on a timeout), with ``--quick`` when this runs with ``--quick``. A benchmark that fails, times out,
 prints no JSON or is missing is recorded as such, with the tail of its stderr; the run goes on.
 The results go to ``bench/results/latest.json`` with the machine they ran on, and
-``docs/benchmarks.md`` is rendered from that file (bench/render.py), so the two always agree.
+``docs/benchmarks.md`` is rendered from that file (bench/render.py), so the two always agree; so is every
+figure between ``<!-- bench:NAME:KEY -->`` markers in README.md and docs/*.md (bench/render.py: MARKER).
+
+Honest by default: benchmarks that compare targets run them in interleaved rounds (bench/_rounds.py);
+this runner records the load average around each benchmark and the whole run, the commit and whether the
+tree was dirty (bench/_provenance.py), and gives each benchmark a time budget so the full run fits in
+30 minutes on a 2-core machine (BUDGET_S, FULL_ARGS).
 
 Which files are benchmarks: every ``bench/*.py`` except this file, ``render.py``, names starting with
 ``_``, and helpers that take no ``--quick`` flag (``trl_peer.py`` runs inside a peer venv, called by
@@ -47,7 +54,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.render import comparisons_for, render_into  # noqa: E402
+from bench._provenance import changed_since, commit_info  # noqa: E402
+from bench.render import comparisons_for, render_docs, render_into  # noqa: E402
 
 EXPECTED = ("publisher", "engine", "gateway", "streams", "trainer", "rollout")
 NOT_BENCHMARKS = {"run_all", "render"}
@@ -56,6 +64,16 @@ PACKAGES = ("torch", "transformers", "confluent-kafka", "faust-streaming", "aiok
             "httpx", "orjson", "pydantic", "tokenizers")
 PEER_PACKAGES = ("rllm-model-gateway", "agentlightning", "trl")
 STDERR_TAIL = 3000  # characters of a failed benchmark's stderr kept in the results
+# Seconds each benchmark may take (quick, full): the full budgets add up to under 30 minutes and the quick
+# ones to under 8, on the 2-core dev machine; a benchmark over its budget is a timeout, not a silently
+# longer run. A benchmark not listed gets DEFAULT_BUDGET_S.
+BUDGET_S = {"publisher": (35, 120), "engine": (30, 90), "gateway": (105, 330), "streams": (55, 150),
+            "trainer": (70, 330), "rollout": (60, 220), "mirror": (40, 150), "script_window": (50, 150),
+            "fuzz": (30, 150)}
+DEFAULT_BUDGET_S = (30, 60)  # a new benchmark must claim its time in BUDGET_S
+# Extra arguments in a full run. fuzz's default 10,000 requests per API is a 22-minute soak (docs/fuzzing.md),
+# a correctness run of its own, not a speed figure: inside make bench it runs a shape-keeping 600.
+FULL_ARGS = {"fuzz": ["--per-api", "600"]}
 
 
 def discover(bench_dir: Path) -> dict[str, Path]:
@@ -88,13 +106,14 @@ def last_json_object(text: str) -> dict | None:
     return None
 
 
-def run_one(name: str, script: Path | None, quick: bool, timeout: float) -> dict:
+def run_one(name: str, script: Path | None, quick: bool, timeout: float, extra: list[str] | None = None) -> dict:
     """Run one benchmark script; never raises: every outcome becomes a status in the entry."""
     if script is None:
         return {"status": "missing", "script": f"bench/{name}.py", "seconds": 0.0,
                 "error": f"bench/{name}.py does not exist yet"}
-    cmd = [sys.executable, str(script), *(["--quick"] if quick else [])]
-    entry: dict = {"script": _rel(script), "command": " ".join([Path(sys.executable).name, _rel(script), *cmd[2:]])}
+    cmd = [sys.executable, str(script), *(["--quick"] if quick else []), *(extra or [])]
+    entry: dict = {"script": _rel(script), "command": " ".join([Path(sys.executable).name, _rel(script), *cmd[2:]]),
+                   "budget_s": timeout, "load_avg": {"before": _load()}}
     started = time.perf_counter()
     # Own process group: a benchmark's broker, engine or gateway processes die with it on a timeout.
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -112,6 +131,7 @@ def run_one(name: str, script: Path | None, quick: bool, timeout: float) -> dict
         _kill_group(proc)
         raise
     entry["seconds"] = round(time.perf_counter() - started, 1)
+    entry["load_avg"]["after"] = _load()
     entry["returncode"] = proc.returncode
     result = last_json_object(out or "")
     if "status" not in entry:
@@ -146,6 +166,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def budget(name: str, quick: bool, override: float = 0) -> float:
+    return override or BUDGET_S.get(name, DEFAULT_BUDGET_S)[0 if quick else 1]
+
+
 def _rel(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(ROOT))
@@ -166,10 +194,9 @@ def machine_info() -> dict:
         "cpu_model": _cpu_model(),
         "cores": os.cpu_count(),
         "memory_gb": _memory_gb(),
-        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "load_avg_1m": _load(),
         "python": platform.python_version(),
-        "git_commit": _cmd(["git", "rev-parse", "--short=12", "HEAD"]),
-        "git_dirty": bool(_cmd(["git", "status", "--porcelain", "--untracked-files=no"])),
+        **commit_info(ROOT),
         "java": (_cmd(["java", "-version"], stderr=True) or "").split("\n")[0],
     }
     versions = {}
@@ -241,16 +268,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="pass --quick to every benchmark (each under a minute)")
     ap.add_argument("--only", nargs="+", default=[], metavar="NAME", help="run only these benchmarks")
-    ap.add_argument("--timeout", type=float, default=0, help="seconds per benchmark (default 600 quick, 1800 full)")
+    ap.add_argument("--timeout", type=float, default=0, help="seconds per benchmark (default: its budget in BUDGET_S)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/latest.json")
     ap.add_argument("--doc", type=Path, default=ROOT / "docs/benchmarks.md")
     ap.add_argument("--bench-dir", type=Path, default=ROOT / "bench", help="where the benchmark scripts are")
-    ap.add_argument("--render-only", action="store_true", help="only re-render --doc from --out")
+    ap.add_argument("--render-only", action="store_true", help="only re-render README.md and docs/*.md from --out")
+    ap.add_argument("--staleness", action="store_true",
+                    help="list measured code changed since --out's commit; exit 1 when anything changed")
     ap.add_argument("--strict", action="store_true", help="exit 1 unless every benchmark succeeded")
     args = ap.parse_args(argv)
+    if args.staleness:
+        return staleness(json.loads(args.out.read_text()))
     if args.render_only:
-        render_into(args.doc, json.loads(args.out.read_text()))
-        print(f"rendered {args.doc} from {args.out}")
+        changed = render_docs(json.loads(args.out.read_text()), ROOT, results_doc=args.doc)
+        print(f"rendered from {_rel(args.out)}: " + (", ".join(_rel(p) for p in changed) or "every page already current"))
         return 0
 
     from rich.console import Console
@@ -261,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     # Only the project's own bench/ is expected to hold every EXPECTED benchmark.
     expected = set(EXPECTED) if args.bench_dir.resolve() == (ROOT / "bench") else set()
     names = args.only or [n for n in EXPECTED if n in expected] + sorted(set(found) - expected)
-    timeout = args.timeout or (600 if args.quick else 1800)
-    run = {"format": 1, "mode": "quick" if args.quick else "full", "machine": machine_info(),
-           "timeout_s": timeout, "benchmarks": {}}
+    run = {"format": 2, "mode": "quick" if args.quick else "full", "machine": machine_info(),
+           "budget_s": sum(budget(n, args.quick, args.timeout) for n in names), "benchmarks": {},
+           "load_avg": {"before": _load()}}
     started = time.perf_counter()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn())
@@ -271,20 +302,43 @@ def main(argv: list[str] | None = None) -> int:
         task = progress.add_task("benchmarks", total=len(names))
         for name in names:
             progress.update(task, description=f"bench/{name}.py{' --quick' if args.quick else ''}")
-            entry = run_one(name, found.get(name), args.quick, timeout)
+            extra = [] if args.quick else FULL_ARGS.get(name, [])
+            entry = run_one(name, found.get(name), args.quick, budget(name, args.quick, args.timeout), extra)
             run["benchmarks"][name] = entry
             colour = "green" if entry["status"] == "ok" else "red"
             progress.console.print(f"[{colour}]{entry['status']:>8}[/] {name} ({entry['seconds']} s)"
                                    + (f": {entry['error']}" if entry.get("error") else ""))
             progress.advance(task)
     run["seconds"] = round(time.perf_counter() - started, 1)
+    run["load_avg"]["after"] = _load()
     run["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(run, indent=1) + "\n")
-    render_into(args.doc, run)
+    # The project's own results file feeds every page; a results file elsewhere (a trial run) only its --doc.
+    if args.out.resolve() == (ROOT / "bench/results/latest.json").resolve():
+        render_docs(run, ROOT, results_doc=args.doc)
+    else:
+        render_into(args.doc, run)
+    if run["machine"].get("git_dirty"):
+        console.print(f"[yellow]measured with uncommitted changes ({run['machine']['git_dirty_count']} files): the results say "
+                      "DIRTY; the committed latest.json must come from a clean tree[/]")
     ok = sum(e["status"] == "ok" for e in run["benchmarks"].values())
     console.print(f"{ok}/{len(names)} benchmarks ok in {run['seconds']} s; wrote {_rel(args.out)} and {_rel(args.doc)}")
     return 1 if args.strict and ok < len(names) else 0
+
+
+def staleness(run: dict, root: Path = ROOT) -> int:
+    """Print the measured packages and files changed since the run's commit; 1 when there are any."""
+    m = run.get("machine", {})
+    stale = changed_since(m.get("git_commit_full") or m.get("git_commit"), root)
+    dirty = " (measured with uncommitted changes: dirty)" if m.get("git_dirty") else ""
+    if not stale["known"]:
+        print(f"measured at {m.get('git_commit')}{dirty}: commit not in this repository; treat every number as stale")
+        return 1
+    print(f"measured at {m.get('git_commit')}{dirty}; changed since: {', '.join(stale['packages']) or 'nothing'}")
+    for f in stale["files"]:
+        print(f"  {f}")
+    return 1 if stale["files"] or m.get("git_dirty") else 0
 
 
 if __name__ == "__main__":

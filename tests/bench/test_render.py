@@ -153,3 +153,41 @@ def test_close_reads_back_what_fmt_writes(value):
 def test_a_layout_the_deriver_did_not_foresee_is_a_problem_not_a_crash():
     rows, problems = comparisons_for("gateway", {"results": [{"target": "a list, not a dict"}]})
     assert rows == [] and problems[0].startswith("deriving comparisons from bench/gateway.py's JSON failed: ")
+
+
+def test_a_peer_measured_non_streaming_sits_beside_our_non_streaming_numbers():
+    res = copy.deepcopy(GATEWAY)
+    res["results"]["agentlightning.chat_json"] = {"1": {"calls_per_s": 50.0, "p50_ms": 20.0, "p99_ms": 30.0}}
+    res["results"]["polarstream.chat_json"] = {"1": {"calls_per_s": 100.0, "p50_ms": 10.0, "p99_ms": 15.0}}
+    rows, problems = comparisons_for("gateway", res)
+    agl = [r for r in rows if r["anchor_name"] == "agentlightning.chat_json"]
+    assert problems == [] and agl and all("(chat_json)" in r["metric"] and "chat_stream" not in r["metric"] for r in agl)
+    assert {r["metric"]: r["ours"] for r in agl}["calls/s, 1 client (chat_json)"] == 100.0
+    del res["results"]["polarstream.chat_json"]  # ours not measured in that mode: the row says both modes
+    agl = [r for r in comparisons_for("gateway", res)[0] if r["anchor_name"] == "agentlightning.chat_json"]
+    assert agl[0]["metric"].endswith("(ours chat_stream, anchor chat_json)")
+
+
+def test_simulations_are_labelled_in_every_comparison_area():
+    result = {"kind": "simulation", "comparisons": [{"area": "Rollout prewarming", "metric": "m", "ours": 2, "anchor": 1}]}
+    rows, _ = comparisons_for("rollout", result)
+    assert rows[0]["area"] == "Rollout prewarming [simulation]"
+    assert comparisons_for("rollout", dict(result, kind="measurement"))[0][0]["area"] == "Rollout prewarming"
+
+
+def test_rounds_dirty_tree_and_staleness_are_on_the_page():
+    from bench._rounds import interleaved
+
+    run = make_run()
+    block = interleaved({"per_request": lambda: {"calls": 3}, "prefix_merging": lambda: None}, 3, progress=False)
+    run["benchmarks"]["streams"]["result"]["assembly"]["rounds"] = block
+    run["machine"].update(git_dirty=True, git_dirty_files=["gateway/app.py"])
+    md = render(run, {"known": True, "packages": ["gateway/"], "files": ["gateway/app.py"]})
+    assert "**DIRTY: measured with uncommitted changes** (gateway/app.py)" in md
+    assert md.count("changed since: `gateway/`") >= 4  # under every table: comparisons, rounds, numbers
+    rounds = section(md, "#### streams: assembly.rounds")
+    (_, header, rows), = tables(rounds)
+    assert header[:3] == ["target", "passes", "wall s min"] and [r[0] for r in rows] == ["per_request", "prefix_merging"]
+    assert rows[0][1] == "3" and close(rows[0][3], block["targets"]["per_request"]["wall_s"]["median"])
+    numbers = section(md, "#### streams: ok")
+    assert "passes" not in numbers  # each pass stays in the JSON; the page shows the summary
