@@ -31,16 +31,26 @@ class DemoConfig:
     steps: int = 24
     tasks_per_step: int = 4
     samples: int = 8
-    suite_size: int = 4
+    heldout: int = 16  # problems of the family kept out of RL, evaluated before and after training
+    heldout_samples: int = 4  # samples per held-out problem (pass@1 is their mean)
     harness: str = "builtin"
     runtime: str = "auto"  # bwrap when it works here, else subprocess
     seed: int = 0
-    lr: float = 8e-4
+    lr: float = 5e-4
     temperature: float = 1.0
-    sft_steps: int = 80
-    p_tool: float = 0.3
+    sft_steps: int = 300
+    sft_lr: float = 3e-3
+    sft_batch: int = 16  # harness conversations per warm-start step
+    sft_drills: int = 64  # short drills of the sums per warm-start step
+    p_tool: float = 0.25
+    min_pass_rate: float = 0.03  # a warm start whose train pass rate is lower gives RL too little to learn from
     step_timeout_s: float = 300.0
     run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
+
+
+# What a demo run must show to count as learned (README, issue "Training that learns, every time").
+BARS = {"reward_gain": 0.3, "last_quarter": 0.6, "heldout_gain": 0.2, "wall_time_s": 600.0}
+HELDOUT_SET = "demo-heldout"
 
 
 @dataclass
@@ -60,23 +70,39 @@ class StepResult:
         return 1.0 - self.traces / self.calls if self.calls else 0.0
 
 
-def demo_model(cfg: DemoConfig, settings: Settings, problems: list[tuple[str, str]]) -> Path:
-    """The tiny model after its warm start, cached by everything that determines it."""
+def demo_model(cfg: DemoConfig, settings: Settings, train: list[tuple[str, str]]) -> tuple[Path, dict]:
+    """The tiny model after its warm start, cached by everything that determines it, and the warm
+    start's record: its pass rate on the train split, measured before any RL (``learning.pass_rate``)."""
     from engine.models import ensure_model
     from gateway.harnesses.builtin import SYSTEM, TOOLS
 
     from .warmstart import warm_start
 
-    key = json.dumps(["tool-or-prose-v1", cfg.seed, cfg.sft_steps, cfg.p_tool, problems, SYSTEM, TOOLS], sort_keys=True)
+    family = demo_tasks.family()
+    key = json.dumps(["family-v3", cfg.seed, cfg.sft_steps, cfg.sft_lr, cfg.sft_batch, cfg.sft_drills, cfg.p_tool,
+                      family, train, SYSTEM, TOOLS], sort_keys=True)
     out = settings.cache_dir / "models" / f"demo-sft-{uuid.uuid5(uuid.NAMESPACE_OID, key).hex[:12]}"
-    if (out / "config.json").exists():
-        return out
+    record = out / "warmstart.json"
+    if (out / "config.json").exists() and record.exists():
+        return out, json.loads(record.read_text())
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .learning import pass_rate
+
     base = ensure_model("tiny" if cfg.seed == 0 else f"tiny:{cfg.seed}")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    warm_start(base, tmp, problems, system=SYSTEM, tools=TOOLS, steps=cfg.sft_steps, p_tool=cfg.p_tool, seed=cfg.seed)
+    t0 = time.monotonic()
+    warm_start(base, tmp, family, system=SYSTEM, tools=TOOLS, steps=cfg.sft_steps, lr=cfg.sft_lr, p_tool=cfg.p_tool,
+               batch_size=cfg.sft_batch, drills=cfg.sft_drills, seed=cfg.seed)
+    model = AutoModelForCausalLM.from_pretrained(tmp)
+    rate = pass_rate(model, AutoTokenizer.from_pretrained(tmp), train, 2, system=SYSTEM, tools=TOOLS, seed=cfg.seed)
+    info = {"train_pass_rate": rate, "samples_per_problem": 2, "problems": len(train), "sft_steps": cfg.sft_steps,
+            "p_tool": cfg.p_tool, "seconds": round(time.monotonic() - t0, 1)}
+    (tmp / "warmstart.json").write_text(json.dumps(info, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    return out
+    return out, info
 
 
 def pick_runtime(requested: str) -> str:
@@ -156,7 +182,8 @@ def _step_result(step: int, groups: list[TrainingGroup], wall_s: float, version:
     )
 
 
-def _view(cfg: DemoConfig, results: list[StepResult], lag: dict[str, int], status: str):
+def _view(cfg: DemoConfig, results: list[StepResult], lag: dict[str, int], status: str,
+          heldout: dict[str, float] | None = None):
     from rich.table import Table
 
     t = Table(title=f"polarstream demo - {status}", expand=False)
@@ -165,8 +192,27 @@ def _view(cfg: DemoConfig, results: list[StepResult], lag: dict[str, int], statu
     for r in results[-12:]:
         t.add_row(str(r.step), f"{r.reward:.2f}", str(r.samples), f"{r.sampled_tokens / max(r.wall_s, 1e-9):.0f}",
                   f"{r.merge_rate:.0%}", str(r.policy_version))
-    t.caption = "consumer lag: " + (", ".join(f"{k}={v}" for k, v in sorted(lag.items())) or "-")
+    held = ", ".join(f"{k} {v:.2f}" for k, v in (heldout or {}).items()) or "-"
+    t.caption = (f"held-out pass@1: {held}\n"
+                 "consumer lag: " + (", ".join(f"{k}={v}" for k, v in sorted(lag.items())) or "-"))
     return t
+
+
+def serving(engine_url: str) -> int:
+    """The policy version the engine serves now (-1 while it cannot say)."""
+    try:
+        return int(httpx.get(f"{engine_url}/policy_version", timeout=5).json()["policy_version"])
+    except (httpx.HTTPError, KeyError, ValueError):
+        return -1
+
+
+def heldout_pass_at_1(settings: Settings) -> dict[int, float]:
+    """pass@1 of the held-out task set per policy version, from polar.trajectories through the
+    ``polarstream eval`` reader (the same report a user gets)."""
+    from .tools.eval_run import run_eval
+
+    report = run_eval(settings, ks=(1,))
+    return {c["policy_version"]: c["pass@1"] for c in report["cells"] if c["task_set"] == HELDOUT_SET}
 
 
 def run(cfg: DemoConfig, settings: Settings | None = None) -> Path:
@@ -188,12 +234,18 @@ def run(cfg: DemoConfig, settings: Settings | None = None) -> Path:
         "topic_prefix": base.topic_prefix or f"{run_id}.",
         "storage_url": base.storage_url or f"s3://{base.s3_bucket}/{run_id}",
     })
-    t0 = time.monotonic()
+    t_start = time.monotonic()
     console.print(f"[bold]polarstream demo[/] -> {run_dir}")
     with console.status("bringing up Kafka and the S3 server (first run fetches jars from Maven Central)"):
         Stack(settings).up()
-    problems = demo_tasks.suite(cfg.suite_size, cfg.seed)
-    model_dir = demo_model(cfg, settings, problems)
+    train, heldout = demo_tasks.split(cfg.seed, cfg.heldout)
+    with console.status("warm start: supervised fine-tuning of the tiny model (first run only, then cached)"):
+        model_dir, warm = demo_model(cfg, settings, train)
+    console.print(f"warm start: train-split pass rate {warm['train_pass_rate']:.3f} before RL ({model_dir.name})")
+    if warm["train_pass_rate"] < cfg.min_pass_rate:
+        raise ProcessFailed(f"the warm-started model solves {warm['train_pass_rate']:.3f} of the train tasks "
+                            f"(< {cfg.min_pass_rate}): RL would have no signal; change --seed or the warm start")
+    t0 = time.monotonic()  # the run proper: everything after the (cached) warm start
     env = {
         "POLAR_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "POLAR_TOPIC_PREFIX": settings.topic_prefix,
         "POLAR_STORAGE_URL": settings.storage_url, "POLAR_S3_PORT": str(settings.s3_port),
@@ -207,6 +259,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None) -> Path:
     ports = {name: free_port() for name in ("engine", "gateway", "rollout")}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     runtime = pick_runtime(cfg.runtime)
+    held: dict[str, float] = {}
     try:
         with console.status("starting engine, gateway node, stream worker, trainer and rollout server"):
             engine = procs.start("engine", "engine", "--model", str(model_dir), "--port", str(ports["engine"]),
@@ -222,42 +275,64 @@ def run(cfg: DemoConfig, settings: Settings | None = None) -> Path:
                         "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
                         "--gateway", urls["gateway"], "--run-dir", str(run_dir / "trainer"),
                         "--storage-url", settings.storage_url,
-                        # a group where every sample scored the same has zero advantages: it still closes the
-                        # demo's on-policy step (and costs nothing to train on), so it is not skipped
-                        "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0")
+                        # a group where every sample scored the same still closes the demo's on-policy step;
+                        # the trainer publishes the step but leaves the weights untouched (no signal)
+                        "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0",
+                        # held-out groups are for evaluation only: the trainer consumes and skips them
+                        "--set", f"skip_task_sets={HELDOUT_SET}")
             rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))
             procs.wait_http(rollout, f"{urls['rollout']}/health")
         watcher = Watcher(settings)
         harness = HarnessSpec(name=cfg.harness, config={"temperature": cfg.temperature, "max_tokens": 48, "max_turns": 3})
         order = random.Random(cfg.seed)
         lag: dict[str, int] = {}
-        with Live(_view(cfg, results, lag, "starting"), console=console, refresh_per_second=2) as live:
+
+        def submit(problems: list[tuple[str, str]], tag: str, samples: int, task_set: str) -> set[str]:
+            tasks = [demo_tasks.task_request(q, a, task_id=f"{run_id}-{tag}-t{i}", num_samples=samples, harness=harness,
+                                             task_set=task_set).model_dump(mode="json") for i, (q, a) in enumerate(problems)]
+            r = httpx.post(f"{urls['rollout']}/tasks", json=tasks, timeout=60)
+            r.raise_for_status()
+            return {t["group_id"] for t in tasks}
+
+        def wait(live, wanted: set[str], label: str, started: float, version: int | None = None) -> None:
+            """Until the groups are in (and, for a training step, the trainer pushed ``version``)."""
+            deadline = started + cfg.step_timeout_s
+            while True:
+                watcher.poll()
+                procs.check_all()
+                have = wanted <= watcher.groups.keys()
+                if have and (version is None or (watcher.policy is not None and watcher.policy.version >= version
+                                                 and serving(urls["engine"]) >= version)):
+                    return  # the trainer published ``version`` and the engine serves it: the next step is on-policy
+                if time.monotonic() > deadline:
+                    raise ProcessFailed(f"{label} did not finish within {cfg.step_timeout_s:.0f}s "
+                                        f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}, "
+                                        f"policy {watcher.policy.version if watcher.policy else None}); logs in {procs.log_dir}")
+                live.update(_view(cfg, results, lag, f"{label}: {len(wanted & watcher.groups.keys())}/{len(wanted)} groups",
+                                  held))
+
+        with Live(_view(cfg, results, lag, "starting", held), console=console, refresh_per_second=2) as live:
+            # held-out pass@1 of the warm-started policy (version 0), through the real pipeline
+            started = time.monotonic()
+            wait(live, submit(heldout, "heldout-before", cfg.heldout_samples, HELDOUT_SET), "held-out eval (before)", started)
+            held["before"] = heldout_pass_at_1(settings).get(0, 0.0)
             for step in range(cfg.steps):
                 started = time.monotonic()
-                batch = [order.choice(problems) for _ in range(cfg.tasks_per_step)]
-                tasks = [demo_tasks.task_request(q, a, task_id=f"{run_id}-s{step:03d}-t{i}", num_samples=cfg.samples,
-                                                 harness=harness).model_dump(mode="json") for i, (q, a) in enumerate(batch)]
-                r = httpx.post(f"{urls['rollout']}/tasks", json=tasks, timeout=60)
-                r.raise_for_status()
-                wanted = {t["group_id"] for t in tasks}
-                deadline = started + cfg.step_timeout_s
-                while True:  # the step ends when its groups are in and the trainer pushed weights from them
-                    watcher.poll()
-                    procs.check_all()
-                    have = wanted <= watcher.groups.keys()
-                    if have and watcher.policy is not None and watcher.policy.version >= step + 1:
-                        break
-                    if time.monotonic() > deadline:
-                        raise ProcessFailed(f"step {step} did not finish within {cfg.step_timeout_s:.0f}s "
-                                            f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}, "
-                                            f"policy {watcher.policy.version if watcher.policy else None}); logs in {procs.log_dir}")
-                    live.update(_view(cfg, results, lag, f"step {step + 1}/{cfg.steps}: "
-                                                         f"{len(wanted & watcher.groups.keys())}/{len(wanted)} groups"))
+                batch = [order.choice(train) for _ in range(cfg.tasks_per_step)]
+                wanted = submit(batch, f"s{step:03d}", cfg.samples, "demo-arith")
+                wait(live, wanted, f"step {step + 1}/{cfg.steps}", started, version=step + 1)
                 results.append(_step_result(step, [watcher.groups[g] for g in sorted(wanted)], time.monotonic() - started,
                                             watcher.policy.version))
                 lag = consumer_lag(settings)
-                live.update(_view(cfg, results, lag, f"step {step + 1}/{cfg.steps} done"))
-        summary = write_report(run_dir, cfg, results, watcher.policy, settings, time.monotonic() - t0, model_dir)
+                live.update(_view(cfg, results, lag, f"step {step + 1}/{cfg.steps} done", held))
+            # the same held-out problems under the trained policy
+            started = time.monotonic()
+            wait(live, submit(heldout, "heldout-after", cfg.heldout_samples, HELDOUT_SET), "held-out eval (after)", started)
+            final = watcher.policy.version if watcher.policy else 0
+            held["after"] = heldout_pass_at_1(settings).get(final, 0.0)
+            live.update(_view(cfg, results, lag, "done", held))
+        summary = write_report(run_dir, cfg, results, watcher.policy, settings, time.monotonic() - t0, model_dir,
+                               heldout=held, warm=warm, total_s=time.monotonic() - t_start)
     finally:
         if watcher is not None:
             watcher.close()

@@ -17,7 +17,8 @@ def register(app: typer.Typer) -> None:
         harness: Annotated[str, typer.Option(help="builtin, or a real CLI: qwen_code, pi, claude_code, codex, gemini_cli, opencode")] = "builtin",
         runtime: Annotated[str, typer.Option(help="auto (bwrap when installed), bwrap or subprocess")] = "auto",
         seed: Annotated[int, typer.Option(help="fixes the model, the warm start and the task order")] = 0,
-        lr: Annotated[float, typer.Option(help="trainer learning rate")] = 8e-4,
+        lr: Annotated[float, typer.Option(help="trainer learning rate")] = 5e-4,
+        heldout: Annotated[int, typer.Option(help="problems kept out of RL and evaluated before and after it")] = 16,
         run_dir: Annotated[Optional[Path], typer.Option(help="where logs, the report and demo-summary.json go")] = None,
     ) -> None:
         """Train an agent end to end (Kafka, S3, engine, gateway node, Faust, trainer, rollout) and report."""
@@ -25,7 +26,7 @@ def register(app: typer.Typer) -> None:
         from .processes import ProcessFailed
 
         cfg = DemoConfig(steps=steps, tasks_per_step=tasks_per_step, samples=samples, harness=harness,
-                         runtime=runtime, seed=seed, lr=lr)
+                         runtime=runtime, seed=seed, lr=lr, heldout=heldout)
         if run_dir is not None:
             cfg.run_dir = run_dir
         try:

@@ -1,8 +1,9 @@
-"""The demo's task suite: small arithmetic problems the agent must solve with a tool.
+"""The demo's task family: every single-digit sum, split into train and held-out problems.
 
 Each task asks for a number written to ``answer.txt``; a test command in the workspace scores it, so the
-reward is the outcome of a real test, not a string match inside our code. The suite is fixed by a seed so
-a demo run is reproducible.
+reward is the outcome of a real test, not a string match inside our code. The split is fixed by a seed,
+so a demo run is reproducible; RL sees only the train split, and the held-out split measures whether
+what RL taught (use the tool) carries over to problems it never trained on.
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ def make_problem(rng: random.Random) -> tuple[str, str]:
 
 def instruction(question: str) -> str:
     return f"Compute {question} and write only the result to {ANSWER_FILE} using the write_file tool."
+
+
+def family() -> list[tuple[str, str]]:
+    """All 81 sums a + b with a, b in 1..9, as (question, answer)."""
+    return [(f"{a} + {b}", str(a + b)) for a in range(1, 10) for b in range(1, 10)]
+
+
+def split(seed: int = 0, heldout: int = 16) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(train, held-out): ``heldout`` problems of the family drawn by ``seed``, the rest for training."""
+    problems = family()
+    random.Random(f"split-{seed}").shuffle(problems)
+    return sorted(problems[heldout:]), sorted(problems[:heldout])
 
 
 def suite(n: int, seed: int = 0) -> list[tuple[str, str]]:

@@ -21,7 +21,7 @@ def quarter_means(rewards: list[float]) -> tuple[float, float]:
     return sum(rewards[:q]) / q, sum(rewards[-q:]) / q
 
 
-def plot_rewards(rewards: list[float], path: Path) -> None:
+def plot_rewards(rewards: list[float], path: Path, heldout: dict[str, float] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,23 +34,41 @@ def plot_rewards(rewards: list[float], path: Path) -> None:
     if len(rewards) >= window:
         smooth = [sum(rewards[i - window + 1 : i + 1]) / window for i in range(window - 1, len(rewards))]
         ax.plot(steps[window - 1 :], smooth, lw=2, label=f"{window}-step moving average")
+    if heldout and "before" in heldout and "after" in heldout:  # before training at step 0, after it at the end
+        ax.plot([0, len(rewards)], [heldout["before"], heldout["after"]], ls="--", marker="s", ms=6, color="tab:green",
+                label="held-out pass@1 (before / after)")
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("reward (task solved)")
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", fontsize=8)
     ax.set_title("polarstream demo: reward while training")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
+def bars_met(first: float, last: float, heldout: dict[str, float], wall_s: float) -> dict[str, bool]:
+    """Each bar a demo run must clear to count as learned (``demo.BARS``)."""
+    from .demo import BARS
+
+    gain = heldout.get("after", 0.0) - heldout.get("before", 0.0)
+    return {"reward_gain": last - first >= BARS["reward_gain"], "last_quarter": last >= BARS["last_quarter"],
+            "heldout_gain": gain >= BARS["heldout_gain"], "wall_time": wall_s <= BARS["wall_time_s"]}
+
+
 def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], policy: PolicyVersion | None,
-                 settings: Settings, wall_s: float, model_dir: Path) -> Path:
-    """Write reward.png, report.md and demo-summary.json into ``run_dir``; returns the summary's path."""
+                 settings: Settings, wall_s: float, model_dir: Path, heldout: dict[str, float] | None = None,
+                 warm: dict | None = None, total_s: float | None = None) -> Path:
+    """Write reward.png, report.md and demo-summary.json into ``run_dir``; returns the summary's path.
+
+    ``wall_s`` is the run after the warm start (cached after the first run); ``total_s`` includes it.
+    """
+    heldout = heldout or {}
     rewards = [r.reward for r in results]
     first, last = quarter_means(rewards) if rewards else (0.0, 0.0)
-    plot_rewards(rewards, run_dir / "reward.png")
+    bars = bars_met(first, last, heldout, wall_s)
+    plot_rewards(rewards, run_dir / "reward.png", heldout)
     env = f"POLAR_KAFKA_BOOTSTRAP={settings.kafka_bootstrap} POLAR_TOPIC_PREFIX={shlex.quote(settings.topic_prefix)}"
     commands = {
         "replay": f"{env} polarstream replay --from-time 0 --to-prefix ablation-per-request --builder per_request",
@@ -58,18 +76,25 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
         "export": f"{env} polarstream export --format jsonl --out {shlex.quote(str(run_dir / 'sft.jsonl'))}",
     }
     summary = {
+        "seed": cfg.seed,
         "steps": len(results),
         "reward_per_step": rewards,
         "first_quarter_mean": first,
         "last_quarter_mean": last,
-        "learned": last > first,
+        "heldout_before": heldout.get("before"),
+        "heldout_after": heldout.get("after"),
+        "warm_start_train_pass_rate": (warm or {}).get("train_pass_rate"),
+        "bars": bars,
+        "learned": all(bars.values()),
         "wall_time_s": round(wall_s, 1),
+        "total_time_s": round(total_s if total_s is not None else wall_s, 1),
         "checkpoint_url": policy.checkpoint_url if policy else None,
         "policy_version": policy.version if policy else None,
         "model_dir": str(model_dir),
         "topic_prefix": settings.topic_prefix,
         "kafka_bootstrap": settings.kafka_bootstrap,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+        "warm_start": warm or {},
         "per_step": [{**asdict(r), "merge_rate": r.merge_rate} for r in results],
         "commands": commands,
     }
@@ -78,13 +103,18 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
     rows = "\n".join(
         f"| {r.step + 1} | {r.reward:.3f} | {r.samples} | {r.traces} | {r.calls} | {r.merge_rate:.0%} | "
         f"{r.sampled_tokens} | {r.wall_s:.1f} | {r.policy_version} |" for r in results)
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     (run_dir / "report.md").write_text(f"""# polarstream demo report
 
 ![reward per step](reward.png)
 
-- steps: {len(results)}, groups per step: {cfg.tasks_per_step}, samples per group: {cfg.samples}, harness: {cfg.harness}
+- seed {cfg.seed}; steps: {len(results)}, groups per step: {cfg.tasks_per_step}, samples per group: {cfg.samples}, harness: {cfg.harness}
 - mean reward, first quarter of steps: **{first:.3f}**; last quarter: **{last:.3f}**
-- wall time: {wall_s / 60:.1f} min
+- held-out pass@1 ({cfg.heldout} problems never trained on, {cfg.heldout_samples} samples each, read back with
+  `polarstream eval`): before training **{fmt(heldout.get('before'))}**, after **{fmt(heldout.get('after'))}**
+- warm start: train-split pass rate {fmt((warm or {}).get('train_pass_rate'))} before RL
+- learned: **{summary['learned']}** ({', '.join(f"{k} {'ok' if v else 'missed'}" for k, v in bars.items())})
+- wall time: {wall_s / 60:.1f} min after the warm start ({summary['total_time_s'] / 60:.1f} min in all)
 - checkpoints: `{summary['checkpoint_url']}` (policy version {summary['policy_version']})
 - topics: prefix `{settings.topic_prefix}` on `{settings.kafka_bootstrap}`
 
@@ -103,3 +133,27 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
 ```
 """)
     return path
+
+
+# -- the README's table of demo runs, rendered from their summaries (docs/demo-runs/seed*.json) ------------
+
+RUNS_START, RUNS_END = "<!-- demo:runs -->", "<!-- /demo:runs -->"
+
+
+def runs_table(summaries: list[dict]) -> str:
+    """One row per demo run: seed, quarters, held-out before/after, wall time, learned."""
+    rows = ["| seed | first quarter | last quarter | held-out pass@1 before | after | wall time (cached model) | learned |",
+            "|---:|---:|---:|---:|---:|---:|---|"]
+    for s in sorted(summaries, key=lambda s: s["seed"]):
+        rows.append(f"| {s['seed']} | {s['first_quarter_mean']:.3f} | {s['last_quarter_mean']:.3f} | "
+                    f"{s['heldout_before']:.3f} | {s['heldout_after']:.3f} | {s['wall_time_s'] / 60:.1f} min | "
+                    f"{'yes' if s['learned'] else 'no: ' + ', '.join(k for k, v in s['bars'].items() if not v)} |")
+    return "\n".join(rows)
+
+
+def render_runs(text: str, summaries: list[dict]) -> str:
+    """``text`` with the block between the demo-run markers replaced by ``runs_table``."""
+    head, sep, rest = text.partition(RUNS_START)
+    if not sep or RUNS_END not in rest:
+        raise ValueError(f"no {RUNS_START} ... {RUNS_END} block")
+    return f"{head}{RUNS_START}\n{runs_table(summaries)}\n{RUNS_END}{rest.split(RUNS_END, 1)[1]}"

@@ -1,10 +1,12 @@
 """A short supervised warm start for the demo's tiny model.
 
 A randomly initialised model cannot emit a well-formed tool call, so RL from scratch would see reward 0
-everywhere and learn nothing. The warm start teaches two ways to answer, on the exact conversations the
-built-in harness produces: calling write_file on answer.txt (only ``p_tool`` of the time), or just
-stating the number in prose. Only the first one solves the task, since the evaluator tests the file; that
-the tool is the way to score is left for GRPO to discover from rewards, which is what the demo shows.
+everywhere and learn nothing. The warm start teaches the *knowledge* (every single-digit sum, the whole
+task family, held-out problems included) on the exact conversations the built-in harness produces, and
+two ways to answer: stating the number in prose (most of the time) or calling write_file on answer.txt
+(only ``p_tool`` of the time). Only the tool call solves a task, since the evaluator tests the file;
+nothing here says so. That the tool is the way to score is for GRPO to discover from rewards on the
+train split, and the held-out split shows whether that behaviour carries over to problems RL never saw.
 """
 
 from __future__ import annotations
@@ -19,22 +21,26 @@ from . import demo_tasks
 
 
 def conversation(question: str, answer: str, system: str, tools: list[dict], use_tool: bool = True) -> list[dict]:
-    """The messages of one built-in-harness session answering ``question`` with ``answer``, through the
-    write_file tool or (``use_tool=False``) in prose, which leaves answer.txt unwritten."""
+    """The messages of one built-in-harness session answering ``question`` with ``answer``.
+
+    Both ways open with the same working ("3 + 5 = 8."), so the knowledge is one skill; then the turn
+    either ends (prose: answer.txt stays unwritten) or goes on with a write_file call (``use_tool``).
+    """
     head = [{"role": "system", "content": system}, {"role": "user", "content": demo_tasks.instruction(question)}]
+    working = f"{question} = {answer}."
     if not use_tool:
-        return [*head, {"role": "assistant", "content": f"The answer is {answer}."}]
+        return [*head, {"role": "assistant", "content": working}]
     args = json.dumps({"path": demo_tasks.ANSWER_FILE, "content": answer})
     return [
         *head,
-        {"role": "assistant", "content": "", "tool_calls": [
+        {"role": "assistant", "content": working, "tool_calls": [
             {"id": "call_0", "type": "function", "function": {"name": "write_file", "arguments": args}}]},
         {"role": "tool", "tool_call_id": "call_0", "content": f"wrote {len(answer)} characters to {demo_tasks.ANSWER_FILE}"},
         {"role": "assistant", "content": "Done."},
     ]
 
 
-def tokenize_with_mask(tokenizer, messages: list[dict], tools: list[dict]) -> tuple[list[int], list[int]]:
+def tokenize_with_mask(tokenizer, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], list[int]]:
     """Token ids of the rendered conversation and a mask that is 1 on assistant turns only."""
 
     def render(msgs, gen):
@@ -52,6 +58,49 @@ def tokenize_with_mask(tokenizer, messages: list[dict], tools: list[dict]) -> tu
     return list(enc["input_ids"]), mask
 
 
+def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
+    n = min(len(x) for x in seqs)
+    for i in range(n):
+        if any(x[i] != seqs[0][i] for x in seqs):
+            return i
+    return n
+
+
+def _sft_loss(model, batch: list[tuple[list[int], list[int]]], pad: int):
+    """Mean next-token loss on the masked (assistant) tokens of a batch of conversations.
+
+    Every conversation opens with the same system prompt and tool list, about 95% of its tokens. That
+    shared prefix runs once, as one sequence; its keys and values are repeated for each conversation
+    and the rest of every conversation attends to them, so gradients reach the prefix from all of them,
+    exactly as if each ran whole, at about a sixth of the cost. Logits are computed only where the loss is.
+    """
+    import torch
+
+    first_trained = min(m.index(1) if 1 in m else len(m) for _, m in batch)
+    shared = min(_common_prefix([ids for ids, _ in batch]), first_trained, min(len(ids) for ids, _ in batch) - 1)
+    out = model.model(input_ids=torch.tensor([batch[0][0][:shared]]), use_cache=True)  # (1, P, H)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(len(batch))
+    rest = [(ids[shared:], m[shared:]) for ids, m in batch]
+    width = max(len(x) for x, _ in rest)
+    ids = torch.tensor([x + [pad] * (width - len(x)) for x, _ in rest])  # (B, T)
+    mask = torch.tensor([m + [0] * (width - len(m)) for _, m in rest], dtype=torch.bool)
+    attn = torch.tensor([[1] * (shared + len(x)) + [0] * (width - len(x)) for x, _ in rest])  # prefix + own tokens
+    hidden = model.model(input_ids=ids, attention_mask=attn, past_key_values=cache, use_cache=True).last_hidden_state
+    # position j of the suffix predicts suffix token j+1; the prefix's last position predicts suffix token 0
+    states = torch.cat([out.last_hidden_state[:, -1:].expand(len(batch), 1, -1), hidden[:, :-1]], dim=1)  # (B, T, H)
+    logits = model.lm_head(states[mask])  # (N, V): only where the loss is
+    return torch.nn.functional.cross_entropy(logits, ids[mask])
+
+
+def drill(question: str, answer: str, use_tool: bool = False) -> list[dict]:
+    """A short conversation with just the answer turn: no system prompt, no tools, about 35-70 tokens
+    against the harness conversation's 550, so the sums (and the call's shape) are learned mostly here,
+    cheaply. The turn is the same as the harness conversation's first answer turn."""
+    turn = conversation(question, answer, "", [], use_tool)[2]
+    return [{"role": "user", "content": demo_tasks.instruction(question)}, turn]
+
+
 def warm_start(
     model_dir: str | Path,
     out_dir: str | Path,
@@ -59,14 +108,19 @@ def warm_start(
     *,
     system: str,
     tools: list[dict],
-    steps: int = 60,
+    steps: int = 300,
     batch_size: int = 8,
+    drills: int = 64,
     lr: float = 3e-3,
     p_tool: float = 0.3,
     seed: int = 0,
     progress: bool = True,
 ) -> Path:
-    """Fine-tune ``model_dir`` on demo conversations and save an HF directory to ``out_dir``."""
+    """Fine-tune ``model_dir`` on demo conversations and save an HF directory to ``out_dir``.
+
+    Each step trains ``batch_size`` harness conversations (tool call with probability ``p_tool``, else
+    prose) and ``drills`` short drills of the sums, every problem of ``problems`` alike.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -76,10 +130,12 @@ def warm_start(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-
-    def example() -> tuple[list[int], list[int]]:
-        q, a = rng.choice(list(problems))
-        return tokenize_with_mask(tok, conversation(q, a, system, tools, use_tool=rng.random() < p_tool), tools)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    problems = list(problems)
+    # Rendering a chat template is slow next to a step of this model: every example is rendered once.
+    full = {(q, t): tokenize_with_mask(tok, conversation(q, a, system, tools, use_tool=t), tools)
+            for q, a in problems for t in (False, True)}
+    short = {(q, t): tokenize_with_mask(tok, drill(q, a, t), None) for q, a in problems for t in (False, True)}
 
     bar = range(steps)
     if progress:
@@ -87,15 +143,11 @@ def warm_start(
 
         bar = track(bar, description="warm start (SFT)")
     for _ in bar:
-        batch = [example() for _ in range(batch_size)]
-        width = max(len(ids) for ids, _ in batch)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        ids = torch.tensor([x + [pad] * (width - len(x)) for x, _ in batch])  # (B, T)
-        mask = torch.tensor([m + [0] * (width - len(m)) for _, m in batch], dtype=torch.float32)
-        attn = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x, _ in batch])
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # (B, T-1, V)
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-        loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        batch = [full[rng.choice(problems)[0], rng.random() < p_tool] for _ in range(batch_size)]
+        loss = _sft_loss(model, batch, pad)
+        if drills:
+            loss = loss + _sft_loss(model, [short[rng.choice(problems)[0], rng.random() < p_tool]
+                                            for _ in range(drills)], pad)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -16,8 +16,9 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
     from engine.models import load_model
     from engine.weights import apply_state, check_state, read_checkpoint
 
-    cfg = DemoConfig(steps=2, tasks_per_step=2, samples=2, sft_steps=15, run_dir=tmp_path / "demo",
-                     runtime="subprocess", step_timeout_s=240)
+    # a warm start this short solves almost nothing: the gate is off here (its rule has its own test)
+    cfg = DemoConfig(steps=2, tasks_per_step=2, samples=2, heldout=2, heldout_samples=2, sft_steps=15,
+                     min_pass_rate=0.0, run_dir=tmp_path / "demo", runtime="subprocess", step_timeout_s=240)
     base = infra.settings.model_copy(update={"topic_prefix": "", "storage_url": ""})
     summary_path = run(cfg, base)
 
@@ -26,6 +27,8 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
     assert all(0.0 <= r <= 1.0 for r in summary["reward_per_step"])
     assert (summary["first_quarter_mean"], summary["last_quarter_mean"]) == quarter_means(summary["reward_per_step"])
     assert summary["policy_version"] == 2  # one weight push per step
+    assert summary["seed"] == 0 and 0.0 <= summary["heldout_before"] <= 1.0 and 0.0 <= summary["heldout_after"] <= 1.0
+    assert summary["learned"] == all(summary["bars"].values()) and set(summary["bars"]) == {"reward_gain", "last_quarter", "heldout_gain", "wall_time"}
     for step in summary["per_step"]:
         assert step["samples"] == 2 * 2 and step["calls"] >= step["traces"] >= step["samples"]
     for name in ("reward.png", "report.md"):

@@ -1,0 +1,179 @@
+"""The demo's task in one process: sample, score, GRPO step, with the trainer's own step code.
+
+The demo runs every component as its own process, so batching and timing make it nondeterministic.
+This loop keeps what decides whether the policy learns (the warm-started model, the task family, the
+reward rule, GRPO advantages, the trainer's packing, loss, optimizer and no-signal rule) and drops
+the transport: prompts are rendered with the model's chat template exactly as the gateway renders
+the built-in harness's first call, completions are sampled here with a seeded generator, and a
+completion scores 1 when it calls ``write_file`` on answer.txt with the right number (the demo's
+evaluator tests that file). It serves two purposes:
+
+- ``pass_rate``: the warm start's gate (a model that never solves a train task gives RL nothing);
+- ``rl_run``: a short deterministic RL run for CI (reward must rise, weights move only on steps
+  with signal) and for choosing the demo's settings quickly.
+
+It is single-turn: the demo's later turns ("Done." after the tool result) do not change the reward.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import demo_tasks
+
+
+def render_prompt(tokenizer, question: str, system: str, tools: list[dict]) -> list[int]:
+    """Token ids of the built-in harness's first call for ``question`` (generation prompt included)."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": demo_tasks.instruction(question)}]
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def reward(text: str, answer: str) -> float:
+    """1.0 when the completion writes exactly ``answer`` to answer.txt with write_file, else 0.0."""
+    from gateway.toolparse import parse_tool_calls
+
+    for call in parse_tool_calls(text).tool_calls:
+        try:
+            args = json.loads(call.arguments) if isinstance(call.arguments, str) else call.arguments
+        except ValueError:
+            continue
+        if (call.name == "write_file" and isinstance(args, dict)
+                and str(args.get("path", "")).removeprefix("./") == demo_tasks.ANSWER_FILE
+                and str(args.get("content", "")).strip() == answer):
+            return 1.0
+    return 0.0
+
+
+@torch.no_grad()
+def sample(model, tokenizer, prompt: list[int], n: int, max_new_tokens: int, temperature: float,
+           generator: torch.Generator) -> list[list[int]]:
+    """``n`` completions of ``prompt`` drawn from the full softmax at ``temperature`` (no top-k/top-p,
+    as the demo's engine samples), each ending at the end-of-turn token or ``max_new_tokens``."""
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    out = model(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1)  # the prompt runs once
+    cache, logits = out.past_key_values, out.logits[:, -1].expand(n, -1)
+    cache.batch_repeat_interleave(n)
+    done = torch.zeros(n, dtype=torch.bool)
+    comps: list[list[int]] = [[] for _ in range(n)]
+    for _ in range(max_new_tokens):
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (n,)
+        for i in range(n):
+            if not done[i]:
+                comps[i].append(int(nxt[i]))
+        done |= nxt == stop
+        if bool(done.all()):
+            break
+        out = model(input_ids=nxt.unsqueeze(-1), past_key_values=cache, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+    return comps
+
+
+@torch.no_grad()
+def sequence_logprobs(model, prompt: list[int], completions: list[list[int]]) -> list[list[float]]:
+    """fp32 logprob of each completion token under ``model`` (the behaviour policy's), one batch."""
+    width = max(len(c) for c in completions)
+    ids = torch.tensor([prompt + c + [0] * (width - len(c)) for c in completions])  # (n, L + C), right-padded
+    # logits only for the positions that predict completion tokens (the padding is causal-invisible)
+    logits = model(input_ids=ids, logits_to_keep=width + 1).logits[:, :-1].float()  # (n, C, V)
+    lp = torch.log_softmax(logits, -1).gather(-1, ids[:, len(prompt):].unsqueeze(-1)).squeeze(-1)  # (n, C)
+    return [lp[i, :len(c)].tolist() for i, c in enumerate(completions)]
+
+
+def pass_rate(model, tokenizer, problems: Sequence[tuple[str, str]], samples: int, *, system: str,
+              tools: list[dict], seed: int = 0, max_new_tokens: int = 48, temperature: float = 1.0) -> float:
+    """Mean reward of ``samples`` completions per problem: the share of attempts that would pass."""
+    gen = torch.Generator().manual_seed(seed)
+    model.eval()
+    total = 0.0
+    for q, a in problems:
+        prompt = render_prompt(tokenizer, q, system, tools)
+        for c in sample(model, tokenizer, prompt, samples, max_new_tokens, temperature, gen):
+            total += reward(tokenizer.decode(c), a)
+    return total / (len(problems) * samples)
+
+
+@dataclass
+class RunConfig:
+    steps: int = 8
+    tasks_per_step: int = 4
+    samples: int = 8
+    lr: float = 8e-4
+    temperature: float = 1.0
+    max_new_tokens: int = 48
+    seed: int = 0
+    loss_norm: str = "token_mean"
+
+
+@dataclass
+class StepLog:
+    step: int
+    reward: float
+    signal: bool  # some sample had a non-zero advantage
+    moved: bool  # the weights changed across the step
+    tokens: int
+
+
+@dataclass
+class RunLog:
+    steps: list[StepLog] = field(default_factory=list)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.steps]
+
+
+def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunConfig, *, system: str,
+           tools: list[dict], on_step=None) -> tuple[RunLog, torch.nn.Module]:
+    """On-policy GRPO on ``problems`` with the trainer's packing, loss, optimizer and no-signal rule."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from streams.advantages import compute_advantages
+    from trainer.config import TrainConfig
+    from trainer.loss import LossConfig
+    from trainer.optim import apply_update, has_signal, param_groups
+    from trainer.packing import assign_weights, pack, sample_from_trace
+    from trainer.step import accumulate_gradients
+
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tcfg = TrainConfig(lr=cfg.lr, weight_decay=0.0, loss_norm=cfg.loss_norm, temperature=cfg.temperature)
+    optimizer = torch.optim.AdamW(param_groups(model, tcfg.weight_decay), lr=tcfg.lr)
+    log = RunLog()
+    for step in range(cfg.steps):
+        model.eval()
+        batch, rewards = [], []
+        for q, a in (rng.choice(list(problems)) for _ in range(cfg.tasks_per_step)):
+            prompt = render_prompt(tok, q, system, tools)
+            comps = sample(model, tok, prompt, cfg.samples, cfg.max_new_tokens, cfg.temperature, gen)
+            rs = [reward(tok.decode(c), a) for c in comps]
+            advs = compute_advantages(rs).values
+            for c, adv, lp in zip(comps, advs, sequence_logprobs(model, prompt, comps)):
+                ids = prompt + c
+                s = sample_from_trace(ids, [0] * len(prompt) + [1] * len(c), [0.0] * len(prompt) + lp, adv, len(ids))
+                if s is not None:
+                    batch.append(s)
+            rewards += rs
+        model.train()
+        before = [p.detach().clone() for p in model.parameters()]
+        batch = assign_weights(batch, cfg.loss_norm)
+        signal = has_signal(batch)
+        if signal:  # without signal the gradient is zero: skip the forward too
+            accumulate_gradients(model, pack(batch, 1 << 14), LossConfig(), cfg.temperature)
+        apply_update(model, optimizer, batch, grad_clip=1.0)
+        moved = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+        entry = StepLog(step, sum(rewards) / len(rewards), signal, moved, sum(len(s.trained) for s in batch))
+        log.steps.append(entry)
+        if on_step is not None:
+            on_step(entry)
+    return log, model
