@@ -299,7 +299,8 @@ def run(cfg: DemoConfig, settings: Settings | None = None) -> Path:
             deadline = started + cfg.step_timeout_s
             while True:
                 watcher.poll()
-                procs.check_all()
+                # after its last step the trainer is done (it stops at --max-steps); the rest must live
+                procs.check_all(finished_ok=frozenset({"trainer"}) if len(results) == cfg.steps else frozenset())
                 have = wanted <= watcher.groups.keys()
                 if have and (version is None or (watcher.policy is not None and watcher.policy.version >= version
                                                  and serving(urls["engine"]) >= version)):

@@ -74,8 +74,11 @@ class Processes:
             time.sleep(0.3)
         raise ProcessFailed(f"{child.name} did not answer {url} within {timeout:.0f}s; last lines of {child.log}:\n{child.tail()}")
 
-    def check_all(self) -> None:
+    def check_all(self, finished_ok: frozenset[str] = frozenset()) -> None:
+        """Raise if a child exited; those named in ``finished_ok`` may have exited with code 0."""
         for c in self.children:
+            if c.name in finished_ok and c.proc.poll() == 0:
+                continue
             c.check_alive()
 
     def stop_all(self, grace: float = 10.0) -> None:
