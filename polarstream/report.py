@@ -142,7 +142,7 @@ RUNS_START, RUNS_END = "<!-- demo:runs -->", "<!-- /demo:runs -->"
 
 def runs_table(summaries: list[dict]) -> str:
     """One row per demo run: seed, quarters, held-out before/after, wall time, learned."""
-    rows = ["| seed | first quarter | last quarter | held-out pass@1 before | after | wall time (cached model) | learned |",
+    rows = ["| seed | first quarter | last quarter | held-out pass@1 before | after | wall time after the warm start | learned |",
             "|---:|---:|---:|---:|---:|---:|---|"]
     for s in sorted(summaries, key=lambda s: s["seed"]):
         rows.append(f"| {s['seed']} | {s['first_quarter_mean']:.3f} | {s['last_quarter_mean']:.3f} | "
