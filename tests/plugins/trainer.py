@@ -93,3 +93,19 @@ def publish_groups(settings, groups, partition: int | None = None) -> None:
     for g in groups:
         producer.produce(settings.topic("groups"), encode(g), key=g.key().encode(), partition=partition)
     assert producer.flush(30) == 0
+
+
+def read_policy(settings, n: int, polls: int = 20) -> list:
+    """The first ``n`` PolicyVersion records on polar.policy (fewer if they do not arrive in time)."""
+    from producers.consumer import RecordConsumer
+
+    consumer = RecordConsumer(settings, topics=["policy"])
+    got = []
+    try:
+        for _ in range(polls):
+            got += [r.record for r in consumer.poll(1.0)]
+            if len(got) >= n:
+                break
+    finally:
+        consumer.close()
+    return got

@@ -8,9 +8,8 @@ import pytest
 from confluent_kafka import Producer
 from transformers import AutoModelForCausalLM
 
-from producers.consumer import RecordConsumer
 from schemas import PolicyVersion
-from tests.plugins.trainer import end_offsets, make_group, publish_groups
+from tests.plugins.trainer import end_offsets, make_group, publish_groups, read_policy
 from trainer import checkpoint
 from trainer.config import TrainConfig
 from trainer.metrics import effective_steps, read_log
@@ -59,13 +58,7 @@ def test_train_consumes_checkpoints_to_s3_publishes_and_resumes(polar_settings, 
     assert (local / "tokenizer_config.json").exists()  # tokenizer files travel with the weights
 
     # one PolicyVersion per update, pointing at a loadable checkpoint
-    consumer = RecordConsumer(polar_settings, topics=["policy"])
-    got = []
-    for _ in range(20):
-        got += [r.record for r in consumer.poll(1.0)]
-        if len(got) >= 2:
-            break
-    consumer.close()
+    got = read_policy(polar_settings, 2)
     assert [(p.version, p.step) for p in got] == [(1, 1), (2, 2)] and all(isinstance(p, PolicyVersion) for p in got)
     assert got[-1].checkpoint_url == info.url
 
@@ -150,11 +143,5 @@ def test_policy_versions_stay_monotonic_across_a_crash_between_checkpoints(polar
                     polar_settings)
     assert summary["step"] == 3 and summary["policy_version"] == 4
     assert [v for v, _ in loaded] == [1, 2, 3, 4] and len({u for _, u in loaded}) == 4
-    consumer = RecordConsumer(polar_settings, topics=["policy"])
-    got = []
-    for _ in range(20):
-        got += [r.record for r in consumer.poll(1.0)]
-        if len(got) >= 4:
-            break
-    consumer.close()
+    got = read_policy(polar_settings, 4)
     assert [(p.version, p.step) for p in got] == [(1, 1), (2, 2), (3, 3), (4, 3)]  # one version, one set of weights
