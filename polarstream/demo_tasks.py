@@ -16,12 +16,6 @@ from schemas import EvaluatorSpec, HarnessSpec, TaskRequest, Timeouts, Workspace
 ANSWER_FILE = "answer.txt"
 
 
-def make_problem(rng: random.Random) -> tuple[str, str]:
-    """(question, answer) for one small sum."""
-    a, b = rng.randint(1, 9), rng.randint(1, 9)
-    return f"{a} + {b}", str(a + b)
-
-
 def instruction(question: str) -> str:
     return f"Compute {question} and write only the result to {ANSWER_FILE} using the write_file tool."
 
@@ -36,16 +30,6 @@ def split(seed: int = 0, heldout: int = 16) -> tuple[list[tuple[str, str]], list
     problems = family()
     random.Random(f"split-{seed}").shuffle(problems)
     return sorted(problems[heldout:]), sorted(problems[:heldout])
-
-
-def suite(n: int, seed: int = 0) -> list[tuple[str, str]]:
-    """A fixed list of ``n`` distinct (question, answer) pairs."""
-    rng = random.Random(seed)
-    seen: dict[str, str] = {}
-    while len(seen) < n:
-        q, a = make_problem(rng)
-        seen.setdefault(q, a)
-    return list(seen.items())
 
 
 def task_request(
