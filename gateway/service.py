@@ -184,7 +184,10 @@ class Gateway:
         if limit is not None:
             max_tokens = min(max_tokens, limit - n)
         s = req.sampling
-        params = GenerateParams(max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+        top_p, top_k = s.top_p, s.top_k
+        if top_p == 0:  # providers accept 0 (keep only the likeliest token); vLLM and SGLang want (0, 1]
+            top_p, top_k = None, 1
+        params = GenerateParams(max_tokens=max_tokens, temperature=s.temperature, top_p=top_p, top_k=top_k,
                                 seed=s.seed, stop=list(s.stop))
         try:
             gen = await self.upstream.generate(plan.prompt_ids, params, request_id=f"{st.claims.session_id}-{st.next_call_index}",

@@ -69,3 +69,27 @@ def test_count_tokens_matches_the_rendered_prompt_and_records_nothing(polar_sett
     assert r.status_code == 200, r.text
     assert r.json()[field] == len(tiny_template.prompt_ids([Message("user", "hi")]))
     assert gw.gw.sessions.find("count") is None
+
+
+def test_top_p_zero_is_sent_to_the_engine_as_top_k_one(polar_settings, scripted_engine, gateway_factory):
+    """OpenAI and Anthropic accept ``top_p: 0`` (only the likeliest token); vLLM refuses it, so it becomes ``top_k: 1``."""
+    seen: list[dict] = []
+
+    async def completions(request: Request) -> JSONResponse:
+        body = await request.json()
+        seen.append(body)
+        async with httpx.AsyncClient(timeout=120) as c:  # the real engine validates what it is sent
+            r = await c.post(scripted_engine.url + "/v1/completions", json=body)
+        return JSONResponse(r.json(), status_code=r.status_code)
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "tiny", "max_model_len": 65536}]})
+
+    front = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models)])
+    with ThreadedServer(front) as up:
+        gw = gateway_factory(polar_settings, up.url)
+        r = httpx.post(gw.url + "/v1/responses", timeout=120, headers={"Authorization": f"Bearer {gw.key('p0')}"},
+                       json={"model": "m", "input": "Create hello.txt", "top_p": 0, "max_output_tokens": 8})
+    assert r.status_code == 200, r.text
+    (sent,) = seen
+    assert sent["top_k"] == 1 and "top_p" not in sent
