@@ -87,17 +87,29 @@ def sequence_logprobs(model, prompt: list[int], completions: list[list[int]]) ->
     return [lp[i, :len(c)].tolist() for i, c in enumerate(completions)]
 
 
-def pass_rate(model, tokenizer, problems: Sequence[tuple[str, str]], samples: int, *, system: str,
-              tools: list[dict], seed: int = 0, max_new_tokens: int = 48, temperature: float = 1.0) -> float:
-    """Mean reward of ``samples`` completions per problem: the share of attempts that would pass."""
+def answer_rates(model, tokenizer, problems: Sequence[tuple[str, str]], samples: int, *, system: str,
+                 tools: list[dict], seed: int = 0, max_new_tokens: int = 48, temperature: float = 1.0) -> dict[str, float]:
+    """Over ``samples`` completions per problem: ``pass_rate``, the share that would pass, and
+    ``working_correct``, the share whose working (``3 + 5 = 8.``) adds correctly, whichever way the
+    turn then ends. The second is the ceiling of the first once RL has taught the tool habit."""
     gen = torch.Generator().manual_seed(seed)
     model.eval()
-    total = 0.0
+    passed = correct = 0.0
     for q, a in problems:
         prompt = render_prompt(tokenizer, q, system, tools)
         for c in sample(model, tokenizer, prompt, samples, max_new_tokens, temperature, gen):
-            total += reward(tokenizer.decode(c), a)
-    return total / (len(problems) * samples)
+            text = tokenizer.decode(c)
+            passed += reward(text, a)
+            correct += text.startswith(f"{q} = {a}.")
+    n = len(problems) * samples
+    return {"pass_rate": passed / n, "working_correct": correct / n}
+
+
+def pass_rate(model, tokenizer, problems: Sequence[tuple[str, str]], samples: int, *, system: str,
+              tools: list[dict], seed: int = 0, max_new_tokens: int = 48, temperature: float = 1.0) -> float:
+    """Mean reward of ``samples`` completions per problem: the share of attempts that would pass."""
+    return answer_rates(model, tokenizer, problems, samples, system=system, tools=tools, seed=seed,
+                        max_new_tokens=max_new_tokens, temperature=temperature)["pass_rate"]
 
 
 @dataclass

@@ -112,7 +112,8 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
 - mean reward, first quarter of steps: **{first:.3f}**; last quarter: **{last:.3f}**
 - held-out pass@1 ({cfg.heldout} problems never trained on, {cfg.heldout_samples} samples each, read back with
   `polarstream eval`): before training **{fmt(heldout.get('before'))}**, after **{fmt(heldout.get('after'))}**
-- warm start: train-split pass rate {fmt((warm or {}).get('train_pass_rate'))} before RL
+- warm start: train-split pass rate {fmt((warm or {}).get('train_pass_rate'))} before RL; its working adds up
+  {fmt((warm or {}).get('working_correct'))} of the time (the ceiling RL can reach)
 - learned: **{summary['learned']}** ({', '.join(f"{k} {'ok' if v else 'missed'}" for k, v in bars.items())})
 - wall time: {wall_s / 60:.1f} min after the warm start ({summary['total_time_s'] / 60:.1f} min in all)
 - checkpoints: `{summary['checkpoint_url']}` (policy version {summary['policy_version']})
