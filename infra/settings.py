@@ -7,6 +7,7 @@ error, so a typo in a config file fails loudly instead of silently using a defau
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 import yaml
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from .errors import InfraError
 
 CACHE_DIR = Path(os.environ.get("POLAR_CACHE_DIR", Path.home() / ".cache" / "polarstream"))
 
@@ -32,9 +35,14 @@ class _YamlSource(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         if not self.path:
             return {}
-        data = yaml.safe_load(Path(self.path).read_text()) or {}
+        try:
+            f = Path(self.path).open()
+        except FileNotFoundError:  # say which file it was: the settings (--config or POLAR_CONFIG)
+            raise FileNotFoundError(errno.ENOENT, "no such settings file", self.path) from None
+        with f:  # a stream, so a YAML error names the file
+            data = yaml.safe_load(f) or {}
         if not isinstance(data, dict):
-            raise ValueError(f"{self.path}: expected a mapping of settings at the top level")
+            raise InfraError(f"{self.path}: expected a mapping of settings at the top level")
         return data
 
 

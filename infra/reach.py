@@ -1,0 +1,81 @@
+"""Fail fast, in one line, when a service a command needs is not there (or its port is taken).
+
+A command calls these before it builds any client: Kafka clients retry a dead broker for as long as
+their timeouts allow (and print a line per retry), uvicorn logs a traceback for a taken port. A TCP
+connect answers in milliseconds and lets the message say which address was tried and how to start it.
+Each check raises InfraError, which ``polarstream`` prints as one ``error: ...`` line.
+"""
+
+from __future__ import annotations
+
+import socket
+from urllib.parse import urlsplit
+
+from .errors import InfraError
+from .process import port_in_use
+from .settings import Settings
+
+INFRA_HINT = "is it running? `polarstream infra up` starts the local one"
+ENGINE_HINT = "is it running? `polarstream engine` starts one"
+_DEFAULT_PORTS = {"http": 80, "https": 443, "s3": 443}
+
+
+def _connect_error(host: str, port: int, timeout: float) -> str | None:
+    """None when host:port accepts a TCP connection, else why not (e.g. 'connection refused')."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except socket.gaierror:
+        return f"unknown host {host!r}"
+    except TimeoutError:
+        return f"no answer within {timeout:g}s"
+    except OSError as e:
+        return (e.strerror or str(e)).lower()
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` (a ``PLAINTEXT://`` style prefix is ignored)."""
+    address = address.split("://", 1)[-1]
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def require_kafka(settings: Settings, timeout: float = 3.0) -> None:
+    """InfraError unless at least one bootstrap server of ``settings`` accepts connections."""
+    reasons = []
+    for address in filter(None, (a.strip() for a in settings.kafka_bootstrap.split(","))):
+        try:
+            host, port = _host_port(address)
+        except ValueError:
+            raise InfraError(f"kafka_bootstrap {settings.kafka_bootstrap!r}: expected host:port[,host:port...]") from None
+        reason = _connect_error(host, port, timeout)
+        if reason is None:
+            return
+        reasons.append(reason)
+    raise InfraError(f"cannot reach Kafka at {settings.kafka_bootstrap} ({', '.join(dict.fromkeys(reasons))}); {INFRA_HINT}")
+
+
+def require_url(url: str, what: str, hint: str, timeout: float = 3.0) -> None:
+    """InfraError naming ``what`` and ``url`` unless the URL's host and port accept connections."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:
+        port = None
+    if not parts.hostname or port is None:
+        raise InfraError(f"{what} URL {url!r}: expected http://host:port")
+    reason = _connect_error(parts.hostname, port, timeout)
+    if reason is not None:
+        raise InfraError(f"cannot reach {what} at {url} ({reason}); {hint}")
+
+
+def require_storage(settings: Settings, url: str) -> None:
+    """For an ``s3://`` URL, InfraError unless the settings' S3 endpoint answers (file:// needs nothing)."""
+    if url.startswith("s3://"):
+        require_url(settings.s3_endpoint_url, "S3", INFRA_HINT)
+
+
+def require_free_port(port: int, host: str = "127.0.0.1") -> None:
+    """InfraError when a server could not listen on host:port now (IPv6 hosts are left to the server)."""
+    if port and ":" not in host and port_in_use(port, host):
+        raise InfraError(f"port {port} on {host} is already in use; stop what holds it or choose another with --port")
