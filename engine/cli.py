@@ -21,6 +21,8 @@ def build(
 
     if name not in ("tiny", "smollm2"):
         raise typer.BadParameter(f"unknown model {name!r}: expected tiny or smollm2", param_hint="NAME")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not after the build
     if out is None:
         path = ensure_model(f"tiny:{seed}" if name == "tiny" else "smollm2")
     elif name == "tiny":
@@ -53,25 +55,35 @@ def serve(
     """Serve a model with vLLM's token-level OpenAI API (CPU or CUDA)."""
     import logging
 
-    import torch
-    import uvicorn
-
+    from infra.reach import require_free_port
     from infra.settings import Settings
 
-    from .app import create_app
-    from .models import load_model
+    from .models import load_model, resolve_model
     from .sampling import LOGPROBS_MODES
     from .script import Script, ScriptError
-    from .serving import Engine, EngineOptions
 
     if logprobs_mode not in LOGPROBS_MODES:
         raise typer.BadParameter(f"expected one of {', '.join(LOGPROBS_MODES)}", param_hint="--logprobs-mode")
+    # The cheap checks first: a taken port, a bad script or a missing model fail before torch loads.
+    require_free_port(port, host)
+    try:
+        script_data = Script.read(script) if script else None
+    except ScriptError as e:
+        raise typer.BadParameter(str(e), param_hint="--script") from None
+    resolve_model(model)
+
+    import torch
+    import uvicorn
+
+    from .app import create_app
+    from .serving import Engine, EngineOptions
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     lm = load_model(model, device=device, dtype=dtype)
     try:
-        loaded_script = Script.load(script, lm.tokenizer) if script else None
+        loaded_script = Script.render(script_data, lm.tokenizer, script) if script_data is not None else None
     except ScriptError as e:
         raise typer.BadParameter(str(e), param_hint="--script") from None
     options = EngineOptions(served_model_names=list(served_model_name or []), max_model_len=max_model_len,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -229,11 +230,43 @@ def ensure_model(name: str = "tiny", cache_dir: str | Path | None = None) -> Pat
     return final
 
 
-def resolve_model(name_or_path: str, cache_dir: str | Path | None = None) -> str:
-    """Built-in name -> its cached directory; a local directory or a hub id is returned unchanged."""
-    if parse_builtin(name_or_path) is not None and not Path(name_or_path).exists():
+# What the hub accepts as a repo id: ``name`` or ``org/name`` (no ``--`` or ``..``, checked apart).
+_HUB_ID = re.compile(r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?(?:/[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?)?")
+
+
+def is_hub_id(name: str) -> bool:
+    """True when ``name`` could be a Hugging Face repo id (``org/name``), so a lookup on the hub makes sense."""
+    return len(name) <= 96 and _HUB_ID.fullmatch(name) is not None and "--" not in name and ".." not in name
+
+
+def resolve_model(name_or_path: str, cache_dir: str | Path | None = None, *, needs: tuple[str, ...] = ("config.json",)) -> str:
+    """Built-in name -> its cached directory; a local model directory or a hub id is returned unchanged.
+
+    A local directory must hold one of ``needs`` (a model's config.json; the gateway asks for tokenizer
+    files). FileNotFoundError says what was tried when the name is none of the three."""
+    if Path(name_or_path).exists():
+        if not any((Path(name_or_path) / f).is_file() for f in needs):
+            raise FileNotFoundError(f"model {name_or_path!r}: not a model directory (no {' or '.join(needs)})")
+        return name_or_path
+    try:
+        builtin = parse_builtin(name_or_path)
+    except ValueError as e:
+        raise FileNotFoundError(f"model {name_or_path!r}: {e}") from None
+    if builtin is not None:
         return str(ensure_model(name_or_path, cache_dir))
+    if not is_hub_id(name_or_path):
+        raise FileNotFoundError(f"model {name_or_path!r}: no such directory (tried it as a local path; it is not a hub id "
+                                "like org/name, nor a built-in name: tiny, tiny:SEED, smollm2)")
     return name_or_path
+
+
+def model_load_error(name_or_path: str, path: str, e: OSError) -> FileNotFoundError:
+    """The one-line error for a model that transformers could not load from ``path``, saying what was tried."""
+    reason = " ".join(str(e).split())[:300]
+    if Path(path).is_dir():
+        return FileNotFoundError(f"model {name_or_path!r}: cannot load the local directory {path}: {reason}")
+    return FileNotFoundError(f"model {name_or_path!r}: not a local directory, and the Hugging Face hub did not provide it "
+                             f"(tried hub id {path!r}): {reason}")
 
 
 @dataclass
@@ -251,8 +284,11 @@ def load_model(name_or_path: str, device: str = "cpu", dtype: str = "float32", c
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model(name_or_path, cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    except OSError as e:  # transformers' word for "not found here nor on the hub" (and for unreadable files)
+        raise model_load_error(name_or_path, path, e) from e
     model = model.to(device).eval()
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     gen_eos = getattr(model.generation_config, "eos_token_id", None)

@@ -105,11 +105,20 @@ class Script:
     @classmethod
     def load(cls, path: str | Path, tokenizer) -> "Script":
         """Read and render a script file; raises ScriptError naming what is wrong."""
+        return cls.render(cls.read(path), tokenizer, path)
+
+    @staticmethod
+    def read(path: str | Path) -> dict[str, Any]:
+        """The script file's contents, checked for shape (no tokenizer needed: cheap to do first)."""
         path = Path(path)
         try:
             data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as e:
-            raise ScriptError(f"{path}: cannot read script: {e}") from None
+        except OSError as e:
+            raise ScriptError(f"{path}: cannot read script: {e.strerror or e}") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ScriptError(f"{path}: malformed YAML{where}: {getattr(e, 'problem', None) or e}") from None
         if isinstance(data, list):
             data = {"turns": data}
         if not isinstance(data, dict) or not isinstance(data.get("turns"), list) or not data["turns"]:
@@ -117,6 +126,11 @@ class Script:
         unknown = set(data) - {"turns", "fallback"}
         if unknown:
             raise ScriptError(f"{path}: unknown keys {sorted(unknown)} (allowed: turns, fallback)")
+        return data
+
+    @classmethod
+    def render(cls, data: dict[str, Any], tokenizer, path: str | Path) -> "Script":
+        """A script from ``read``'s contents, every turn rendered through ``tokenizer``."""
         turns = tuple(_turn(tokenizer, t, f"{path}: turns[{i}]") for i, t in enumerate(data["turns"]))
         fallback = _turn(tokenizer, data["fallback"], f"{path}: fallback") if data.get("fallback") else None
         return cls(turns, fallback)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.models import TinySpec, build_tiny, ensure_model, parse_builtin
+from engine.models import TinySpec, build_tiny, ensure_model, load_model, parse_builtin, resolve_model
 
 SMALL = TinySpec(vocab_size=700, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
                  head_dim=16, corpus_docs=300)
@@ -80,6 +80,21 @@ def test_builtin_names():
         parse_builtin("tiny:x")
     with pytest.raises(ValueError, match="unknown built-in"):
         ensure_model("huge")
+
+
+def test_a_model_that_is_not_there_says_what_was_tried(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match=r"no such directory \(tried it as a local path"):
+        resolve_model(str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match=r"not a model directory \(no config.json\)"):
+        resolve_model(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="bad seed"):
+        resolve_model("tiny:x")
+    assert resolve_model("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"  # a hub id: the hub is asked when it loads
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert resolve_model(str(tmp_path), needs=("tokenizer.json",)) == str(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match=r"not a local directory, and .* \(tried hub id 'nobody/no-model'\)"):
+        load_model("nobody/no-model")
 
 
 @pytest.mark.slow
