@@ -8,15 +8,28 @@ from typing import Optional
 import typer
 
 
+# A directory the gateway can load its tokenizer and chat template from holds one of these.
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "config.json")
+
+
 def _resolve_model(name_or_path: str) -> str:
-    """A local directory as is; a built-in engine model name (``tiny``, ``smollm2``) -> its cached directory."""
-    if Path(name_or_path).exists():
-        return name_or_path
+    """A local directory as is; a built-in engine model name (``tiny``, ``smollm2``) -> its cached directory.
+
+    FileNotFoundError (engine/models.py) says what was tried when it is neither, nor a hub id."""
     try:
-        from engine.models import parse_builtin, resolve_model
+        from engine.models import resolve_model
     except ImportError:
         return name_or_path
-    return resolve_model(name_or_path) if parse_builtin(name_or_path) else name_or_path
+    return resolve_model(name_or_path, needs=TOKENIZER_FILES)
+
+
+def require_upstreams(engine_urls: list[str], settings) -> None:
+    """Fail fast when an engine URL or Kafka does not answer (the gateway would only answer errors)."""
+    from infra.reach import ENGINE_HINT, require_kafka, require_url
+
+    for url in engine_urls:
+        require_url(url, "the engine", ENGINE_HINT)
+    require_kafka(settings)
 
 
 def serve(
@@ -50,6 +63,8 @@ def serve(
 
     from infra.settings import Settings
 
+    from infra.reach import require_free_port
+
     from .app import create_app
     from .config import GatewayConfig
     from .limits import Limits
@@ -59,9 +74,13 @@ def serve(
     if publish_mode not in ("sync", "async"):
         raise typer.BadParameter(f"{publish_mode!r}: expected sync or async", param_hint="--publish-mode")
     settings = Settings(config=str(config)) if config else Settings()
+    require_free_port(port or settings.gateway_port, host)
+    model_dir = _resolve_model(model)
+    template_text = chat_template.read_text() if chat_template else None
+    require_upstreams(engine_url, settings)
     cfg = GatewayConfig(
-        engine_urls=list(engine_url), model=_resolve_model(model), upstream=upstream,  # type: ignore[arg-type]
-        served_model=served_model, chat_template=chat_template.read_text() if chat_template else None,
+        engine_urls=list(engine_url), model=model_dir, upstream=upstream,  # type: ignore[arg-type]
+        served_model=served_model, chat_template=template_text,
         open_mode=open_mode, publish_mode=publish_mode,  # type: ignore[arg-type]
         publish_timeout_s=publish_timeout, max_body_bytes=int(max_body_mb * 1024 * 1024),
         upstream_timeout_s=upstream_timeout, default_max_tokens=max_tokens, max_model_len=max_model_len,

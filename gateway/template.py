@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .canonical import Message, Tool
@@ -81,7 +82,12 @@ class ChatTemplate:
         """Load the tokenizer from a local directory (no hub downloads)."""
         from transformers import AutoTokenizer  # heavy; only when a gateway starts
 
-        tok = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+        try:
+            tok = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+        except OSError as e:  # transformers' word for "no tokenizer there"; say what was tried, in one line
+            where = "the local directory" if Path(name_or_path).is_dir() else "the local Hugging Face cache for hub id"
+            raise FileNotFoundError(f"model {name_or_path!r}: no tokenizer in {where} {name_or_path!r} "
+                                    f"(the gateway never downloads): {' '.join(str(e).split())[:300]}") from e
         return cls(tok, chat_template=chat_template, **kwargs)
 
     # -- rendering --------------------------------------------------------------------------------

@@ -61,8 +61,11 @@ def merge_report_cmd(
     import json
 
     from gateway.harnesses.report import markdown_table, read_calls, merge_report
+    from infra.reach import require_kafka
 
-    report = merge_report(read_calls(_settings(config)))
+    settings = _settings(config)
+    require_kafka(settings)
+    report = merge_report(read_calls(settings))
     text = json.dumps(report, indent=2)
     if out is not None:
         out.write_text(text + "\n")
@@ -94,9 +97,10 @@ def node(
     import asyncio
     import logging
 
-    from gateway.cli import _resolve_model
+    from gateway.cli import _resolve_model, require_upstreams
     from gateway.config import GatewayConfig
     from gateway.runtimes import RUNTIMES
+    from infra.reach import require_free_port
 
     from .config import NodeConfig
     from .node import Node
@@ -105,6 +109,8 @@ def node(
         raise typer.BadParameter(f"{runtime!r}: expected one of {', '.join(RUNTIMES)}", param_hint="--runtime")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = _settings(config)
+    require_free_port(port)  # 0: a free one is chosen
+    model_dir = _resolve_model(model)
     try:
         cfg = NodeConfig(work_dir=Path("."), cache_dir=settings.cache_dir, runtime=runtime, image=image,
                          init_workers=init_workers, ready_target=ready_target, run_workers=run_workers,
@@ -113,7 +119,8 @@ def node(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     cfg.work_dir = (work_dir or settings.data_dir / "node" / cfg.node_id).absolute()
-    gw = GatewayConfig(engine_urls=list(engine_url), model=_resolve_model(model), upstream=upstream)  # type: ignore[arg-type]
+    require_upstreams(engine_url, settings)
+    gw = GatewayConfig(engine_urls=list(engine_url), model=model_dir, upstream=upstream)  # type: ignore[arg-type]
     asyncio.run(Node(settings, cfg, gw, session_timeout_ms=session_timeout_ms).serve())
 
 
