@@ -98,10 +98,13 @@ def topics(config: Optional[Path] = _CONFIG, as_json: bool = typer.Option(False,
            cluster: Optional[str] = CLUSTER) -> None:
     """Apply infra/topics.yaml: create missing topics, align configs, report drift (exit 2 on drift)."""
     from .errors import InfraError
+    from .reach import require_kafka
     from .topics import ensure_topics
 
     try:
-        report = ensure_topics(cluster_topics(config, cluster) if cluster else _stack(config).settings)
+        settings = cluster_topics(config, cluster) if cluster else _stack(config).settings
+        require_kafka(settings)
+        report = ensure_topics(settings)
     except InfraError as e:
         _fail(e)
     typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else "\n".join(report.lines()))
@@ -115,6 +118,7 @@ def acls(config: Optional[Path] = _CONFIG, show: bool = typer.Option(False, "--p
     """Apply infra/acls.yaml (per-component ACLs for this topic prefix) as the configured admin principal."""
     from .acls import acl_bindings, apply_acls
     from .errors import InfraError
+    from .reach import require_kafka
     from .settings import Settings
 
     settings = cluster_topics(config, cluster) if cluster else (Settings(config=str(config)) if config else Settings())
@@ -126,6 +130,7 @@ def acls(config: Optional[Path] = _CONFIG, show: bool = typer.Option(False, "--p
             typer.echo(f"{b.principal:16} {b.operation.name:16} {b.restype.name.lower():6} {b.resource_pattern_type.name.lower():8} {b.name}")
         return
     try:
+        require_kafka(settings)
         typer.echo(f"applied {apply_acls(settings)} ACL bindings for prefix {settings.topic_prefix!r}")
     except InfraError as e:
         _fail(e)

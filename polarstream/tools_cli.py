@@ -59,6 +59,7 @@ def replay_command(
     from pydantic import ValidationError
 
     from infra.errors import InfraError
+    from infra.reach import require_kafka
     from streams.config import StreamsConfig
 
     from .tools.kafka_read import ReadError, plan_spans
@@ -81,6 +82,7 @@ def replay_command(
         offsets = load_offsets(from_offsets, SOURCES) if from_offsets else None
         start_ms = parse_time(from_time) if from_time else None
         end_ms = parse_time(to_time) if to_time else None
+        require_kafka(source)
         spans = plan_spans(source, SOURCES, from_offsets=offsets, from_time_ms=start_ms, to_time_ms=end_ms)
     except (PositionError, ReplayError) as e:
         raise _fail(str(e), 2) from None
@@ -117,12 +119,18 @@ def eval_command(
     config: Annotated[Optional[Path], typer.Option(help=_CONFIG_HELP)] = None,
 ) -> None:
     """pass@1, pass@k, reward, tokens, turns, timeouts and merge breaks per harness x policy version x task set."""
+    from infra.reach import require_kafka
+
     from .tools.eval_run import run_eval
     from .tools.kafka_read import ReadError
 
     ks = tuple(k or (1,))
     if min(ks) < 1:
         raise _fail(f"--k: every k must be at least 1, got {min(ks)}", 2)
+    settings = _settings(config, prefix)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not after the read
+    require_kafka(settings)
 
     def progress(report: dict) -> None:
         if follow:
@@ -131,7 +139,7 @@ def eval_command(
                        f"pass@1 {', '.join(_pct(c['pass@1']) for c in cells) or '-'}", err=True)
 
     try:
-        report = run_eval(_settings(config, prefix), ks, threshold, out, follow, refresh, duration, progress)
+        report = run_eval(settings, ks, threshold, out, follow, refresh, duration, progress)
     except ReadError as e:
         raise _fail(str(e)) from None
     if out is not None:
@@ -156,6 +164,7 @@ def export_command(
     config: Annotated[Optional[Path], typer.Option(help=_CONFIG_HELP)] = None,
 ) -> None:
     """SFT / offline datasets: one row per trace with input_ids, loss_mask, logprobs, reward (and advantage)."""
+    from infra.reach import require_kafka, require_storage
     from infra.storage import StorageError
 
     from .tools.export import FORMATS, ExportStats, Filters, rows_from, write_rows
@@ -171,6 +180,8 @@ def export_command(
         except ImportError:
             raise _fail("--format parquet needs pyarrow: pip install 'polarstream[export]'", 2) from None
     settings = _settings(config, prefix)
+    require_storage(settings, out)
+    require_kafka(settings)
     filters = Filters(min_reward, harness, policy_version, include_unusable, side_calls)
     stats = ExportStats()
     try:

@@ -26,10 +26,11 @@ def _request(method: str, url: str, token: Optional[str], **kw):
     import httpx
 
     headers = {"x-polar-control-token": token} if token else {}
-    try:
-        resp = httpx.request(method, url, headers=headers, timeout=120, **kw)
+    try:  # a host that does not answer fails in seconds; a busy server gets its two minutes
+        resp = httpx.request(method, url, headers=headers, timeout=httpx.Timeout(120, connect=5), **kw)
     except httpx.HTTPError as e:
-        typer.echo(f"error: cannot reach the rollout server at {url}: {e}", err=True)
+        typer.echo(f"error: cannot reach the rollout server at {url} ({e}); is it running? `polarstream rollout` starts it",
+                   err=True)
         raise typer.Exit(1) from None
     if resp.status_code >= 400:
         try:
@@ -50,9 +51,13 @@ def rollout(
     """Serve the rollout API (OpenAPI at /docs): tasks fan out to sessions that gateway nodes run."""
     import uvicorn
 
+    from infra.reach import require_free_port, require_kafka
+
     from .rollout.server import create_rollout_app
 
     settings = _settings(config)
+    require_free_port(port or settings.rollout_port, host)
+    require_kafka(settings)
     uvicorn.run(create_rollout_app(settings, control_token=token), host=host, port=port or settings.rollout_port, log_level="warning")
 
 

@@ -30,6 +30,7 @@ def worker(
     """Run one worker; start several (same POLAR_TOPIC_PREFIX) to split the partitions."""
     from pydantic import ValidationError
 
+    from infra.reach import require_kafka
     from infra.settings import Settings
 
     from .config import StreamsConfig
@@ -46,6 +47,7 @@ def worker(
         err = e.errors(include_url=False)[0]
         raise typer.BadParameter(f"{err['loc'][0]}: {err['msg']}") from None
     settings = Settings(config=str(config)) if config else Settings()
+    require_kafka(settings)  # before Faust, which would retry a dead broker and log every attempt
 
     from faust.worker import Worker
 

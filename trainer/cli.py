@@ -48,12 +48,14 @@ def train_command(
         overrides[key.strip().replace("-", "_")] = value
     try:
         cfg = TrainConfig.from_overrides(overrides)
+        cfg.require_model_dir()  # before the services are probed: the model is what the user typed
     except ConfigError as e:
         raise typer.BadParameter(str(e)) from None
     kwargs = {"config": config} if config else {}
     if storage_url:
         kwargs["storage_url"] = storage_url
     settings = Settings(**kwargs)
+    _require_services(cfg, settings)
 
     from confluent_kafka import KafkaException
 
@@ -70,6 +72,18 @@ def train_command(
         typer.echo(f"polarstream train: {e}", err=True)
         raise typer.Exit(1) from None
     typer.echo(json.dumps(summary, sort_keys=True))
+
+
+def _require_services(cfg, settings) -> None:
+    """Fail in one line, before torch loads, when an engine, the gateway, S3 or Kafka does not answer."""
+    from infra.reach import ENGINE_HINT, require_kafka, require_storage, require_url
+
+    for spec in cfg.engines:
+        require_url(spec.partition("=")[2], "the engine", ENGINE_HINT)
+    if cfg.gateway:
+        require_url(cfg.gateway, "the gateway", "is it running? `polarstream gateway` or `polarstream node` starts one")
+    require_storage(settings, settings.checkpoint_url)
+    require_kafka(settings)
 
 
 def main() -> None:

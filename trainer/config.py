@@ -11,6 +11,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 
@@ -127,6 +128,11 @@ class TrainConfig:
             kind, _, url = spec.partition("=")
             if kind not in ("polar", "vllm") or not url.startswith(("http://", "https://")):
                 raise ConfigError(f"engines: {spec!r} is not 'polar=http://...' or 'vllm=http://...'")
+
+    def require_model_dir(self) -> None:
+        """ConfigError unless ``model`` is a local HF model directory (it has a config.json)."""
+        if not (Path(self.model) / "config.json").is_file():
+            raise ConfigError(f"model={self.model!r}: not a model directory (no config.json)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

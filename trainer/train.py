@@ -35,7 +35,7 @@ from schemas import PolicyVersion
 
 from . import checkpoint
 from .attention import load_model
-from .config import ConfigError, TrainConfig
+from .config import TrainConfig
 from .kafka_io import GroupSource, offsets_from_json
 from .loss import LossConfig, summarize
 from .metrics import RunLog, Sinks
@@ -54,8 +54,7 @@ _SECRETS = {"s3_access_key", "s3_secret_key", "admin_token", "session_secret", "
 def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
     """Run the trainer until max_steps, idle_timeout_s or a signal; returns a summary."""
     cfg.validate()
-    if not (Path(cfg.model) / "config.json").is_file():
-        raise ConfigError(f"model={cfg.model!r}: not a model directory (no config.json)")
+    cfg.require_model_dir()
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # save_pretrained's shard bar would interleave with ours

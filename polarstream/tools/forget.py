@@ -186,6 +186,8 @@ def register(app) -> None:
         """Delete a session's or a task's records from the derived topics (docs/security.md)."""
         from confluent_kafka import Consumer
 
+        from infra.reach import require_kafka
+
         if bool(session) == bool(task):
             typer.echo("error: give --session ID (one or more) or --task ID", err=True)
             raise typer.Exit(2)
@@ -194,6 +196,7 @@ def register(app) -> None:
             from infra.security import admin_view
 
             settings = admin_view(settings)
+        require_kafka(settings)
         if task:
             c = Consumer(settings.kafka_config(**{"group.id": f"polar-forget-{time.time_ns()}",
                                                   "logger": logging.getLogger("librdkafka")}))
