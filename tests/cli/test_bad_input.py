@@ -1,0 +1,184 @@
+"""Every subcommand answers bad input in one line, fast, without a traceback.
+
+The commands and their arguments are read from the typer app itself, so a new command is walked too.
+Each case gives one argument a bad value of its kind and the others valid ones: a nonexistent path, a
+directory without a model, an unreachable URL, a port in use, malformed YAML or JSON, an output path
+under a regular file. Kafka and S3 point at a closed port, so no case waits on a network timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import get_args, get_type_hints
+
+import pytest
+import typer
+from typer.core import TyperGroup
+from typer.testing import CliRunner
+
+from polarstream.cli import app
+
+# The bad values each argument gets, by argument name; URL arguments are recognised by name below.
+KINDS = {
+    "config": ("missing", "malformed_yaml"),
+    "model": ("missing", "no_model"),
+    "port": ("busy_port",),
+    "script": ("missing", "malformed_yaml"),
+    "chat_template": ("missing",),
+    "tasks_file": ("missing", "malformed_json"),
+    "from_offsets": ("missing", "malformed_json"),
+    "out": ("under_file",),
+    "run_dir": ("under_file",),
+    "work_dir": ("under_file",),
+}
+URL_ARGS = ("engine", "gateway")  # besides every *url argument
+# Valid values of required arguments ({...}: filled from the Env), and extra arguments some commands need.
+REQUIRED = {
+    "engine_url": "{dead_url}", "model": "{model_dir}", "tasks_file": "{tasks_file}", "to_prefix": "r1",
+    "format": "jsonl", "out": "{root}/out.jsonl", "task_id": "t1", "session_id": "s1", "name": "tiny",
+    "source": "a", "target": "b",
+}
+EXTRA = {("forget",): ["--session", "s1"]}
+
+
+def _leaves(cmd, path=()):
+    if isinstance(cmd, TyperGroup):
+        for name, sub in cmd.commands.items():
+            yield from _leaves(sub, (*path, name))
+    else:
+        yield path, cmd
+
+
+def _kinds(cmd, param) -> tuple[str, ...]:
+    if param.name in KINDS:
+        return KINDS[param.name]
+    if param.name.endswith("url") or param.name in URL_ARGS:
+        return ("unreachable",)
+    hint = get_type_hints(cmd.callback).get(param.name)
+    assert Path not in (hint, *get_args(hint)), f"{param.name} is a path: add it to KINDS in {__file__}"
+    return ()
+
+
+COMMANDS = dict(_leaves(typer.main.get_command(app)))
+CASES = [(path, p.name, kind) for path, cmd in COMMANDS.items() for p in cmd.params for kind in _kinds(cmd, p)]
+
+
+@dataclass
+class Env:
+    root: Path
+    dead_port: int
+    busy_port: int
+
+    @property
+    def dead_url(self) -> str:
+        return f"http://127.0.0.1:{self.dead_port}"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def tasks_file(self) -> Path:
+        return self.root / "tasks.jsonl"
+
+    def bad(self, kind: str, name: str) -> tuple[str, str | None]:
+        """(value, text the error must contain; None when an earlier check may answer instead)."""
+        r = self.root
+        if kind == "missing":
+            return str(r / "missing" / "nothing.yaml"), str(r / "missing" / "nothing.yaml")
+        if kind == "malformed_yaml":
+            return str(r / "bad.yaml"), str(r / "bad.yaml")
+        if kind == "malformed_json":
+            return str(r / "bad.json"), str(r / "bad.json")
+        if kind == "no_model":
+            return str(r / "empty"), str(r / "empty")
+        if kind == "busy_port":
+            return str(self.busy_port), str(self.busy_port)
+        if kind == "under_file":
+            return str(r / "a-file" / "out"), None
+        assert kind == "unreachable"
+        url = {"storage_url": "s3://polarstream/ckpt", "engine": f"polar={self.dead_url}"}.get(name, self.dead_url)
+        return url, f"127.0.0.1:{self.dead_port}"  # s3:// goes to POLAR_S3_ENDPOINT: the same closed port
+
+
+@pytest.fixture(scope="module")
+def env():
+    root = Path(tempfile.mkdtemp(prefix="ps-"))  # short paths: an error box wraps long ones
+    (root / "model").mkdir()
+    (root / "model" / "config.json").write_text("{}")
+    (root / "empty").mkdir()
+    (root / "a-file").write_text("")
+    (root / "bad.yaml").write_text("turns: [1,\n")
+    (root / "bad.json").write_text('{"calls": \n')
+    (root / "tasks.jsonl").write_text(json.dumps({"task_id": "t1", "instruction": "do it", "num_samples": 1, "min_valid": 1}) + "\n")
+    dead, busy = socket.socket(), socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    dead_port = dead.getsockname()[1]
+    dead.close()
+    yield Env(root, dead_port, busy.getsockname()[1])
+    busy.close()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _args(env: Env, path: tuple[str, ...], bad_name: str, bad_value: str) -> list[str]:
+    """The command line: the bad argument, valid required ones, a free port for servers."""
+    values = {name: v.format(**{k: getattr(env, k) for k in ("root", "dead_url", "model_dir", "tasks_file")})
+              for name, v in REQUIRED.items()}
+    values[bad_name] = bad_value
+    args, positional = [*path, *EXTRA.get(path, [])], []
+    for p in COMMANDS[path].params:
+        if p.name == bad_name or (p.required and p.name in values) or p.name == "port":
+            value = values.get(p.name, str(_free_port()))
+            if isinstance(p, typer.core.TyperArgument):
+                positional.append(value)
+            else:
+                args += [p.opts[0], value]
+        else:
+            assert not p.required, f"{' '.join(path)}: give required {p.name} a valid value in REQUIRED"
+    return args + positional
+
+
+def _refuse(*_a, **_k):
+    raise AssertionError("a bad input got as far as starting a server")
+
+
+def test_every_command_has_a_case():
+    covered = {path for path, _, _ in CASES}
+    assert set(COMMANDS) == covered, f"no bad input for {sorted(set(COMMANDS) - covered)}"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("path, name, kind", CASES, ids=[f"{' '.join(p)}:{n}:{k}" for p, n, k in CASES])
+def test_bad_input_is_one_line(env, monkeypatch, path, name, kind):
+    monkeypatch.setattr("uvicorn.run", _refuse)
+    monkeypatch.setattr("infra.stack.Stack.up", _refuse)
+    value, named = env.bad(kind, name)
+    polar_env = {"POLAR_KAFKA_BOOTSTRAP": f"127.0.0.1:{env.dead_port}", "POLAR_KAFKA_PORT": str(env.dead_port),
+                 "POLAR_S3_ENDPOINT": env.dead_url, "POLAR_DATA_DIR": str(env.root / "data"), "POLAR_CONFIG": None,
+                 "POLAR_DEBUG": None, "POLAR_ROLLOUT_PORT": str(env.dead_port)}
+    t0 = time.monotonic()
+    r = CliRunner().invoke(app, _args(env, path, name, value), env=polar_env)
+    took = time.monotonic() - t0
+    assert r.exception is None or isinstance(r.exception, SystemExit), f"{type(r.exception).__name__}: {r.exception}"
+    assert r.exit_code != 0, r.output
+    assert took < 20, f"took {took:.1f}s"
+    assert "Traceback" not in r.output
+    assert len(r.stderr.splitlines()) <= 8, r.stderr
+    if named is not None:  # the error says which value it refused (box borders and wrapping aside)
+        flat = re.sub(r"[\s│╭╮╰╯─]", "", r.stderr)
+        assert re.sub(r"\s", "", named) in flat, r.stderr
