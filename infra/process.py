@@ -99,13 +99,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tcp_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
-    """True when something accepts TCP connections on host:port."""
+def connect_error(host: str, port: int, timeout: float) -> str | None:
+    """None when host:port accepts a TCP connection, else why not (e.g. 'connection refused')."""
     try:
         with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+            return None
+    except socket.gaierror:
+        return f"unknown host {host!r}"
+    except TimeoutError:
+        return f"no answer within {timeout:g}s"
+    except OSError as e:
+        return (e.strerror or str(e)).lower()
+
+
+def tcp_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
+    """True when something accepts TCP connections on host:port."""
+    return connect_error(host, port, timeout) is None
 
 
 def tail(path: Path, lines: int = 15) -> str:

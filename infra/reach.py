@@ -8,29 +8,15 @@ Each check raises InfraError, which ``polarstream`` prints as one ``error: ...``
 
 from __future__ import annotations
 
-import socket
 from urllib.parse import urlsplit
 
 from .errors import InfraError
-from .process import port_in_use
+from .process import connect_error, port_in_use
 from .settings import Settings
 
 INFRA_HINT = "is it running? `polarstream infra up` starts the local one"
 ENGINE_HINT = "is it running? `polarstream engine` starts one"
 _DEFAULT_PORTS = {"http": 80, "https": 443, "s3": 443}
-
-
-def _connect_error(host: str, port: int, timeout: float) -> str | None:
-    """None when host:port accepts a TCP connection, else why not (e.g. 'connection refused')."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
-    except socket.gaierror:
-        return f"unknown host {host!r}"
-    except TimeoutError:
-        return f"no answer within {timeout:g}s"
-    except OSError as e:
-        return (e.strerror or str(e)).lower()
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -48,7 +34,7 @@ def require_kafka(settings: Settings, timeout: float = 3.0) -> None:
             host, port = _host_port(address)
         except ValueError:
             raise InfraError(f"kafka_bootstrap {settings.kafka_bootstrap!r}: expected host:port[,host:port...]") from None
-        reason = _connect_error(host, port, timeout)
+        reason = connect_error(host, port, timeout)
         if reason is None:
             return
         reasons.append(reason)
@@ -64,7 +50,7 @@ def require_url(url: str, what: str, hint: str, timeout: float = 3.0) -> None:
         port = None
     if not parts.hostname or port is None:
         raise InfraError(f"{what} URL {url!r}: expected http://host:port")
-    reason = _connect_error(parts.hostname, port, timeout)
+    reason = connect_error(parts.hostname, port, timeout)
     if reason is not None:
         raise InfraError(f"cannot reach {what} at {url} ({reason}); {hint}")
 
