@@ -12,13 +12,19 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-# Debian packages the sandbox needs (bubblewrap); Java 17 and Maven come with the machine.
+# Debian packages: the sandbox (bubblewrap) and the viewer's browser test (chromium); Java 17 and Maven
+# come with the machine.
 system:
 	@command -v bwrap >/dev/null || { echo "installing bubblewrap (sandbox runtime)"; \
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
 	  { $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -q >/dev/null && \
 	    $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q bubblewrap >/dev/null; } || \
 	  echo "warning: bubblewrap could not be installed; sandboxed runs will use the subprocess runtime"; }
+	@command -v chromium >/dev/null || { echo "installing chromium (headless browser for the viewer test)"; \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -q >/dev/null && \
+	    $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q chromium >/dev/null; } || \
+	  echo "warning: chromium could not be installed; the viewer's browser test will skip"; }
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

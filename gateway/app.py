@@ -3,6 +3,7 @@
 The engine client and the Kafka publisher are created in the lifespan (they belong to the serving event
 loop); the tokenizer/template is loaded when the app is built, so a bad model path fails at once.
 ``app.state.gateway`` is the ``Gateway`` (sessions, pause gate, policy version) for in-process callers.
+``GET /metrics`` serves the process's Prometheus metrics (gateway/metrics.py; a node's too).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
+from infra import metrics as prometheus
 from infra.settings import Settings
 
-from . import admin, routes
+from . import admin, metrics, routes
 from .config import GatewayConfig
 from .openapi import openapi_document
 from .service import Gateway, Publisher
@@ -83,6 +85,8 @@ def create_app(
     app.state.gateway = gw
     app.state.settings = settings
     app.include_router(admin.router)  # before the catch-all model routes
+    prometheus.mount(app)  # GET /metrics (docs/operations.md), also before the catch-all
+    metrics.watch(gw)
     document = openapi_document(config.limits, config.max_body_bytes)  # hand-written: the routes are one catch-all
     app.add_api_route("/openapi.json", lambda: routes.JSON(document), methods=["GET"], include_in_schema=False)
     app.include_router(routes.router)

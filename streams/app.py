@@ -28,7 +28,7 @@ from typing import Any
 from infra.security import faust_credentials
 from infra.settings import Settings
 
-from . import group_agent, session_agent
+from . import group_agent, metrics, session_agent
 from .config import StreamsConfig
 from .runtime import Runtime
 from .topology import STATE_MAX_BYTES, Topology, discover, ensure_internal_topics
@@ -101,6 +101,7 @@ def create_app(
     session_agent.register(rt)
     group_agent.register(rt)
     _register_timers(rt, stats_interval_s)
+    metrics.watch(rt)
     _uncommitted_from_start(app.consumer)
     _flush_means_flushed(app.producer.buffer)
     app.polar_runtime = rt  # for tests and the bench: counters of this worker
@@ -120,6 +121,7 @@ def _register_timers(rt: Runtime, stats_interval_s: float) -> None:
     @app.timer(interval=stats_interval_s, name="stats")
     async def stats() -> None:
         rt.write_stats()
+        await metrics.refresh(rt)
 
 
 def _uncommitted_from_start(consumer: Any) -> None:

@@ -23,7 +23,8 @@ def worker(
     missing_calls_timeout: float = typer.Option(300.0, help="seconds after which it stops waiting regardless"),
     tick_interval: float = typer.Option(2.0, help="seconds between deadline sweeps"),
     session_timeout: float = typer.Option(10.0, help="consumer session timeout (s): how fast a dead worker is noticed"),
-    stats_interval: float = typer.Option(10.0, help="seconds between counter snapshots"),
+    stats_interval: float = typer.Option(10.0, help="seconds between counter snapshots (and lag gauge updates)"),
+    metrics_port: int = typer.Option(0, help="serve Prometheus /metrics on this port (0: off; docs/operations.md)"),
     loglevel: str = typer.Option("info"),
     config: Optional[Path] = typer.Option(None, help="settings YAML (else POLAR_* environment)"),
 ) -> None:
@@ -48,6 +49,10 @@ def worker(
         raise typer.BadParameter(f"{err['loc'][0]}: {err['msg']}") from None
     settings = Settings(config=str(config)) if config else Settings()
     require_kafka(settings)  # before Faust, which would retry a dead broker and log every attempt
+    if metrics_port:
+        from infra.metrics import serve
+
+        serve(metrics_port)  # a port in use ends here, in one line (polarstream/errors.py)
 
     from faust.worker import Worker
 

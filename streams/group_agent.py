@@ -18,6 +18,7 @@ import orjson
 
 from schemas import Trajectory, decode
 
+from . import metrics
 from .groups import GroupState, add_member, build_group, decide, new_group
 from .runtime import Runtime
 
@@ -108,6 +109,7 @@ async def advance(rt: Runtime, state: GroupState, now: float) -> None:
         if fut is None:
             _close(rt, state, "dropped:oversized", now)
         else:
+            metrics.observe_group(now - state.first_seen)
             rt.pend(STAGE, gid, state.partition, fut, lambda: _close(rt, _load(rt, gid) or state, group.event_id, now))
         return
     rt.count(f"groups.{action.replace(':', '_')}")

@@ -50,6 +50,8 @@ class Runtime:
     calls_watermark: dict[int, float] = field(default_factory=dict)
     _logged: dict[str, int] = field(default_factory=dict)
     pending: dict[tuple[str, str], "Pending"] = field(default_factory=dict)  # (stage, key) -> unsettled send
+    # (topic, partition) -> offset of the last event handled: the consumer lag metric (streams/metrics.py)
+    processed: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] += n
@@ -66,6 +68,7 @@ class Runtime:
                 started = time.perf_counter()
                 self.settle(stage, msg.partition)
                 await handle(msg.topic, event.value, msg.partition, msg.offset)
+                self.processed[(msg.topic, msg.partition)] = msg.offset
                 self.count(f"{stage}.busy_us", int((time.perf_counter() - started) * 1e6))
 
         self.app.agent(channel, name=stage)(loop)

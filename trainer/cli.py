@@ -26,6 +26,7 @@ def train_command(
     idle_timeout: Annotated[float, typer.Option(help="stop after this many seconds without a group (0: never)")] = 0.0,
     storage_url: Annotated[str, typer.Option(help="checkpoint root (file:// or s3://); default: settings")] = "",
     run_dir: Annotated[str, typer.Option(help="JSONL log and TensorBoard directory")] = "",
+    metrics_port: Annotated[int, typer.Option(help="serve Prometheus /metrics on this port (0: off; docs/operations.md)")] = 0,
     config: Annotated[str, typer.Option(help="YAML settings file (infra settings, see infra/settings.py)")] = "",
     set_: Annotated[
         Optional[list[str]], typer.Option("--set", help="any trainer setting as key=value (trainer/config.py)")
@@ -40,6 +41,7 @@ def train_command(
         "model": model, "groups_per_step": groups_per_step, "max_steps": max_steps, "lr": lr,
         "token_budget": token_budget, "checkpoint_every": checkpoint_every, "sync_every": sync_every,
         "engines": engine or [], "gateway": gateway, "idle_timeout_s": idle_timeout, "run_dir": run_dir,
+        "metrics_port": metrics_port,
     }
     for item in set_ or []:
         key, sep, value = item.partition("=")
@@ -76,8 +78,9 @@ def train_command(
 
 def _require_services(cfg, settings) -> None:
     """Fail in one line, before torch loads, when an engine, the gateway, S3 or Kafka does not answer."""
-    from infra.reach import ENGINE_HINT, require_kafka, require_storage, require_url
+    from infra.reach import ENGINE_HINT, require_free_port, require_kafka, require_storage, require_url
 
+    require_free_port(cfg.metrics_port)  # 0: off
     for spec in cfg.engines:
         require_url(spec.partition("=")[2], "the engine", ENGINE_HINT)
     if cfg.gateway:

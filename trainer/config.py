@@ -84,6 +84,7 @@ class TrainConfig:
     run_dir: str = ""  # JSONL log + TensorBoard events; '' means <data_dir>/trainer/<consumer_group>
     tensorboard: bool = True
     progress: bool = True
+    metrics_port: int = 0  # serve Prometheus /metrics on this port, rank 0 (0: off; docs/operations.md)
 
     @classmethod
     def from_overrides(cls, overrides: dict[str, Any]) -> "TrainConfig":
@@ -117,6 +118,7 @@ class TrainConfig:
             (self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1"),
             (self.sync_every >= 0, "sync_every", "must be >= 0"),
             (self.max_sync_failures >= 0, "max_sync_failures", "must be >= 0"),
+            (0 <= self.metrics_port <= 65535, "metrics_port", "must be a port number (0: off)"),
             (0 < self.stale_weight <= 1, "stale_weight", "must be in (0, 1]"),
             (self.dist_timeout_s > 0, "dist_timeout_s", "must be > 0"),
             (0 < self.heartbeat_s < self.dist_timeout_s, "heartbeat_s", "must be in (0, dist_timeout_s)"),

@@ -1,10 +1,13 @@
-"""Where step metrics go: a JSONL run log (the record), TensorBoard, and a progress bar.
+"""Where step metrics go: a JSONL run log (the record), TensorBoard, a progress bar and Prometheus.
 
 The JSONL log is written *before* the step's checkpoint and synced to disk, and every (re)start
 writes ``{"event": "start", "step": S}`` with the step it resumed from. A step line logged after the
 last checkpoint of a crashed run describes work the crash threw away (the restart redoes it), so
 ``effective_steps`` drops step lines above each restart's step: what remains is exactly what the
 surviving weights were trained on.
+
+Prometheus gauges and counters (``polar_trainer_*``, docs/operations.md) are set on every step and
+weight sync of rank 0; ``--metrics-port`` serves them (train.py starts the server on rank 0 only).
 """
 
 from __future__ import annotations
@@ -14,6 +17,38 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+STEPS = Counter("polar_trainer_steps", "Optimizer steps taken (rank 0)")
+TOKENS = Counter("polar_trainer_tokens", "Tokens fed through the model, padding included")
+TOKENS_PER_S = Gauge("polar_trainer_tokens_per_second", "Tokens per second of the last step")
+REWARD = Gauge("polar_trainer_reward_mean", "Mean reward of the trajectories of the last step")
+STALENESS = Gauge("polar_trainer_staleness", "Policy versions between the groups of the last step and the "
+                  "trained policy", ["stat"])
+POLICY_VERSION = Gauge("polar_trainer_policy_version", "Policy version after the last step")
+LOSS = Gauge("polar_trainer_loss", "Loss of the last step")
+SYNCS = Counter("polar_trainer_syncs", "Weight syncs to the engines, by outcome (ok | failed)", ["outcome"])
+SYNC_FAILURES_IN_A_ROW = Gauge("polar_trainer_sync_failures_in_a_row", "Weight syncs failed since the last "
+                               "one that succeeded (the trainer stops at max_sync_failures)")
+
+
+def record_step(metrics: dict[str, float]) -> None:
+    """Set the Prometheus metrics from one step's metrics (the dict the run log records)."""
+    STEPS.inc()
+    TOKENS.inc(metrics["tokens"])
+    TOKENS_PER_S.set(metrics["tokens_per_s"])
+    REWARD.set(metrics["reward_mean"])
+    STALENESS.labels("max").set(metrics["staleness_max"])
+    STALENESS.labels("mean").set(metrics["staleness_mean"])
+    POLICY_VERSION.set(metrics["policy_version"])
+    LOSS.set(metrics["loss"])
+
+
+def record_sync(ok: bool, failures_in_a_row: int) -> None:
+    """One weight sync (PolicyVersion published and engines reloaded), and the failures since a success."""
+    SYNCS.labels("ok" if ok else "failed").inc()
+    SYNC_FAILURES_IN_A_ROW.set(failures_in_a_row)
 
 
 class RunLog:
@@ -56,7 +91,7 @@ def effective_steps(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class Sinks:
-    """TensorBoard + progress bar + one stdout line per step (rank 0 only)."""
+    """TensorBoard + progress bar + Prometheus + one stdout line per step (rank 0 only)."""
 
     def __init__(self, run_dir: Path, tensorboard: bool, progress: bool, total: int | None, initial: int):
         self.tb = None
@@ -74,6 +109,7 @@ class Sinks:
             self._task = self.bar.add_task("train", total=total, completed=initial, info="")
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
+        record_step(metrics)
         if self.tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)):

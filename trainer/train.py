@@ -38,7 +38,7 @@ from .attention import load_model
 from .config import TrainConfig
 from .kafka_io import GroupSource, offsets_from_json
 from .loss import LossConfig, summarize
-from .metrics import RunLog, Sinks
+from .metrics import RunLog, Sinks, record_sync
 from .optim import apply_update, param_groups
 from .packing import MicroBatch, Sample, assign_weights, pack, pad_by_length, samples_from_group, shard
 from .selection import SeenIds, StepPlan, lr_at, plan_step
@@ -126,6 +126,10 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         log.write({"event": "start", "step": step, "policy_version": version, "world_size": world,
                    "checkpoint": info.url if info else None, "time": time.time()})
         sinks = Sinks(run_dir, cfg.tensorboard, cfg.progress, cfg.max_steps or None, step)
+        if cfg.metrics_port:  # rank 0 only: one scrape target per trainer, not one per rank
+            from infra.metrics import serve
+
+            serve(cfg.metrics_port)
         config_record = {"train": cfg.to_dict(), "settings": settings.model_dump(mode="json", exclude=_SECRETS)}
     last_saved, last_url, finished = step, info.url if info else None, False
 
@@ -229,9 +233,11 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                     sync_weights(engines, url, version, gateway)
                     synced, sync_failures = version, 0
                     checkpoint.write_engine_version(root, version, settings)
+                    record_sync(True, 0)
                 except (PublishError, WeightSyncError) as e:
                     counters.update(sync_errors=1)
                     sync_failures += 1
+                    record_sync(False, sync_failures)
                     log.write({"event": "sync_error", "step": step, "policy_version": version, "error": str(e),
                                "failures_in_a_row": sync_failures})
                     if cfg.max_sync_failures and sync_failures >= cfg.max_sync_failures:

@@ -6,6 +6,7 @@ The gateway runs under uvicorn in this event loop on ``gateway_host:gateway_port
 ``serve_unix_to_tcp`` exposes it on ``<socket dir>/gateway.sock`` for sandboxes without a network.
 After a harness exits, the node asks the gateway's session store how many calls it recorded for the
 session (``num_calls`` on the finished event), once the session's last call has been recorded.
+The gateway's ``GET /metrics`` also serves the node's stage gauges (gateway/node/metrics.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gateway.runtimes import make_runtime
 from gateway.runtimes.tunnel import serve_unix_to_tcp
 from infra.settings import Settings
 
+from . import metrics
 from .config import NodeConfig
 from .intake import SessionIntake, TaskWatcher
 from .pipeline import Pipeline
@@ -81,6 +83,7 @@ class Node:
         runtime = make_runtime(self.cfg.runtime, sock_path, self.cfg.image)
         self.publisher = Publisher(self.settings, client_id=f"polar-node-{self.cfg.node_id}")
         self.pipeline = Pipeline(self.cfg, runtime, self.gateway_port, self._publish_event, self.settle_calls)
+        metrics.watch(self.pipeline)  # served on the gateway's /metrics: one process, one registry
         self.intake = SessionIntake(self.settings, self.cfg, self.pipeline, session_timeout_ms=self.session_timeout_ms)
         self.pipeline.on_done = self.intake.on_done
         self.watcher = TaskWatcher(self.settings, self.cfg.node_id, self.intake, self.pipeline)

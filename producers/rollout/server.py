@@ -5,6 +5,7 @@
     GET    /tasks/{task_id}  progress of one task, per sample
     DELETE /tasks/{task_id}  cancel: a cancel marker on polar.tasks that every node honours
     GET    /health
+    GET    /metrics          Prometheus metrics (producers/rollout/metrics.py, docs/operations.md)
 
 A submission is answered (202) only once the task and all its sessions are acknowledged by Kafka, so a
 202 means the work exists. Progress comes from polar.session-events, read from the beginning by a
@@ -27,9 +28,11 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from infra import metrics as prometheus
 from infra.settings import Settings
 from schemas import SessionEvent, TaskRequest, encode
 
+from . import metrics
 from .fanout import FanOutError, cancel_marker, fan_out
 from .progress import TaskState, apply_event, new_task_state
 
@@ -171,6 +174,7 @@ def create_rollout_app(settings: Settings, *, control_token: str | None = None, 
         else:
             publisher = publisher_factory(settings)
         app.state.rollout = Rollout(settings, publisher)
+        metrics.watch(app.state.rollout)
         stop = asyncio.Event()
         follower = asyncio.ensure_future(_follow(app.state.rollout, settings, stop))
         try:
@@ -182,6 +186,7 @@ def create_rollout_app(settings: Settings, *, control_token: str | None = None, 
 
     app = FastAPI(title="polarstream rollout", version="1", lifespan=lifespan,
                   description="Submit tasks, follow their sessions, cancel them.")
+    prometheus.mount(app)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
