@@ -65,6 +65,7 @@ _COMPONENTS = (
     "polarstream.tools_cli",
     "polarstream.tools.forget",
     "polarstream.demo_cli",
+    "polarstream.viewer.cli",
 )
 
 for _name in _COMPONENTS:
