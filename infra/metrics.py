@@ -59,19 +59,20 @@ class Sampled(Collector):
                  read: Callable[[Any], Iterable[Reading]], counter: bool = False):
         self.name, self.documentation, self.labelnames, self.read = name, documentation, labelnames, read
         self.family = CounterMetricFamily if counter else GaugeMetricFamily
-        self.sources: weakref.WeakSet = weakref.WeakSet()
+        # by id: some sources are dataclasses (eq, so unhashable), and a WeakSet needs hashing
+        self.sources: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         REGISTRY.register(self)
 
     def watch(self, source: Any) -> None:
         """Report ``source`` from now on, until it is garbage collected."""
-        self.sources.add(source)
+        self.sources[id(source)] = source
 
     def describe(self) -> Iterator[Any]:
         yield self.family(self.name, self.documentation, labels=list(self.labelnames))
 
     def collect(self) -> Iterator[Any]:
         totals: dict[tuple[str, ...], float] = defaultdict(float)
-        for source in list(self.sources):
+        for source in list(self.sources.values()):
             for labels, value in self.read(source):
                 totals[labels] += value
         family = self.family(self.name, self.documentation, labels=list(self.labelnames))
