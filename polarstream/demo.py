@@ -14,6 +14,7 @@ import random
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,7 @@ class StepResult:
     sampled_tokens: int
     wall_s: float
     policy_version: int
+    group_ids: list[str] = field(default_factory=list)  # report.md links each to its viewer page
 
     @property
     def merge_rate(self) -> float:
@@ -180,6 +182,7 @@ def _step_result(step: int, groups: list[TrainingGroup], wall_s: float, version:
         sampled_tokens=sum(sum(tr.loss_mask) for t in trajs for tr in t.traces),
         wall_s=wall_s,
         policy_version=version,
+        group_ids=[g.group_id for g in groups],
     )
 
 
@@ -216,8 +219,13 @@ def heldout_pass_at_1(settings: Settings) -> dict[int, float]:
     return {c["policy_version"]: c["pass@1"] for c in report["cells"] if c["task_set"] == HELDOUT_SET}
 
 
-def run(cfg: DemoConfig, settings: Settings | None = None) -> Path:
-    """Run the demo; returns the path of demo-summary.json."""
+def run(cfg: DemoConfig, settings: Settings | None = None,
+        on_step: Callable[[int, dict[str, str]], None] | None = None) -> Path:
+    """Run the demo; returns the path of demo-summary.json.
+
+    ``on_step(step, metrics_urls)`` runs after each training step while every service is up; the
+    URLs are each service's ``/metrics`` by name (the test parses them mid-run).
+    """
     from rich.console import Console
     from rich.live import Live
 
@@ -239,15 +247,6 @@ def run(cfg: DemoConfig, settings: Settings | None = None) -> Path:
     console.print(f"[bold]polarstream demo[/] -> {run_dir}")
     with console.status("bringing up Kafka and the S3 server (first run fetches jars from Maven Central)"):
         Stack(settings).up()
-    train, heldout = demo_tasks.split(cfg.seed, cfg.heldout)
-    with console.status("warm start: supervised fine-tuning of the tiny model (first run only, then cached)"):
-        model_dir, warm = demo_model(cfg, settings, train)
-    console.print(f"warm start: train-split pass rate {warm['train_pass_rate']:.3f} before RL, sums right "
-                  f"{warm.get('working_correct', float('nan')):.3f} of the time ({model_dir.name})")
-    if warm["train_pass_rate"] < cfg.min_pass_rate:
-        raise ProcessFailed(f"the warm-started model solves {warm['train_pass_rate']:.3f} of the train tasks "
-                            f"(< {cfg.min_pass_rate}): RL would have no signal; change --seed or the warm start")
-    t0 = time.monotonic()  # the run proper: everything after the (cached) warm start
     env = {
         "POLAR_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "POLAR_TOPIC_PREFIX": settings.topic_prefix,
         "POLAR_STORAGE_URL": settings.storage_url, "POLAR_S3_PORT": str(settings.s3_port),
@@ -258,11 +257,27 @@ def run(cfg: DemoConfig, settings: Settings | None = None) -> Path:
     procs = Processes(run_dir / "logs", env)
     watcher: Watcher | None = None
     results: list[StepResult] = []
-    ports = {name: free_port() for name in ("engine", "gateway", "rollout")}
+    ports = {name: free_port() for name in ("engine", "gateway", "rollout", "ui", "streams_metrics", "trainer_metrics")}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    metrics = {"gateway": f"{urls['gateway']}/metrics", "rollout": f"{urls['rollout']}/metrics",
+               "streams": f"{urls['streams_metrics']}/metrics", "trainer": f"{urls['trainer_metrics']}/metrics"}
     runtime = pick_runtime(cfg.runtime)
     held: dict[str, float] = {}
     try:
+        train, heldout = demo_tasks.split(cfg.seed, cfg.heldout)
+        with console.status("warm start: supervised fine-tuning of the tiny model (first run only, then cached)"):
+            model_dir, warm = demo_model(cfg, settings, train)
+        console.print(f"warm start: train-split pass rate {warm['train_pass_rate']:.3f} before RL, sums right "
+                      f"{warm.get('working_correct', float('nan')):.3f} of the time ({model_dir.name})")
+        if warm["train_pass_rate"] < cfg.min_pass_rate:
+            raise ProcessFailed(f"the warm-started model solves {warm['train_pass_rate']:.3f} of the train tasks "
+                                f"(< {cfg.min_pass_rate}): RL would have no signal; change --seed or the warm start")
+        t0 = time.monotonic()  # the run proper: everything after the (cached) warm start
+        # The viewer before the services: it follows the run's topics from their creation on (with the
+        # model's tokenizer, so traces read as text).
+        ui = procs.start("ui", "ui", "--port", str(ports["ui"]), "--model", str(model_dir))
+        procs.wait_http(ui, f"{urls['ui']}/seq")
+        console.print(f"viewer: [bold]{urls['ui']}/[/]  (groups, sessions with their chains, traces; live)")
         with console.status("starting engine, gateway node, stream worker, trainer and rollout server"):
             engine = procs.start("engine", "engine", "--model", str(model_dir), "--port", str(ports["engine"]),
                                  "--seed", str(cfg.seed), "--threads", "1")
@@ -272,11 +287,12 @@ def run(cfg: DemoConfig, settings: Settings | None = None) -> Path:
                                "--init-workers", "4", "--ready-target", "4", "--postrun-workers", "4")
             procs.wait_http(node, f"{urls['gateway']}/health")
             procs.start("streams", "streams", "worker", "--builder", "prefix_merging", "--group-deadline", "120",
-                        "--missing-calls-grace", "10")
+                        "--missing-calls-grace", "10", "--stats-interval", "2",
+                        "--metrics-port", str(ports["streams_metrics"]))
             procs.start("trainer", "train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
                         "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
                         "--gateway", urls["gateway"], "--run-dir", str(run_dir / "trainer"),
-                        "--storage-url", settings.storage_url,
+                        "--storage-url", settings.storage_url, "--metrics-port", str(ports["trainer_metrics"]),
                         # a group where every sample scored the same still closes the demo's on-policy step;
                         # the trainer publishes the step but leaves the weights untouched (no signal)
                         "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0",
@@ -326,6 +342,8 @@ def run(cfg: DemoConfig, settings: Settings | None = None) -> Path:
                 wait(live, wanted, f"step {step + 1}/{cfg.steps}", started, version=step + 1)
                 results.append(_step_result(step, [watcher.groups[g] for g in sorted(wanted)], time.monotonic() - started,
                                             watcher.policy.version))
+                if on_step is not None:
+                    on_step(step, metrics)
                 lag = consumer_lag(settings)
                 live.update(_view(cfg, results, lag, f"step {step + 1}/{cfg.steps} done", held))
             # the same held-out problems under the trained policy
@@ -335,7 +353,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None) -> Path:
             held["after"] = heldout_pass_at_1(settings).get(final, 0.0)
             live.update(_view(cfg, results, lag, "done", held))
         summary = write_report(run_dir, cfg, results, watcher.policy, settings, time.monotonic() - t0, model_dir,
-                               heldout=held, warm=warm, total_s=time.monotonic() - t_start)
+                               heldout=held, warm=warm, total_s=time.monotonic() - t_start, viewer_url=urls["ui"])
     finally:
         if watcher is not None:
             watcher.close()

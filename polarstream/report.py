@@ -59,10 +59,11 @@ def bars_met(first: float, last: float, heldout: dict[str, float], wall_s: float
 
 def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], policy: PolicyVersion | None,
                  settings: Settings, wall_s: float, model_dir: Path, heldout: dict[str, float] | None = None,
-                 warm: dict | None = None, total_s: float | None = None) -> Path:
+                 warm: dict | None = None, total_s: float | None = None, viewer_url: str = "") -> Path:
     """Write reward.png, report.md and demo-summary.json into ``run_dir``; returns the summary's path.
 
     ``wall_s`` is the run after the warm start (cached after the first run); ``total_s`` includes it.
+    ``viewer_url``: the run's ``polarstream ui``; each step's groups link to their pages there.
     """
     heldout = heldout or {}
     rewards = [r.reward for r in results]
@@ -102,7 +103,8 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
     path.write_text(json.dumps(summary, indent=2))
     rows = "\n".join(
         f"| {r.step + 1} | {r.reward:.3f} | {r.samples} | {r.traces} | {r.calls} | {r.merge_rate:.0%} | "
-        f"{r.sampled_tokens} | {r.wall_s:.1f} | {r.policy_version} |" for r in results)
+        f"{r.sampled_tokens} | {r.wall_s:.1f} | {r.policy_version} | {group_links(viewer_url, r.group_ids)} |"
+        for r in results)
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     (run_dir / "report.md").write_text(f"""# polarstream demo report
 
@@ -118,11 +120,12 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
 - wall time: {wall_s / 60:.1f} min after the warm start ({summary['total_time_s'] / 60:.1f} min in all)
 - checkpoints: `{summary['checkpoint_url']}` (policy version {summary['policy_version']})
 - topics: prefix `{settings.topic_prefix}` on `{settings.kafka_bootstrap}`
+- viewer: {viewer_url or "-"} while the demo runs; afterwards `{env} polarstream ui` shows the same pages
 
 ## Per step
 
-| step | reward | samples | traces | calls | merge rate | sampled tokens | wall s | policy |
-|---:|---:|---:|---:|---:|---:|---:|---:|---:|
+| step | reward | samples | traces | calls | merge rate | sampled tokens | wall s | policy | groups |
+|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|
 {rows}
 
 ## Replay and evaluate this run
@@ -134,6 +137,15 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
 ```
 """)
     return path
+
+
+def group_links(viewer_url: str, group_ids: list[str]) -> str:
+    """Markdown links from a step to its groups' viewer pages (``t0 t1 ...``: the task's number in the step)."""
+    from .viewer.pages import url
+
+    if not viewer_url:
+        return " ".join(f"`{g}`" for g in group_ids)
+    return " ".join(f"[{g.rsplit('-', 1)[-1]}]({viewer_url.rstrip('/')}{url(0, 'group', g)})" for g in group_ids)
 
 
 # -- the README's table of demo runs, rendered from their summaries (docs/demo-runs/seed*.json) ------------
