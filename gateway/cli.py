@@ -57,6 +57,8 @@ def serve(
     body_timeout: float = typer.Option(120.0, help="seconds a request body may take to arrive (408 beyond)"),
     config: Optional[Path] = typer.Option(None, help="settings YAML (Kafka, topics, tokens)"),
     log_level: str = typer.Option("warning", help="uvicorn log level"),
+    processes: int = typer.Option(1, "--processes", min=1,
+                                  help="gateway processes; above 1 a router sends every call of a session to one of them"),
 ) -> None:
     """Serve the gateway: harnesses point their base URL here; every call is recorded in Kafka."""
     import uvicorn
@@ -89,6 +91,10 @@ def serve(
                       max_output_tokens=max_output_tokens, max_sessions_per_key=max_sessions_per_key,
                       max_inflight_per_session=max_inflight_per_session, body_timeout_s=body_timeout),
     )
+    if processes > 1:  # session state is per process: route by session (gateway/router.py), not uvicorn --workers
+        from .workers import serve_processes
+
+        return serve_processes(settings, cfg, host, port or settings.gateway_port, processes, log_level)
     app = create_app(settings, cfg)
     # uvicorn closes idle keep-alive connections after 5 s by default; a client reusing one just then
     # reads a reset (httpx.ReadError). Harnesses idle longer than that while tools run, and under 64
