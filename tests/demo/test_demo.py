@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -10,6 +11,58 @@ from polarstream.demo import DemoConfig, run
 from polarstream.report import quarter_means
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+# What each service's /metrics must show once a training step is done (issue 22): a counter that moved.
+# The gateway's own call counters (gateway/metrics.py) are only declared until gateway/service.py calls
+# record_*; its state gauges and the node's (same process, same endpoint) are read live.
+MOVED = {
+    "gateway": [("polar_node_sessions_finished_total", {}, 1), ("polar_node_run_slot_busy_seconds_total", {}, 1e-9)],
+    "rollout": [("polar_rollout_session_events_total", {}, 1), ("polar_rollout_sessions", {"stage": "finished"}, 1)],
+    "streams": [("polar_streams_events_total", {"name": "groups.sent"}, 1),
+                ("polar_streams_group_latency_seconds_count", {}, 1)],
+    "trainer": [("polar_trainer_steps_total", {}, 1), ("polar_trainer_tokens_total", {}, 1),
+                ("polar_trainer_syncs_total", {"outcome": "ok"}, 1)],
+}
+DECLARED = {"gateway": ["polar_gateway_calls", "polar_gateway_errors", "polar_gateway_added_latency_seconds",
+                        "polar_gateway_publish_seconds", "polar_gateway_chain_breaks", "polar_gateway_sessions",
+                        "polar_node_sessions", "polar_node_ready_buffer", "polar_node_run_slot_utilization"],
+            "streams": ["polar_streams_consumer_lag", "polar_streams_sessions_open"],
+            "trainer": ["polar_trainer_reward_mean", "polar_trainer_staleness", "polar_trainer_tokens_per_second",
+                        "polar_trainer_sync_failures_in_a_row"]}
+
+
+def _samples(text: str) -> tuple[set[str], dict[tuple[str, frozenset], float]]:
+    """Family names and {(sample name, labels): value} of a /metrics page, via prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families, values = set(), {}
+    for fam in text_string_to_metric_families(text):
+        families.add(fam.name)
+        for s in fam.samples:
+            values[(s.name, frozenset(s.labels.items()))] = s.value
+    return families, values
+
+
+def _total(values: dict, name: str, labels: dict) -> float:
+    """Sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(v for (n, ls), v in values.items() if n == name and set(labels.items()) <= ls)
+
+
+def scrape_moved(urls: dict[str, str], timeout: float = 30.0) -> dict[str, tuple[set[str], dict]]:
+    """Parse every service's /metrics until each of its MOVED counters reached its floor (a step's side
+    effects, e.g. the trainer's sync record, land a moment after the demo sees the new policy)."""
+    import httpx
+
+    deadline, got = time.monotonic() + timeout, {}
+    for name, url in urls.items():
+        while True:
+            families, values = _samples(httpx.get(url, timeout=5).text)
+            got[name] = (families, values)
+            if all(_total(values, m, ls) >= floor for m, ls, floor in MOVED[name]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    return got
 
 
 def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
@@ -20,7 +73,20 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
     cfg = DemoConfig(steps=2, tasks_per_step=2, samples=2, heldout=2, heldout_samples=2, sft_steps=15,
                      min_pass_rate=0.0, run_dir=tmp_path / "demo", runtime="subprocess", step_timeout_s=240)
     base = infra.settings.model_copy(update={"topic_prefix": "", "storage_url": ""})
-    summary_path = run(cfg, base)
+    scraped: dict = {}
+
+    def after_step(step: int, urls: dict[str, str]) -> None:
+        if step == 0:  # every service is up and one step went through all of them
+            scraped.update(scrape_moved(urls))
+
+    summary_path = run(cfg, base, on_step=after_step)
+
+    assert set(scraped) == {"gateway", "rollout", "streams", "trainer"}
+    for name, (families, values) in scraped.items():
+        for metric, labels, floor in MOVED[name]:
+            assert _total(values, metric, labels) >= floor, f"{name}: {metric}{labels} did not move"
+        missing = set(DECLARED.get(name, [])) - families
+        assert not missing, f"{name}: /metrics lacks {sorted(missing)}"
 
     summary = json.loads(summary_path.read_text())
     assert summary["steps"] == 2 and len(summary["reward_per_step"]) == 2
@@ -33,7 +99,10 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
         assert step["samples"] == 2 * 2 and step["calls"] >= step["traces"] >= step["samples"]
     for name in ("reward.png", "report.md"):
         assert (cfg.run_dir / name).stat().st_size > 0
-    assert summary["checkpoint_url"] in (cfg.run_dir / "report.md").read_text()
+    report = (cfg.run_dir / "report.md").read_text()
+    assert summary["checkpoint_url"] in report
+    for step in summary["per_step"]:  # each step links its groups' viewer pages
+        assert len(step["group_ids"]) == 2 and all(f"/r/0/group/{g})" in report for g in step["group_ids"])
 
     # The engine's own loader takes the trained weights from S3.
     settings = base.model_copy(update={"topic_prefix": summary["topic_prefix"]})
