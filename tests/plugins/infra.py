@@ -110,10 +110,15 @@ def polar_settings(infra: Infra, tmp_path) -> Settings:
     yield settings
     # Keeps a long session's broker small; a broker a test left stopped has nothing to delete from.
     if infra.kafka.pid() is not None:
-        try:
-            delete_topics(settings, timeout=10)
-        except Exception:  # cleanup only: never turn a passing test into an error
-            pass
+        drop_topics(settings)
+
+
+def drop_topics(settings: Settings) -> None:
+    """Delete a test's topics, never failing: cleanup must not turn a passing test into an error."""
+    try:
+        delete_topics(settings, timeout=10)
+    except Exception:  # cleanup only
+        pass
 
 
 def pytest_collection_modifyitems(config, items) -> None:

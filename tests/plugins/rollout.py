@@ -147,9 +147,10 @@ def cluster(infra, tiny_model_dir, tmp_path_factory):
     """A whole rollout cluster for one test module (started once: node start-up dominates these tests)."""
     import uuid
 
-    from infra.topics import delete_topics, ensure_topics
+    from infra.topics import ensure_topics
     from streams.testing import WorkerProcess
     from tests.plugins.engine import start_engine_server
+    from tests.plugins.infra import drop_topics
 
     base = tmp_path_factory.mktemp("cluster")
     tag = uuid.uuid4().hex[:10]
@@ -172,10 +173,7 @@ def cluster(infra, tiny_model_dir, tmp_path_factory):
         worker.stop()
         rollout.stop()
         engine.stop()
-        try:
-            delete_topics(settings, timeout=10)
-        except Exception:  # cleanup only
-            pass
+        drop_topics(settings)
 
 
 @pytest.fixture(scope="session")

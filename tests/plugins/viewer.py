@@ -51,7 +51,8 @@ def recorded_run(infra, scripted_engine, tiny_model_dir, tiny_template, tmp_path
     from gateway.config import GatewayConfig
     from gateway.redact import token_decoder
     from gateway.server import ThreadedServer
-    from infra.topics import delete_topics, ensure_topics
+    from infra.topics import ensure_topics
+    from tests.plugins.infra import drop_topics
     from polarstream.viewer.app import create_app as create_viewer
     from polarstream.viewer.index import RunIndex
     from polarstream.viewer.reader import Reader
@@ -96,10 +97,7 @@ def recorded_run(infra, scripted_engine, tiny_model_dir, tiny_template, tmp_path
         viewer.stop()
         gateway.stop()
         worker.stop()
-        try:
-            delete_topics(settings, timeout=10)
-        except Exception:  # cleanup only
-            pass
+        drop_topics(settings)
 
 
 def _key(settings, session_id: str, **claims) -> str:
