@@ -51,6 +51,7 @@ log = logging.getLogger("polarstream.gateway.router")
 
 HEAD_LIMIT = 64 * 1024  # largest request or response head (a session key is ~200 bytes)
 CHUNK = 256 * 1024  # answers larger than this are relayed in pieces
+ROUTES_REMEMBERED = 65_536  # credentials -> worker entries kept before the memory is cleared
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"expect", b"te", b"transfer-encoding",
               b"content-length", b"upgrade"}
 FANOUT = {(b"POST", "/admin/pause"), (b"POST", "/admin/resume"), (b"POST", "/admin/policy_version"),
@@ -149,6 +150,7 @@ class SessionRouter:
         self.secret, self.max_body_bytes, self.body_timeout_s = secret, max_body_bytes, body_timeout_s
         self._auth_view = SimpleNamespace(config=SimpleNamespace(open_mode=open_mode))  # what authenticate reads
         self._server: asyncio.base_events.Server | None = None
+        self._routes: dict[tuple, int] = {}  # credentials -> worker index (see worker_for)
 
     # ------------------------------------------------------------------ serving
 
@@ -225,13 +227,24 @@ class SessionRouter:
         return self.workers[zlib.crc32(session_id.encode()) % len(self.workers)]
 
     def worker_for(self, head: Head) -> Worker:
-        """The worker of the request's session, the way the gateway itself derives the session."""
+        """The worker of the request's session, the way the gateway itself derives the session.
+
+        Remembered per set of credentials: a session sends the same key on every call, and verifying
+        it (HMAC, JSON claims) costs more than the rest of the routing together."""
         path_key, _ = split_session_prefix(head.path)
-        try:
-            claims = authenticate(self._auth_view, self.secret, path_key, Request(head.scope()))  # type: ignore[arg-type]
-        except RequestError:  # no usable key: any worker answers the same 401
-            return self.workers[0]
-        return self.session_worker(claims.session_id)
+        credentials = (path_key, head.target.partition(b"?")[2],
+                       *(head.get(name) for name in (b"authorization", b"x-api-key", b"x-goog-api-key", b"x-session-id")))
+        index = self._routes.get(credentials)
+        if index is None:
+            try:
+                claims = authenticate(self._auth_view, self.secret, path_key, Request(head.scope()))  # type: ignore[arg-type]
+                index = self.session_worker(claims.session_id).index
+            except RequestError:  # no usable key: any worker answers the same 401
+                index = 0
+            if len(self._routes) >= ROUTES_REMEMBERED:
+                self._routes.clear()
+            self._routes[credentials] = index
+        return self.workers[index]
 
     async def _dispatch(self, head: Head, body: bytes | None, writer: asyncio.StreamWriter) -> bool:
         """Answer one request; False when the client connection must close afterwards."""
