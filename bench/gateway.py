@@ -4,19 +4,37 @@ Everything runs on this machine, each server in its own process:
 - a vLLM-shaped stub engine (stdlib, Nagle off) answering /v1/completions with token ids + logprobs and
   /v1/chat/completions (JSON or SSE) with a fixed tool call, so the numbers are gateway cost, not model time;
 - a single-node Kafka broker (ours records every call durably, acks=all, before answering);
-- our gateway (``polarstream gateway``, sync publish), and, where they install (separate venvs under
-  ~/.cache/polarstream/peers, never .venv), rllm-model-gateway and Agent Lightning's gateway.
+- our gateway (``polarstream gateway``, sync publish), once as one process and once as
+  ``--processes 2`` (the session router in front of two gateway processes, gateway/router.py), and, where
+  they install (separate venvs under ~/.cache/polarstream/peers, never .venv), rllm-model-gateway and
+  Agent Lightning's gateway.
 
-Clients replay agent sessions of realistic size: a ~30 KB first request (system prompt, 20 tools, task),
-each turn appending the echoed tool call and a ~2.3 KB tool result, a new session past ~80 KB. Latency is
-measured at 1 client (to the end of the streamed body); calls/s at 1, 16 and 64 concurrent clients.
+Load plan: clients replay agent sessions of realistic size: a ~30 KB first request (system prompt, 20 tools,
+task), each turn appending the echoed tool call and a ~2.3 KB tool result, a new session past ~80 KB.
+Latency is measured at 1 client (to the end of the streamed body); calls/s at 1, 16 and 64 concurrent clients.
 
-Targets run in interleaved rounds (bench/_rounds.py): each round runs every target's whole load plan once,
-in the same order, so a load change hits all of them alike; the numbers are medians over rounds, and
-``rounds`` keeps min, spread and CPU/wall per pass (CPU of this client and of every server process).
-A target is named ``<server>.<mode>``; its mode is what was measured (``chat_stream``: Chat SSE,
-``chat_json``: Chat non-streaming). Agent Lightning rejects streaming, so it is measured as ``chat_json``
-beside ``polarstream.chat_json``, never in a ``chat_stream`` row.
+Two 1-client scenarios time one kind of call only, on the targets that stream Chat or Anthropic:
+- ``extend_80kb``: a call of 75-86 KB that extends its session's previous call. Each session's first
+  call (~73 KB of history, untimed) warms it; the calls after it, each appending a turn, are timed.
+- ``fresh_80kb``: a session's first call of ~80 KB whose system prompt and tools (~72 KB) the gateway
+  has seen before: one session of the task is sent untimed, then the first calls of new sessions, each
+  with its own short task, are timed.
+Their p50/p99 are over the calls of every round pooled; *added* is ours minus the engine called directly
+with the same bodies.
+
+Targets run in interleaved rounds (bench/_rounds.py): each round runs every target's whole load plan (and
+its scenarios) once, in the same order, so a load change hits all of them alike; calls/s and load-plan
+latencies are medians over rounds, and ``rounds`` keeps min, spread and CPU/wall per pass (CPU of this
+client and of every server process, worker processes included). A target is named ``<server>.<mode>``;
+its mode is what was measured (``chat_stream``: Chat SSE, ``chat_json``: Chat non-streaming). Agent
+Lightning rejects streaming, so it is measured as ``chat_json`` beside ``polarstream.chat_json``, never
+in a ``chat_stream`` row.
+
+The JSON's top level carries the figures issue 19 asks for: ``added_latency_ms_p50``/``_p99``
+(extend_80kb, polarstream.chat_stream minus the engine), ``fresh_call_added_ms_p50``,
+``calls_per_s_16_clients`` (polarstream.chat_stream, 1 process), ``calls_per_s_16_clients_2_processes``
+and ``peer_calls_per_s_16_clients`` (rllm-model-gateway.chat_stream; null, with
+``peer_calls_per_s_16_clients_reason``, when it is not installed).
 
     .venv/bin/python bench/gateway.py [--quick] [--bootstrap HOST:PORT]
 """
@@ -126,6 +144,23 @@ def make_world(seed: int = 0) -> dict:
     return {"system": _text(rng, 6000), "tools": tools, "task": _text(rng, 4000), "result": _text(rng, 2300)}
 
 
+def make_fresh_world(seed: int = 1) -> dict:
+    """A task whose system prompt (~26 KB) and 40 tools (~42 KB as Chat tools) are ~72 KB: with a session's
+    own task (~5 KB, session_task) its first call is ~80 KB."""
+    world = make_world(seed)
+    rng = random.Random(seed)
+    world["system"] = _text(rng, 26_000)
+    world["tools"] = [{"name": f"tool_{i}" if i else "Bash", "description": _text(rng, 650), "input_schema": {
+        "type": "object", "properties": {f"p{j}": {"type": "string", "description": _text(rng, 60)} for j in range(4)}}}
+        for i in range(40)]
+    return world
+
+
+def session_task(world: dict, n: int) -> dict:
+    """The world with session ``n``'s own task (~5 KB): same system prompt and tools, new user text."""
+    return {**world, "task": f"Task {n}: " + _text(random.Random(n), 5000)}
+
+
 class Conversation:
     """One agent session's growing history in Anthropic or Chat form."""
 
@@ -150,6 +185,14 @@ class Conversation:
         tools = [{"type": "function", "function": {"name": t["name"], "description": t["description"], "parameters": t["input_schema"]}}
                  for t in w["tools"]]
         return {"model": "stub-model", "messages": msgs, "tools": tools, "stream": True}
+
+    def prefill(self, below_bytes: int) -> "Conversation":
+        """Add earlier turns (as if from a previous run) until one more would reach ``below_bytes``."""
+        while True:
+            self.turns.append(f"call_w{len(self.turns)}")
+            if len(json.dumps(self.body())) >= below_bytes:
+                self.turns.pop()
+                return self
 
     def advance(self, call_id: str) -> bool:
         """Append the turn; False when the session is complete (the next one starts afresh)."""
@@ -179,6 +222,41 @@ def pct(values: list[float], q: float) -> float:
     return round(v[min(len(v) - 1, int(q * len(v)))], 2) if v else 0.0
 
 
+async def send(http, target: dict, session_id: str, body: dict) -> tuple[float, bytes, int, int]:
+    """One call: (latency ms to the end of the body, raw answer, status, request bytes)."""
+    if not target.get("stream", True):
+        body["stream"] = False
+    url, headers = target["url"](session_id)
+    target.setdefault("sessions_used", set()).add(session_id)
+    data = json.dumps(body).encode()
+    t0 = time.perf_counter()
+    r = await http.post(url, content=data, headers={"content-type": "application/json", **headers})
+    raw = await r.aread()
+    return (time.perf_counter() - t0) * 1000, raw, r.status_code, len(data)
+
+
+async def forget_sessions(target: dict) -> None:
+    """What a gateway node does when a session ends: DELETE it from our gateway (after the pass, untimed),
+    so the gateway holds the sessions a serving gateway holds, not every session of every round."""
+    import httpx
+
+    sids, forget = target.pop("sessions_used", set()), target.get("forget")
+    if not forget:
+        return
+    base, token = forget
+    gate = asyncio.Semaphore(8)
+    async with httpx.AsyncClient(base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"}) as http:
+        async def drop(sid: str) -> None:
+            async with gate:
+                await http.delete(f"/admin/sessions/{sid}")
+        await asyncio.gather(*(drop(sid) for sid in sids))
+
+
+def pass_tag() -> str:
+    """Unique per pass: a session id is never reused across rounds (its state would make a first call a break)."""
+    return f"{os.getpid()}-{time.monotonic_ns() % 10**9}"
+
+
 async def run_load(target: dict, world: dict, clients: int, total: int, max_bytes: int) -> dict:
     """``clients`` concurrent sessions sending ``total`` requests in all; latencies and calls/s."""
     import httpx
@@ -188,6 +266,7 @@ async def run_load(target: dict, world: dict, clients: int, total: int, max_byte
     errors: list[str] = []
     remaining = [total]
     limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+    tag = pass_tag()
 
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
         async def client(n: int) -> None:
@@ -195,20 +274,13 @@ async def run_load(target: dict, world: dict, clients: int, total: int, max_byte
             conv = Conversation(world, target["provider"], max_bytes)
             while remaining[0] > 0:
                 remaining[0] -= 1
-                body = conv.body()
-                if not target.get("stream", True):
-                    body["stream"] = False
-                url, headers = target["url"](f"c{clients}-{n}-{session}")
-                data = json.dumps(body).encode()
-                t0 = time.perf_counter()
-                r = await http.post(url, content=data, headers={"content-type": "application/json", **headers})
-                raw = await r.aread()
-                latencies.append((time.perf_counter() - t0) * 1000)
-                sizes.append(len(data))
-                if r.status_code != 200:
-                    errors.append(f"{r.status_code}: {raw[:200]!r}")
+                ms, raw, status, size = await send(http, target, f"c{clients}-{n}-{session}-{tag}", conv.body())
+                latencies.append(ms)
+                sizes.append(size)
+                if status != 200:
+                    errors.append(f"{status}: {raw[:200]!r}")
                     continue
-                if not conv.advance(tool_call_id(raw, body.get("stream", False))):
+                if not conv.advance(tool_call_id(raw, target.get("stream", True))):
                     session += 1
                     conv = Conversation(world, target["provider"], max_bytes)
 
@@ -217,6 +289,54 @@ async def run_load(target: dict, world: dict, clients: int, total: int, max_byte
         wall = time.perf_counter() - t0
     return {"clients": clients, "requests": total, "errors": len(errors), "first_error": errors[0] if errors else None,
             "calls_per_s": round(total / wall, 1), "p50_ms": pct(latencies, 0.5), "p99_ms": pct(latencies, 0.99),
+            "request_kb": [round(min(sizes) / 1024, 1), round(max(sizes) / 1024, 1)] if sizes else []}
+
+
+EXTEND_FROM, EXTEND_TO = 75_000, 86_000  # bytes: the extend_80kb calls timed
+
+
+async def extend_80kb(target: dict, world: dict, sessions: int) -> dict:
+    """1 client: per session, an untimed ~73 KB first call, then the calls of 75-86 KB that extend it, timed."""
+    import httpx
+
+    latencies, sizes, errors, tag = [], [], [], pass_tag()
+    async with httpx.AsyncClient(timeout=120) as http:
+        for s in range(sessions):
+            conv = Conversation(world, target["provider"], EXTEND_TO).prefill(EXTEND_FROM)
+            while True:
+                ms, raw, status, size = await send(http, target, f"x80-{s}-{tag}", conv.body())
+                if status != 200:
+                    errors.append(f"{status}: {raw[:200]!r}")
+                    break
+                if size >= EXTEND_FROM:
+                    latencies.append(ms)
+                    sizes.append(size)
+                if not conv.advance(tool_call_id(raw, target.get("stream", True))):
+                    break
+    return scenario_result(latencies, sizes, errors)
+
+
+async def fresh_80kb(target: dict, world: dict, sessions: int) -> dict:
+    """1 client: one untimed session of the task, then the first ~80 KB call of ``sessions`` new ones, timed."""
+    import httpx
+
+    latencies, sizes, errors, tag = [], [], [], pass_tag()
+    async with httpx.AsyncClient(timeout=120) as http:
+        for s in range(sessions + 1):
+            body = Conversation(session_task(world, s), target["provider"], EXTEND_TO).body()
+            ms, raw, status, size = await send(http, target, f"f80-{s}-{tag}", body)
+            if status != 200:
+                errors.append(f"{status}: {raw[:200]!r}")
+            elif s:  # session 0 only shows the gateway the task's system prompt and tools
+                latencies.append(ms)
+                sizes.append(size)
+    return scenario_result(latencies, sizes, errors)
+
+
+def scenario_result(latencies: list[float], sizes: list[int], errors: list[str]) -> dict:
+    """One pass of a scenario; ``latencies_ms`` are pooled over rounds, then dropped (see pooled())."""
+    return {"calls": len(latencies), "latencies_ms": [round(x, 3) for x in latencies], "errors": len(errors),
+            "first_error": errors[0] if errors else None,
             "request_kb": [round(min(sizes) / 1024, 1), round(max(sizes) / 1024, 1)] if sizes else []}
 
 
@@ -256,10 +376,19 @@ CPU_FLOOR = 0.5
 MEDIANS = ("calls_per_s", "p50_ms", "p99_ms")
 
 
-def run_plan(target: dict, world: dict, plan: dict[int, int]) -> dict:
-    """One pass for one target: its whole load plan (1, 16, 64 clients), in a fresh event loop."""
+SCENARIOS = {"extend_80kb": extend_80kb, "fresh_80kb": fresh_80kb}
+
+
+def run_plan(target: dict, world: dict, plan: dict[int, int], scenarios: dict[str, tuple[dict, int]]) -> dict:
+    """One pass for one target: its whole load plan (1, 16, 64 clients), then its scenarios (name ->
+    (world, sessions)) when it takes part in them, in a fresh event loop."""
     async def go() -> dict:
-        return {str(c): await run_load(target, world, c, n, 80_000) for c, n in plan.items()}
+        out: dict = {str(c): await run_load(target, world, c, n, 80_000) for c, n in plan.items()}
+        if target.get("scenarios"):
+            for name, (scenario_world, sessions) in scenarios.items():
+                out[name] = await SCENARIOS[name](target, scenario_world, sessions)
+        await forget_sessions(target)
+        return out
     try:
         return asyncio.run(go())
     except Exception as e:  # a peer failing must not hide the others' numbers
@@ -267,13 +396,17 @@ def run_plan(target: dict, world: dict, plan: dict[int, int]) -> dict:
 
 
 def medians(passes: list[dict]) -> dict:
-    """Per client count, the median over rounds of calls/s and latencies; errors summed over rounds."""
+    """Per client count, the median over rounds of calls/s and latencies; errors summed over rounds.
+    Scenarios: percentiles over the calls of every round pooled."""
     failed = [p["failed"] for p in passes if "failed" in p]
     if failed:
         return {"failed": failed[0], "failed_passes": len(failed)}
     out = {}
     for c in (k for k in passes[0] if isinstance(passes[0][k], dict)):
         runs = [p[c] for p in passes]
+        if c in SCENARIOS:
+            out[c] = pooled(runs)
+            continue
         out[c] = {"clients": runs[0]["clients"], "requests": runs[0]["requests"], "rounds": len(runs),
                   **{k: round(statistics.median(r[k] for r in runs), 2) for k in MEDIANS},
                   "calls_per_s_min": min(r["calls_per_s"] for r in runs), "calls_per_s_max": max(r["calls_per_s"] for r in runs),
@@ -282,10 +415,50 @@ def medians(passes: list[dict]) -> dict:
     return out
 
 
+def pooled(runs: list[dict]) -> dict:
+    """A scenario's p50/p99 over every round's calls; the raw latencies leave the passes (kept small)."""
+    latencies = [x for r in runs for x in r.pop("latencies_ms")]
+    kb = [k for r in runs for k in r["request_kb"]]
+    return {"calls": len(latencies), "rounds": len(runs), "p50_ms": pct(latencies, 0.5), "p99_ms": pct(latencies, 0.99),
+            "errors": sum(r["errors"] for r in runs), "first_error": next((r["first_error"] for r in runs if r["first_error"]), None),
+            "request_kb": [min(kb), max(kb)] if kb else []}
+
+
 def server_pids(procs: list[subprocess.Popen], kafka) -> list[int]:
+    """The servers' pids and their children's (the worker processes of ``--processes 2``)."""
     pids = [p.pid for p in procs if p.poll() is None]
     pid = kafka.pid() if kafka is not None else None
-    return pids + ([pid] if pid else [])
+    pids += [pid] if pid else []
+    for parent in list(pids):
+        try:
+            pids += [int(c) for c in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
+        except OSError:
+            pass
+    return pids
+
+
+def added(results: dict, target: str, anchor: str, scenario: str, key: str) -> float | None:
+    """``target``'s ``key`` latency in ``scenario`` minus ``anchor``'s, or None when either is missing."""
+    ours, base = (results.get(t, {}).get(scenario, {}).get(key) for t in (target, anchor))
+    return round(ours - base, 2) if isinstance(ours, (int, float)) and isinstance(base, (int, float)) else None
+
+
+def headline(out: dict, peers: dict) -> dict:
+    """The top-level figures of issue 19 (see the module docstring)."""
+    def calls_16(name: str) -> float | None:
+        return out.get(name, {}).get("16", {}).get("calls_per_s")
+
+    ours, direct, peer = "polarstream.chat_stream", "direct_engine.chat_stream", "rllm-model-gateway.chat_stream"
+    figures = {"added_latency_ms_p50": added(out, ours, direct, "extend_80kb", "p50_ms"),
+               "added_latency_ms_p99": added(out, ours, direct, "extend_80kb", "p99_ms"),
+               "fresh_call_added_ms_p50": added(out, ours, direct, "fresh_80kb", "p50_ms"),
+               "calls_per_s_16_clients": calls_16(ours),
+               "calls_per_s_16_clients_2_processes": calls_16("polarstream_2proc.chat_stream"),
+               "peer_calls_per_s_16_clients": calls_16(peer)}
+    if figures["peer_calls_per_s_16_clients"] is None:
+        figures["peer_calls_per_s_16_clients_reason"] = (out.get(peer, {}).get("failed")
+                                                         or peers.get("rllm-model-gateway", "not measured"))
+    return figures
 
 
 async def bench(args: argparse.Namespace) -> None:
@@ -316,19 +489,27 @@ async def bench(args: argparse.Namespace) -> None:
         procs.append(spawn([sys.executable, "-c", "from polarstream.cli import main; main()", "gateway", "--engine-url", stub,
                             "--model", str(model_dir), "--port", str(gw_port)], tmp / "gateway.log", env))
         ours = f"http://127.0.0.1:{gw_port}"
-        wait_http(ours + "/health", procs[-1])
+        gw2_port = free_port()  # the same gateway as 2 processes behind the session router
+        procs.append(spawn([sys.executable, "-c", "from polarstream.cli import main; main()", "gateway", "--engine-url", stub,
+                            "--model", str(model_dir), "--port", str(gw2_port), "--processes", "2"], tmp / "gateway-2proc.log", env))
+        ours_2proc = f"http://127.0.0.1:{gw2_port}"
+        wait_http(ours + "/health", procs[-2])
+        wait_http(ours_2proc + "/health", procs[-1])
         secret = settings.session_secret
 
-        def ours_target(provider: str) -> dict:
+        def ours_target(provider: str, base: str = ours) -> dict:
             path = "/v1/messages" if provider == "anthropic" else "/v1/chat/completions"
-            return {"provider": provider, "url": lambda sid: (ours + path, {"x-api-key": mint_session_key(sid, secret)})}
+            return {"provider": provider, "scenarios": True, "forget": (base, settings.admin_token),
+                    "url": lambda sid: (base + path, {"x-api-key": mint_session_key(sid, secret)})}
 
         targets: dict[str, dict] = {
-            "direct_engine.chat_stream": {"provider": "chat", "url": lambda sid: (stub + "/v1/chat/completions", {})},
+            "direct_engine.chat_stream": {"provider": "chat", "scenarios": True,
+                                          "url": lambda sid: (stub + "/v1/chat/completions", {})},
             "polarstream.anthropic_stream": ours_target("anthropic"),
             "polarstream.chat_stream": ours_target("chat"),
             # Non-streaming Chat: the mode Agent Lightning is measured in, so it has a like-for-like row.
-            "polarstream.chat_json": {**ours_target("chat"), "stream": False},
+            "polarstream.chat_json": {**ours_target("chat"), "stream": False, "scenarios": False},
+            "polarstream_2proc.chat_stream": ours_target("chat", ours_2proc),
         }
         peers: dict[str, str] = {}
         if (PEERS / "rllm/bin/rllm-model-gateway").exists():
@@ -336,7 +517,7 @@ async def bench(args: argparse.Namespace) -> None:
             procs.append(spawn([str(PEERS / "rllm/bin/rllm-model-gateway"), "--host", "127.0.0.1", "--port", str(rport),
                                 "--worker", stub + "/v1", "--store", "memory", "--log-level", "warning"], tmp / "rllm.log"))
             wait_http(f"http://127.0.0.1:{rport}/health", procs[-1])
-            targets["rllm-model-gateway.chat_stream"] = {"provider": "chat", "url": lambda sid, p=rport: (
+            targets["rllm-model-gateway.chat_stream"] = {"provider": "chat", "scenarios": True, "url": lambda sid, p=rport: (
                 f"http://127.0.0.1:{p}/sessions/{sid}/v1/chat/completions", {})}
             peers["rllm-model-gateway"] = "0.1.0 from PyPI (python3.11 venv), --store memory; Chat only (no Anthropic route in 0.1.0)"
         else:
@@ -351,9 +532,11 @@ async def bench(args: argparse.Namespace) -> None:
             peers["agentlightning"] = f"not installed: python3.12 -m venv {PEERS}/agl && {PEERS}/agl/bin/pip install agentlightning"
 
         world = make_world()
-        # Sized so 3 rounds of 6 targets fit the budget in bench/run_all.py (quick 105 s, full 330 s) on a quiet
+        # Sized so 3 rounds of 7 targets fit the budget in bench/run_all.py (quick 110 s, full 390 s) on a quiet
         # machine; at load average ~10 the quick run took 195 s, 87 of them starting Kafka and the servers.
         plan = {1: 8, 16: 16, 64: 64} if args.quick else {1: 80, 16: 160, 64: 256}
+        # extend_80kb: ~4 timed calls a session; fresh_80kb: one a session. Pooled over the rounds.
+        scenarios = {"extend_80kb": (world, 3 if args.quick else 12), "fresh_80kb": (make_fresh_world(), 6 if args.quick else 24)}
         result["setup_s"] = round(time.monotonic() - t_start, 1)
         for target in targets.values():  # warm-up (connections, first renders); failures show in the rounds
             try:
@@ -361,7 +544,7 @@ async def bench(args: argparse.Namespace) -> None:
             except Exception:
                 pass
         rounds = await asyncio.to_thread(
-            interleaved, {name: (lambda t=target: run_plan(t, world, plan)) for name, target in targets.items()},
+            interleaved, {name: (lambda t=target: run_plan(t, world, plan, scenarios)) for name, target in targets.items()},
             args.rounds, cpu_floor=CPU_FLOOR, retries=1, progress=False, cpu_pids=lambda: server_pids(procs, kafka))
         out: dict[str, dict] = {name: medians(t["passes"]) for name, t in rounds["targets"].items()}
         result["rounds"] = rounds
@@ -371,6 +554,12 @@ async def bench(args: argparse.Namespace) -> None:
                 continue
             runs["added_latency_ms"] = {"p50": round(runs["1"]["p50_ms"] - direct.get("p50_ms", 0), 2),
                                         "p99": round(runs["1"]["p99_ms"] - direct.get("p99_ms", 0), 2)}
+        for name, runs in out.items():
+            for scenario in SCENARIOS:
+                if scenario in runs and not name.startswith("direct"):
+                    runs[scenario]["added_ms"] = {q: added(out, name, "direct_engine.chat_stream", scenario, f"{q}_ms")
+                                                  for q in ("p50", "p99")}
+        result.update(headline(out, peers))
         result.update({"upstream": "stdlib vLLM-shaped stub (fixed 30-token tool call; Chat answers carry token ids)",
                        "peers": peers, "results": out, "load_avg_end": os.getloadavg()[0],
                        "total_s": round(time.monotonic() - t_start, 1)})

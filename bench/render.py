@@ -139,15 +139,26 @@ def dig(d: object, *keys: str) -> object:
     return d
 
 
+GATEWAY_NOTE = "ours records every call durably in Kafka (acks=all) before answering"
+# bench/gateway.py's 1-client scenarios: (result key, area title)
+GATEWAY_SCENARIOS = (("extend_80kb", "Gateway: an 80 KB call that extends its session, 1 client"),
+                     ("fresh_80kb", "Gateway: a session's first 80 KB call, system prompt + tools seen before, 1 client"))
+
+
+def _ours(name: str) -> bool:
+    """One of our targets: ``polarstream.<mode>`` or ``polarstream_2proc.<mode>`` (the session router)."""
+    return name.split(".", 1)[0].startswith("polarstream")
+
+
 def _gateway(r: dict) -> Iterator[dict | None]:
     """Ours beside each anchor in the anchor's own mode (``chat_json`` beside ``chat_json``): a peer measured
-    non-streaming is compared with our non-streaming numbers, and the row says which mode it was."""
+    non-streaming is compared with our non-streaming numbers, and the row says which mode it was. Then the
+    80 KB scenarios against the engine and the peers, and 2 gateway processes against 1."""
     res = r.get("results") or {}
     metrics = [("p50 latency, 1 client", ("1", "p50_ms"), "ms", False), ("p99 latency, 1 client", ("1", "p99_ms"), "ms", False),
                *((f"calls/s, {c} client{'s' if c != '1' else ''}", (c, "calls_per_s"), "calls/s", True) for c in ("1", "16", "64"))]
-    for anchor in res:
-        if anchor.startswith("polarstream."):
-            continue
+    anchors = [a for a in res if not _ours(a)]
+    for anchor in anchors:
         direct = anchor.startswith("direct")
         area = "Gateway: polarstream vs the engine called directly" if direct else "Gateway: polarstream vs peer gateways"
         mode = anchor.split(".", 1)[1] if "." in anchor else "chat_stream"
@@ -158,7 +169,17 @@ def _gateway(r: dict) -> Iterator[dict | None]:
             label = ours_mode if ours_mode == mode else f"ours {ours_mode}, anchor {mode}"
             for text, path, unit, hib in metrics:
                 yield comparison(area, f"{text} ({label})", dig(res, ours, *path), dig(res, anchor, *path),
-                                 anchor, unit, hib, "ours records every call durably in Kafka (acks=all) before answering")
+                                 anchor, unit, hib, GATEWAY_NOTE)
+    for key, area in GATEWAY_SCENARIOS:
+        for anchor in anchors:
+            for ours in (n for n in res if _ours(n) and dig(res, n, key)):
+                for q in ("p50", "p99"):
+                    yield comparison(area, f"{q} latency ({ours})", dig(res, ours, key, f"{q}_ms"),
+                                     dig(res, anchor, key, f"{q}_ms"), anchor, "ms", False, GATEWAY_NOTE)
+    one, two = "polarstream.chat_stream", "polarstream_2proc.chat_stream"
+    for text, path, unit, hib in metrics:
+        yield comparison("Gateway: 2 processes behind the session router vs 1 (chat_stream)", text,
+                         dig(res, two, *path), dig(res, one, *path), one, unit, hib, "every call of a session reaches one process")
 
 
 def _streams(r: dict) -> Iterator[dict | None]:

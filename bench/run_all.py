@@ -67,7 +67,9 @@ STDERR_TAIL = 3000  # characters of a failed benchmark's stderr kept in the resu
 # Seconds each benchmark may take (quick, full): the full budgets add up to under 30 minutes and the quick
 # ones to under 8, on the 2-core dev machine; a benchmark over its budget is a timeout, not a silently
 # longer run. A benchmark not listed gets DEFAULT_BUDGET_S.
-BUDGET_S = {"publisher": (35, 120), "engine": (30, 90), "gateway": (105, 330), "streams": (55, 150),
+# gateway: 110/390 s (was 105/330) since issue 19 added a --processes 2 target and the 80 KB extend and
+# fresh-call scenarios; quick can grow only 5 s before the quick budgets pass 8 minutes in all.
+BUDGET_S = {"publisher": (35, 120), "engine": (30, 90), "gateway": (110, 390), "streams": (55, 150),
             "trainer": (70, 330), "rollout": (60, 220), "mirror": (40, 150), "script_window": (50, 150),
             "fuzz": (30, 150)}
 DEFAULT_BUDGET_S = (30, 60)  # a new benchmark must claim its time in BUDGET_S

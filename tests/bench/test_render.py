@@ -191,3 +191,20 @@ def test_rounds_dirty_tree_and_staleness_are_on_the_page():
     assert rows[0][1] == "3" and close(rows[0][3], block["targets"]["per_request"]["wall_s"]["median"])
     numbers = section(md, "#### streams: ok")
     assert "passes" not in numbers  # each pass stays in the JSON; the page shows the summary
+
+
+def test_gateway_scenarios_and_two_processes_are_compared():
+    res = copy.deepcopy(GATEWAY)
+    res["results"]["polarstream.chat_stream"]["extend_80kb"] = {"p50_ms": 6.0, "p99_ms": 9.0}
+    res["results"]["direct_engine.chat_stream"]["extend_80kb"] = {"p50_ms": 2.0, "p99_ms": 4.0}
+    res["results"]["polarstream_2proc.chat_stream"] = {"16": {"calls_per_s": 450.0, "p50_ms": 30.0, "p99_ms": 60.0}}
+    rows, problems = comparisons_for("gateway", res)
+    assert problems == []
+    by = {(r["area"], r["metric"], r["anchor_name"]): r for r in rows}
+    extend = by[("Gateway: an 80 KB call that extends its session, 1 client", "p50 latency (polarstream.chat_stream)",
+                 "direct_engine.chat_stream")]
+    assert (extend["ours"], extend["anchor"]) == (6.0, 2.0)
+    scale = by[("Gateway: 2 processes behind the session router vs 1 (chat_stream)", "calls/s, 16 clients",
+                "polarstream.chat_stream")]
+    assert (scale["ours"], scale["anchor"], scale["verdict"]) == (450.0, 300.0, "ours 1.50× better")
+    assert not [r for r in rows if r["anchor_name"].startswith("polarstream_2proc")]  # ours, never an anchor
