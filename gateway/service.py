@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from schemas import CallRecorded, new_event_id
 
-from . import errors
+from . import errors, metrics
 from .canonical import ChatRequest, ChatResponse, ContextLengthError, RequestError
 from .config import GatewayConfig
 from .events import build_call_record, build_failed_record
@@ -93,10 +93,13 @@ class Gateway:
                 async with self.gate.enter(self.config.hold_timeout_s):
                     return await self._call_locked(st, req, harness)
         except GateClosed as e:
-            raise errors.unavailable(str(e), self.config.retry_after_s) from None
-        except RequestError:
+            err = errors.unavailable(str(e), self.config.retry_after_s)
+            metrics.record_error(err.kind)
+            raise err from None
+        except RequestError as e:
             st.failed += 1
             self.counters["errors"] += 1
+            metrics.record_error(e.kind)
             raise
 
     # -- the pipeline -----------------------------------------------------------------------------
@@ -113,7 +116,7 @@ class Gateway:
     async def _call_locked(self, st: SessionState, req: ChatRequest, harness: str) -> ChatResponse:
         received_at, t0 = time.time(), time.perf_counter()
         # Credentials are scrubbed before tokenizing: neither the engine nor any recorded id sees them.
-        req, scrubbed = self.redactor.scrub_request(req)
+        req, scrubbed = self.redactor.scrub_request(req, st.scrub_memo)
         plan = PromptPlan([])
         try:
             try:  # in a worker thread: tokenizing a fresh 80 KB prompt must not stall other sessions' calls
@@ -138,6 +141,9 @@ class Gateway:
         await self._finish_record(record, scrubbed, plan)
         await self._publish(st, record, lambda: _advance(st, req, plan, gen, parsed, call_index))
         self.counters["calls"] += 1
+        metrics.record_call(req.provider, "ok", time.perf_counter() - t0 - gen.upstream_ms / 1000)
+        if plan.break_reason:
+            metrics.record_chain_break(plan.break_reason)
         return ChatResponse(
             id=record.event_id, model=req.model, text=parsed.text, reasoning=parsed.reasoning,
             tool_calls=parsed.tool_calls, finish_reason=finish, matched_stop=matched,  # type: ignore[arg-type]
@@ -173,6 +179,7 @@ class Gateway:
         )
         await self._finish_record(record, scrubbed, plan)
         await self._publish(st, record, lambda: _advance_failed(st, call_index))
+        metrics.record_call(req.provider, "error", time.perf_counter() - t0)
 
     async def _generate(self, st: SessionState, req: ChatRequest, plan: PromptPlan) -> Generation:
         assert self.upstream is not None, "gateway used outside its lifespan"
@@ -221,8 +228,10 @@ class Gateway:
         task = asyncio.ensure_future(self.publisher.publish(record))
         if self.config.publish_mode == "async":
             apply()  # optimistic: answer now, report a failed delivery in the log
-            task.add_done_callback(lambda t: self._report_async(t, record))
+            t_publish = time.perf_counter()
+            task.add_done_callback(lambda t: self._report_async(t, record, t_publish))
             return
+        t_publish = time.perf_counter()
         try:
             await asyncio.wait_for(asyncio.shield(task), self.config.publish_timeout_s)
         except (TimeoutError, asyncio.CancelledError) as e:
@@ -242,14 +251,17 @@ class Gateway:
                                    "request_too_large") from None
             raise errors.unavailable(f"event log unavailable ({type(e).__name__}); retry later",
                                      self.config.retry_after_s) from None
+        metrics.record_publish(time.perf_counter() - t_publish)
         apply()
 
     def _settled(self, st: SessionState) -> None:
         self.kafka_stalled = False  # the broker answered (one way or the other): try again
         _settle(st)
 
-    def _report_async(self, task: asyncio.Future, record: CallRecorded) -> None:
-        if task.cancelled() or task.exception() is not None:
+    def _report_async(self, task: asyncio.Future, record: CallRecorded, t_publish: float) -> None:
+        if not task.cancelled() and task.exception() is None:
+            metrics.record_publish(time.perf_counter() - t_publish)
+        else:
             self.counters["publish_failures"] += 1
             log.error("async publish of call %s/%d failed: %s", record.session_id, record.call_index,
                       "cancelled" if task.cancelled() else task.exception())

@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 # The gateway's own call counters (gateway/metrics.py) are only declared until gateway/service.py calls
 # record_*; its state gauges and the node's (same process, same endpoint) are read live.
 MOVED = {
-    "gateway": [("polar_node_sessions_finished_total", {}, 1), ("polar_node_run_slot_busy_seconds_total", {}, 1e-9)],
+    "gateway": [("polar_node_sessions_finished_total", {}, 1), ("polar_node_run_slot_busy_seconds_total", {}, 1e-9),
+                ("polar_gateway_calls_total", {"status": "ok"}, 1), ("polar_gateway_publish_seconds_count", {}, 1),
+                ("polar_gateway_chain_breaks_total", {"reason": "first_call"}, 1)],
     "rollout": [("polar_rollout_session_events_total", {}, 1), ("polar_rollout_sessions", {"stage": "finished"}, 1)],
     "streams": [("polar_streams_events_total", {"name": "groups.sent"}, 1),
                 ("polar_streams_group_latency_seconds_count", {}, 1)],
