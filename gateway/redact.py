@@ -49,6 +49,23 @@ PATTERNS: dict[str, str] = {
 }
 
 
+# kind -> substrings one of which every match contains: a text holding none of them skips that regex.
+# ``lower`` needles are looked for in the lower-cased text (the pattern is case-insensitive there).
+NEEDLES: dict[str, tuple[tuple[str, ...], bool]] = {
+    "private_key": (("PRIVATE KEY-----",), False),
+    "anthropic_key": (("sk-ant-",), False),
+    "openai_key": (("sk-",), False),
+    "google_api_key": (("AIza",), False),
+    "aws_access_key": (("AKIA", "ASIA", "ABIA", "ACCA"), False),
+    "aws_secret_key": (("aws",), True),
+    "github_token": (("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), False),
+    "slack_token": (("xox",), False),
+    "jwt": (("eyJ",), False),
+    "bearer": (("bearer",), True),
+    "env_secret": (("SECRET", "TOKEN", "PASSW", "PWD", "API", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL", "AUTH"), False),
+}
+
+
 @dataclass
 class RedactConfig:
     """What the gateway scrubs. ``extra`` adds kind -> regex (a group named ``s`` marks the secret part)."""
@@ -74,6 +91,13 @@ class Scrubbed:
         return dict(out)
 
 
+@dataclass
+class ScrubMemo:
+    """A session's last request as (message as sent, scrubbed copy, what was found in it)."""
+
+    messages: list[tuple[Any, Any, Counter]] = field(default_factory=list)
+
+
 class Redactor:
     """Scrubs strings, chat requests and recorded calls with one compiled pattern set."""
 
@@ -90,6 +114,8 @@ class Redactor:
                 raise ValueError(f"redaction pattern {kind!r} is not a valid regex: {e}") from None
             kinds[kind] = rx
         self.patterns = [(k, re.compile(v)) for k, v in kinds.items()]
+        # A user's extra pattern has no needles: it always runs.
+        self._needles = [NEEDLES.get(k, ((), False)) if k not in self.config.extra else ((), False) for k in kinds]
 
     @property
     def enabled(self) -> bool:
@@ -104,9 +130,27 @@ class Redactor:
         """``text`` with every secret replaced by its placeholder; adds what it found to ``counts``."""
         if not text or not self.enabled:
             return text
-        for kind, rx in self.patterns:
-            text = rx.sub(lambda m, kind=kind: self._replace(m, kind, counts), text)
+        lowered = None
+        for (kind, rx), (needles, lower) in zip(self.patterns, self._needles):
+            if needles:  # a literal pre-check: most text holds no needle, and `in` is far cheaper than a regex
+                if lower and lowered is None:
+                    lowered = text.lower()
+                hay = lowered if lower else text
+                if not any(n in hay for n in needles):
+                    continue
+            new = rx.sub(lambda m, kind=kind: self._replace(m, kind, counts), text)
+            if new is not text:  # re.sub hands back its input when nothing matched
+                text, lowered = new, None
         return text
+
+    def _scrub_message(self, m: Any, counts: Counter) -> Any:
+        """Message ``m`` with its texts scrubbed; ``m`` itself when nothing was found (no copy)."""
+        content, reasoning = self.scrub(m.content, counts), self.scrub(m.reasoning, counts)
+        args = [self.scrub(tc.arguments, counts) for tc in m.tool_calls]
+        if content is m.content and reasoning is m.reasoning and all(a is tc.arguments for a, tc in zip(args, m.tool_calls)):
+            return m
+        calls = [dataclasses.replace(tc, arguments=a) for tc, a in zip(m.tool_calls, args)]
+        return dataclasses.replace(m, content=content, reasoning=reasoning, tool_calls=calls)
 
     def _replace(self, m: re.Match, kind: str, counts: Counter | None) -> str:
         group = "s" if "s" in m.re.groupindex and m.group("s") is not None else 0
@@ -129,20 +173,31 @@ class Redactor:
             return [self.scrub_obj(v, counts) for v in value]
         return value
 
-    def scrub_request(self, req: Any) -> tuple[Any, Scrubbed]:
-        """A copy of a canonical ChatRequest with messages, tool calls and extras scrubbed."""
+    def scrub_request(self, req: Any, memo: "ScrubMemo | None" = None) -> tuple[Any, Scrubbed]:
+        """A copy of a canonical ChatRequest with messages, tool calls and extras scrubbed.
+
+        ``memo`` (one per session) holds the previous request's messages and their scrubbed copies: a
+        harness resends its whole history every call, so only messages it has not sent before (the
+        echoed turn, the new tool results) are scanned, and the cost stays flat as the session grows.
+        """
         found = Scrubbed()
         if not self.enabled:
             return req, found
         messages = []
+        seen = memo.messages if memo is not None else []
         for i, m in enumerate(req.messages):
-            c: Counter = Counter()
-            calls = [dataclasses.replace(tc, arguments=self.scrub(tc.arguments, c)) for tc in m.tool_calls]
-            messages.append(dataclasses.replace(m, content=self.scrub(m.content, c), reasoning=self.scrub(m.reasoning, c),
-                                                tool_calls=calls))
+            if i < len(seen) and seen[i][0] == m:
+                _, clean, c = seen[i]
+            else:
+                c = Counter()
+                clean = self._scrub_message(m, c)
+            messages.append(clean)
             if c:
                 found.per_message[i] = c
                 found.counts.update(c)
+        if memo is not None:
+            memo.messages = [(m, clean, found.per_message.get(i, Counter())) for i, (m, clean) in
+                             enumerate(zip(req.messages, messages))]
         extra_counts: Counter = Counter()
         extras = self.scrub_obj(req.extras, extra_counts)
         if extra_counts:

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from .canonical import Message, Tool, ToolCall
+from .redact import ScrubMemo
 
 KEY_PREFIX = "sk-polar-"
 
@@ -133,6 +134,7 @@ class SessionState:
     side_calls: int = 0
     failed: int = 0  # calls answered with an error and not recorded
     last_used: float = field(default_factory=time.monotonic)
+    scrub_memo: ScrubMemo = field(default_factory=ScrubMemo)  # the last request as sent and as scrubbed
 
     def stats(self) -> dict[str, Any]:
         """Counters a gateway node reads when its session ends (``num_calls`` = recorded calls)."""
@@ -197,6 +199,7 @@ class SessionStore:
                 continue
             del self._states[sid]
             st.main, st.last_call, st.evicted = None, None, True
+            st.scrub_memo = ScrubMemo()
             self._shed[sid] = st
             excess -= 1
         while len(self._shed) > 10 * self.max_sessions:
