@@ -10,14 +10,19 @@ prompt). That bridge is what token-in/token-out appends.
 from __future__ import annotations
 
 import json
+import logging
+import re
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .canonical import Message, Tool
+from .canonical import Message, Tool, ToolCall
 
 _SENTINEL = "\x00polar-sentinel\x00"
+log = logging.getLogger("polarstream.gateway")
 
 
 class TemplateError(ValueError):
@@ -63,6 +68,69 @@ class EndOfTurn:
     trailer: str
 
 
+class SegmentCache:
+    """Token ids of rendered text, cached per piece between added tokens (bounded, LRU by characters).
+
+    Fast tokenizers cut added tokens (``<|im_start|>``, ``<tool_call>``...) out of the text before any
+    normalization or BPE, so the ids of ``A<tok>B`` are ids(A) + [tok] + ids(B). Every session of a task
+    renders the same system prompt and tools, and a session's history repeats the last one's, so a fresh
+    render costs only its new pieces. ``ChatTemplate`` checks that equivalence on its own tokenizer first
+    (``verify``) and uses the cache only when it holds; thread-safe (the gateway tokenizes in threads).
+    """
+
+    def __init__(self, encode_many: Any, added: dict[str, int], max_chars: int = 64 << 20, min_chars: int = 64):
+        self._encode_many = encode_many  # list[str] -> list[list[int]], one call for all misses
+        self._added = added
+        self._split = re.compile("(" + "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) + ")")
+        self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._chars = 0
+        self.max_chars, self.min_chars = max_chars, min_chars
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def encode(self, text: str) -> list[int]:
+        parts = self._split.split(text)  # [text, added, text, added, ..., text]
+        pieces = parts[0::2]
+        with self._lock:
+            found = [self._get(p) for p in pieces]
+        missing = [p for p, ids in zip(pieces, found) if ids is None]
+        if missing:
+            fresh = dict(zip(missing, self._encode_many(missing)))
+            found = [ids if ids is not None else fresh[p] for p, ids in zip(pieces, found)]
+            with self._lock:
+                for p in missing:
+                    self._put(p, fresh[p])
+        out: list[int] = []
+        for i, ids in enumerate(found):
+            out += ids
+            if 2 * i + 1 < len(parts):
+                out.append(self._added[parts[2 * i + 1]])
+        return out
+
+    def _get(self, piece: str) -> list[int] | None:
+        if not piece:
+            return []
+        ids = self._cache.get(piece)
+        if ids is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._cache.move_to_end(piece)
+        return ids
+
+    def _put(self, piece: str, ids: list[int]) -> None:
+        if len(piece) < self.min_chars or piece in self._cache:  # short pieces: cheaper to encode than to keep
+            return
+        self._cache[piece] = ids
+        self._chars += len(piece)
+        while self._chars > self.max_chars and self._cache:
+            old, _ = self._cache.popitem(last=False)
+            self._chars -= len(old)
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
 class ChatTemplate:
     """Renders canonical chats to token ids with the served model's tokenizer and template."""
 
@@ -76,6 +144,8 @@ class ChatTemplate:
         self.eot = self._probe_end_of_turn()
         # Ids that end a generation; stripped before decoding the completion text.
         self.stop_ids = {self.eot.token_id, *[i for i in [tokenizer.eos_token_id] if i is not None]}
+        self.segments = self._segment_cache()
+        self.window_ok = True  # bridges render a window of the history; off once a check disagrees
 
     @classmethod
     def load(cls, name_or_path: str, *, chat_template: str | None = None, **kwargs: Any) -> "ChatTemplate":
@@ -120,8 +190,10 @@ class ChatTemplate:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Tool] = (), *, reasoning: bool = False) -> list[int]:
-        """Fresh prompt: the whole conversation rendered with the generation prompt, tokenized."""
-        return self.encode(self.render_text(messages, tools, add_generation_prompt=True, reasoning=reasoning))
+        """Fresh prompt: the whole conversation rendered with the generation prompt, tokenized (pieces
+        seen before, such as a task's system prompt and tools, come from the segment cache)."""
+        text = self.render_text(messages, tools, add_generation_prompt=True, reasoning=reasoning)
+        return self.segments.encode(text) if self.segments is not None else self.encode(text)
 
     def bridge_ids(self, history: Sequence[Message], appended: Sequence[Message], tools: Sequence[Tool],
                    completion_ids: Sequence[int], *, reasoning: bool = False) -> list[int] | None:
@@ -152,6 +224,32 @@ class ChatTemplate:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     # -- probing ----------------------------------------------------------------------------------
+
+    def _segment_cache(self) -> SegmentCache | None:
+        """A SegmentCache when piecewise encoding gives exactly this tokenizer's ids, else None."""
+        if self._backend is None:
+            return None
+        added = {t.content: i for i, t in self.tokenizer.added_tokens_decoder.items()}
+        if not added or any(getattr(t, "lstrip", False) or getattr(t, "rstrip", False)
+                            for t in self.tokenizer.added_tokens_decoder.values()):
+            return None  # an added token that eats neighbouring spaces joins its pieces
+        backend = self._backend
+        cache = SegmentCache(lambda texts: [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)], added)
+        probe = [Message("system", "Be brief.\n"), Message("user", " Fix the bug in  main.py\n\n"),
+                 Message("assistant", "Let me look.", tool_calls=[ToolCall("call_1", "bash", '{"cmd": "ls -la"}')]),
+                 Message("tool", "main.py\n  README.md ", tool_call_id="call_1"), Message("user", "thanks ")]
+        tool = Tool("bash", "Run a command.", {"type": "object", "properties": {"cmd": {"type": "string"}}})
+        texts = [f" {t} x{t}\n{t}  y \n" for t in added]
+        for msgs, tools in ((probe, [tool]), (probe[1:], [])):
+            try:
+                texts.append(self.render_text(msgs, tools))
+            except TemplateError:  # a strict template refusing the probe's shape: the raw probes decide
+                pass
+        for text in texts:
+            if cache.encode(text) != self.encode(text) or cache.encode(text) != self.encode(text):  # miss, then hit
+                log.info("piecewise tokenization differs from whole-text tokenization: segment cache off")
+                return None
+        return cache
 
     def _probe_end_of_turn(self) -> EndOfTurn:
         """Find how the template closes an assistant turn by rendering one around a sentinel."""

@@ -13,13 +13,16 @@ content. Anything else renders afresh and names the reason, which becomes ``Chai
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .canonical import ChatRequest, Message, Tool, ToolCall
 from .providers.arguments import same_arguments
 from .sessions import Turn
-from .template import ChatTemplate
+from .template import ChatTemplate, TemplateError
+
+log = logging.getLogger("polarstream.gateway")
 
 
 @dataclass
@@ -96,6 +99,40 @@ def divergence(prev: Turn, req: ChatRequest) -> str:
     return ""
 
 
+WINDOW_CHECK_EVERY = 16  # bridges checked against a full render: a chain's first extension and every Nth call
+
+
+def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool) -> list[int] | None:
+    """The bridge after ``prev``'s sampled ids, rendered from a window of the history.
+
+    Rendering the whole history twice to diff it costs time in proportion to the session; the glue only
+    depends on the turns around it. The window keeps what templates look at (the leading system
+    messages, the first turn after them, the echoed assistant turn) and drops the middle. It is checked
+    against the full render on ``check`` calls; one disagreement turns windows off for this template.
+    """
+    n = len(prev.messages)
+    appended = req.messages[n + 1 :]
+
+    def full() -> list[int] | None:
+        return template.bridge_ids(req.messages[: n + 1], appended, req.tools, prev.completion_ids, reasoning=req.reasoning)
+
+    _, k = _leading_system(req.messages)
+    if not template.window_ok or n <= k + 1:  # nothing to leave out
+        return full()
+    window = [*req.messages[: k + 1], req.messages[n]]
+    try:
+        bridge = template.bridge_ids(window, appended, req.tools, prev.completion_ids, reasoning=req.reasoning)
+    except TemplateError:
+        bridge = None
+    if bridge is not None and not check:
+        return bridge
+    expected = full()
+    if bridge != expected and expected is not None:
+        template.window_ok = False
+        log.warning("chat template glue depends on the whole history: bridges render it in full from now on")
+    return expected
+
+
 def plan_prompt(template: ChatTemplate, prev: Turn | None, req: ChatRequest) -> PromptPlan:
     """The prompt ids for ``req`` and how they relate to the session's main chain."""
 
@@ -114,8 +151,7 @@ def plan_prompt(template: ChatTemplate, prev: Turn | None, req: ChatRequest) -> 
     if reason:
         return fresh(reason)
     n = len(prev.messages)
-    bridge = template.bridge_ids(req.messages[: n + 1], req.messages[n + 1 :], req.tools, prev.completion_ids,
-                                 reasoning=req.reasoning)
+    bridge = _bridge(template, prev, req, check=prev.extends_call_index is None or (prev.call_index + 1) % WINDOW_CHECK_EVERY == 0)
     if bridge is None:
         return fresh("template_not_append_only")
     return PromptPlan([*prev.full_sequence, *bridge], extends_call_index=prev.call_index, history_offset=n)
