@@ -7,7 +7,7 @@ One small interface, ``Upstream.generate(prompt_ids, params)``, three wire forma
 - ``sglang``: ``POST /generate`` with ``input_ids`` and ``return_logprob``; point it at the workers, not
   the router, which strips token data.
 
-Every engine failure becomes an ``UpstreamError`` here, at one boundary (httpx's errors never leak):
+Every engine failure becomes an ``UpstreamError`` here, at one boundary (aiohttp's errors never leak):
 
     UpstreamError
      ├── UpstreamTimeout          no answer in time             -> 504
@@ -25,7 +25,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-import httpx
+import aiohttp
 import orjson
 
 UpstreamKind = Literal["polar", "vllm", "sglang"]
@@ -127,7 +127,12 @@ def _int_version(value: Any) -> int | None:
 
 
 class HTTPUpstream:
-    """Shared HTTP plumbing: one pooled client, session-sticky worker choice, the error boundary."""
+    """Shared HTTP plumbing: one keep-alive pool, session-sticky worker choice, the error boundary.
+
+    aiohttp, not httpx: on an 80 KB call the pool bookkeeping of httpx (every idle connection checked on
+    each request, anyio socket wrappers) cost about as much as everything else the gateway adds.
+    The session is made on first use, inside the serving event loop.
+    """
 
     kind: str = ""
     path = ""
@@ -138,10 +143,17 @@ class HTTPUpstream:
             raise ValueError("engine url: at least one is required")
         self.urls = [u.rstrip("/") for u in urls]
         self.served_model = served_model
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
+        self.max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=60, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, auto_decompress=True,
+                                                  skip_auto_headers=("User-Agent",))
+        return self._session
 
     def _url(self, affinity: str) -> str:
         # One session sticks to one worker so its growing prefix stays in that worker's KV cache.
@@ -149,22 +161,22 @@ class HTTPUpstream:
 
     async def _post(self, base: str, body: dict[str, Any], prompt_len: int, request_id: str) -> tuple[dict[str, Any], float]:
         t0 = time.perf_counter()
-        headers = {"X-Request-Id": request_id} if request_id else {}
+        headers = {"content-type": "application/json", **({"X-Request-Id": request_id} if request_id else {})}
         try:  # orjson: prompts are tens of thousands of ids, stdlib json costs milliseconds each way
-            r = await self.client.post(base + self.path, content=orjson.dumps(body),
-                                       headers={"content-type": "application/json", **headers})
-        except httpx.TimeoutException as e:
+            async with self.session.post(base + self.path, data=orjson.dumps(body), headers=headers) as r:
+                status, reason, content = r.status, r.reason or "", await r.read()
+        except TimeoutError as e:  # aiohttp's connect and read timeouts are TimeoutErrors
             raise UpstreamTimeout(f"engine {base} did not answer in time ({type(e).__name__})") from e
-        except httpx.HTTPError as e:
+        except aiohttp.ClientError as e:
             raise UpstreamUnavailable(f"engine {base} unreachable: {type(e).__name__}: {e}") from e
         ms = (time.perf_counter() - t0) * 1000
-        if r.status_code >= 400:
-            message = _error_message(r)
-            if r.status_code == 400 and (ov := _overflow(message, prompt_len)):
+        if status >= 400:
+            message = _error_message(content, reason)
+            if status == 400 and (ov := _overflow(message, prompt_len)):
                 raise ov
-            raise UpstreamRejected(f"engine error {r.status_code}: {message}", status=r.status_code)
+            raise UpstreamRejected(f"engine error {status}: {message}", status=status)
         try:
-            data = orjson.loads(r.content)
+            data = orjson.loads(content)
         except orjson.JSONDecodeError as e:
             raise UpstreamBadResponse(f"engine {base} sent a body that is not JSON") from e
         if not isinstance(data, dict):
@@ -173,21 +185,22 @@ class HTTPUpstream:
 
     async def model_info(self) -> ModelInfo:
         try:
-            r = await self.client.get(self.urls[0] + "/v1/models", timeout=10.0)
-            first = (r.json().get("data") or [{}])[0] if r.status_code == 200 else {}
-        except (httpx.HTTPError, ValueError, AttributeError):
+            async with self.session.get(self.urls[0] + "/v1/models", timeout=aiohttp.ClientTimeout(total=10.0)) as r:
+                first = (orjson.loads(await r.read()).get("data") or [{}])[0] if r.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, IndexError):
             return ModelInfo()
         return ModelInfo(id=str(first.get("id", "")), max_model_len=_int_version(first.get("max_model_len")))
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
 
-def _error_message(r: httpx.Response) -> str:
+def _error_message(content: bytes, reason: str) -> str:
     try:
-        data = r.json()
-    except ValueError:
-        return r.text[:500] or r.reason_phrase
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content[:500].decode("utf-8", "replace") or reason
     err = data.get("error", data) if isinstance(data, dict) else data
     if isinstance(err, dict):
         return str(err.get("message") or err.get("detail") or err)[:2000]
