@@ -15,11 +15,23 @@ from typing import Any
 
 from schemas import CallOutput, CallRecorded, ChainInfo, Timings, ToolCallOut, Usage, encode_prompt
 
-from .canonical import ChatRequest
+from .canonical import ChatRequest, Message, Tool
 from .sessions import SessionClaims
 from .tokens import PromptPlan
 from .toolparse import ParsedOutput
 from .upstream import Generation
+
+
+def message_dict(m: Message) -> dict[str, Any]:
+    """``dataclasses.asdict(m)`` without its deep copies (a history is tens of KB, copied for nothing)."""
+    return {"role": m.role, "content": m.content,
+            "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in m.tool_calls],
+            "tool_call_id": m.tool_call_id, "name": m.name, "reasoning": m.reasoning, "is_error": m.is_error}
+
+
+def tool_dict(t: Tool) -> dict[str, Any]:
+    """``dataclasses.asdict(t)``, sharing the schema dict (records are encoded at once, never mutated)."""
+    return {"name": t.name, "description": t.description, "parameters": t.parameters}
 
 
 def normalized_request(req: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
@@ -27,14 +39,14 @@ def normalized_request(req: ChatRequest, plan: PromptPlan) -> dict[str, Any]:
     offset = plan.history_offset if plan.extends_call_index is not None else 0
     out: dict[str, Any] = {
         "messages_offset": offset,
-        "messages": [dataclasses.asdict(m) for m in req.messages[offset:]],
+        "messages": [message_dict(m) for m in req.messages[offset:]],
         "sampling": dataclasses.asdict(req.sampling),
         "stream": req.stream,
         "tool_choice": req.tool_choice,
         "reasoning": req.reasoning,
     }
     if plan.extends_call_index is None:
-        out["tools"] = [dataclasses.asdict(t) for t in req.tools]
+        out["tools"] = [tool_dict(t) for t in req.tools]
     else:
         out["tools_as_call"] = plan.extends_call_index  # unchanged: extending requires the same tools
     if req.extras:

@@ -39,19 +39,18 @@ class Limits:
 
 def json_depth(value: Any, limit: int) -> int:
     """Nesting depth of a decoded JSON value, counting stops once ``limit`` is passed (iterative: no recursion)."""
+    if not isinstance(value, (dict, list)):
+        return 0
     deepest, stack = 0, [(value, 1)]
     while stack:
         node, depth = stack.pop()
-        if isinstance(node, dict):
-            children = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        deepest = max(deepest, depth)
-        if deepest > limit:
-            return deepest
-        stack.extend((c, depth + 1) for c in children)
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                return deepest
+        children = node.values() if type(node) is dict else node
+        # Only containers are pushed: most nodes of a chat body are strings, which cannot nest.
+        stack.extend([(c, depth + 1) for c in children if type(c) is dict or type(c) is list])
     return deepest
 
 

@@ -273,8 +273,9 @@ def openapi_document(limits: Limits | None = None, max_body_bytes: int = 32 * 10
         "/v1/responses/input_tokens": _post("responsesInputTokens", "openai", responses_body(limits),
                                             obj({"object": const("response.input_tokens"), **count["properties"]}, "input_tokens")),
         gen + "generateContent": _post("generateContent", "google", google_body(limits), SUCCESS["google"], params=[model]),
-        gen + "streamGenerateContent": _post("streamGenerateContent", "google", google_body(limits), None, stream="google",
-                                             params=[model, alt]),
+        # alt=sse: an event stream; without it, as Google answers, the same chunks as one JSON array.
+        gen + "streamGenerateContent": _post("streamGenerateContent", "google", google_body(limits),
+                                             arr(SUCCESS["google"], minItems=1), stream="google", params=[model, alt]),
         gen + "countTokens": _post("countTokens", "google", either(google_body(limits),
                                    obj({"generateContentRequest": google_body(limits)}, "generateContentRequest")),
                                    obj({"totalTokens": {"type": "integer", "minimum": 0}}, "totalTokens"), params=[model]),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import Any
 
 import orjson
@@ -25,7 +25,7 @@ from .canonical import ProviderAdapter, RequestError
 from .events import harness_from_user_agent
 from .limits import KeyLimiter, Limits, check_body, check_request
 from .providers import ADAPTERS, parse_route
-from .providers.detection import CHAT
+from .providers.detection import CHAT, GOOGLE
 from .service import Gateway
 from .sessions import InvalidSessionKey, SessionClaims, open_session_claims, verify_session_key
 
@@ -124,9 +124,50 @@ def error_response(adapter: ProviderAdapter, err: RequestError) -> Response:
     return JSON(adapter.render_error(err), status_code=err.status, headers=err.headers)
 
 
-async def _chunks(parts: Iterable[bytes]) -> AsyncIterator[bytes]:
-    for p in parts:
-        yield p
+# A streamed call still running after KEEPALIVE_AFTER_S gets its 200 and an SSE comment every
+# KEEPALIVE_EVERY_S, so proxies and harness timeouts do not cut a long generation; content still goes out
+# only once the call is durably recorded. Quicker calls answer in one body, with a real status on error.
+KEEPALIVE_AFTER_S = 2.0
+KEEPALIVE_EVERY_S = 10.0
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def _streamed(adapter: ProviderAdapter, req: Any, call: Awaitable[Any]) -> Response:
+    """The SSE answer of a streaming call: one body if it is done within KEEPALIVE_AFTER_S, else kept alive."""
+    task = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({task}, timeout=KEEPALIVE_AFTER_S)
+    if done:
+        resp = task.result()  # a RequestError here is still answered with its own status
+        # The whole answer exists already: render it now so a render bug is a clean error, not a cut stream.
+        return Response(b"".join(adapter.render_stream(req, resp)), media_type="text/event-stream", headers=SSE_HEADERS)
+    task.add_done_callback(_consume)  # the call goes on (and is recorded) even if the client leaves
+    return StreamingResponse(_kept_alive(adapter, req, task), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _kept_alive(adapter: ProviderAdapter, req: Any, task: asyncio.Future) -> AsyncIterator[bytes]:
+    yield b": polarstream: generating\n\n"
+    while not task.done():
+        await asyncio.wait({task}, timeout=KEEPALIVE_EVERY_S)
+        if not task.done():
+            yield b": keep-alive\n\n"
+    try:
+        yield b"".join(adapter.render_stream(req, task.result()))
+    except RequestError as e:  # past the 200: the error goes out in the provider's streamed error shape
+        yield adapter.render_stream_error(e)
+    except Exception:
+        log.exception("unexpected error on a kept-alive stream")
+        yield adapter.render_stream_error(RequestError(500, "internal gateway error (see the gateway log)", "api_error"))
+
+
+def _consume(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a client that left must not leave "exception never retrieved" noise
+
+
+def _json_array(parts: Iterable[bytes]) -> bytes:
+    """``streamGenerateContent`` without ``alt=sse``: Google answers the chunks as one JSON array."""
+    chunks = [orjson.loads(line[6:]) for p in parts for line in p.split(b"\n") if line.startswith(b"data: ")]
+    return orjson.dumps(chunks)
 
 
 @router.post("/{path:path}")
@@ -149,14 +190,17 @@ async def model_call(request: Request, path: str) -> Response:
         req = adapter.parse_request(body, model=route.model, stream=route.stream)
         check_request(req, limits)
         harness = claims.harness or harness_from_user_agent(request.headers.get("user-agent", ""))
-        with key_limiter(request).hold(path_key or header_key(request) or claims.session_id, claims.session_id):
-            resp = await gw.call(claims, req, harness)
+        limiter, key = key_limiter(request), path_key or header_key(request) or claims.session_id
+
+        async def call() -> Any:
+            with limiter.hold(key, claims.session_id):
+                return await gw.call(claims, req, harness)
+
+        if req.stream and route.provider == GOOGLE and request.query_params.get("alt") != "sse":
+            return Response(_json_array(adapter.render_stream(req, await call())), media_type="application/json")
         if req.stream:
-            # The whole answer exists already: render it now so a render bug is a clean error, not a cut stream.
-            parts = list(adapter.render_stream(req, resp))
-            return StreamingResponse(_chunks(parts), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSON(adapter.render_response(req, resp))
+            return await _streamed(adapter, req, call())
+        return JSON(adapter.render_response(req, await call()))
     except RequestError as e:
         return error_response(adapter, e)
     except ClientDisconnect:  # the client went away mid-body: nobody to answer, nothing was recorded

@@ -242,7 +242,7 @@ def _parse_completions(data: dict[str, Any], prompt_ids: list[int], ms: float) -
     if len(logprobs) != len(ids):
         raise UpstreamBadResponse(f"engine returned {len(logprobs)} logprobs for {len(ids)} tokens")
     echoed = choice.get("prompt_token_ids")
-    if echoed is not None and list(echoed) != prompt_ids:
+    if echoed is not None and echoed != prompt_ids:  # both lists: compared in C, no copy
         raise UpstreamBadResponse("engine reports different prompt token ids than it was sent")
     stop = choice.get("stop_reason")
     version = _int_version(data.get("policy_version"))
