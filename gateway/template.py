@@ -145,7 +145,9 @@ class ChatTemplate:
         # Ids that end a generation; stripped before decoding the completion text.
         self.stop_ids = {self.eot.token_id, *[i for i in [tokenizer.eos_token_id] if i is not None]}
         self.segments = self._segment_cache()
-        self.window_ok = True  # bridges render a window of the history; off once a check disagrees
+        # Bridges render a window of the history: 2 = without the tool definitions, 1 = with them, 0 = the
+        # whole history (gateway/tokens.py steps down when a check against a full render disagrees).
+        self.window_level = 2
 
     @classmethod
     def load(cls, name_or_path: str, *, chat_template: str | None = None, **kwargs: Any) -> "ChatTemplate":

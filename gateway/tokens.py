@@ -107,8 +107,11 @@ def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool
 
     Rendering the whole history twice to diff it costs time in proportion to the session; the glue only
     depends on the turns around it. The window keeps what templates look at (the leading system
-    messages, the first turn after them, the echoed assistant turn) and drops the middle. It is checked
-    against the full render on ``check`` calls; one disagreement turns windows off for this template.
+    messages, the first turn after them, the echoed assistant turn) and drops the middle, and at first
+    the tool definitions too (ChatML-style templates put them in the system block only). It is checked
+    against the full render on ``check`` calls and whenever something other than tool results is
+    appended (templates that place tools before the last user turn); each disagreement takes one step
+    back (window without tools -> window with tools -> full render) for this template, for good.
     """
     n = len(prev.messages)
     appended = req.messages[n + 1 :]
@@ -117,19 +120,29 @@ def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool
         return template.bridge_ids(req.messages[: n + 1], appended, req.tools, prev.completion_ids, reasoning=req.reasoning)
 
     _, k = _leading_system(req.messages)
-    if not template.window_ok or n <= k + 1:  # nothing to leave out
+    level = template.window_level
+    if level == 0 or n <= k + 1:  # nothing to leave out
         return full()
     window = [*req.messages[: k + 1], req.messages[n]]
-    try:
-        bridge = template.bridge_ids(window, appended, req.tools, prev.completion_ids, reasoning=req.reasoning)
-    except TemplateError:
-        bridge = None
-    if bridge is not None and not check:
+
+    def windowed(level: int) -> list[int] | None:
+        try:
+            return template.bridge_ids(window, appended, req.tools if level == 1 else (), prev.completion_ids,
+                                       reasoning=req.reasoning)
+        except TemplateError:
+            return None
+
+    bridge = windowed(level)
+    first_window = n <= k + 3  # the chain's first extension with something left out: always checked
+    if bridge is not None and not check and not first_window and (level == 1 or all(m.role == "tool" for m in appended)):
         return bridge
     expected = full()
-    if bridge != expected and expected is not None:
-        template.window_ok = False
-        log.warning("chat template glue depends on the whole history: bridges render it in full from now on")
+    if expected is not None and bridge != expected:
+        while level > 0 and windowed(level) != expected:
+            level -= 1
+        log.warning("chat template glue differs when rendered from a window at level %d: level %d from now on",
+                    template.window_level, level)
+        template.window_level = level
     return expected
 
 

@@ -80,3 +80,27 @@ def test_template_exception_becomes_template_error(chat_tokenizer_dir):
     tpl = ChatTemplate.load(str(chat_tokenizer_dir), chat_template=strict)
     with pytest.raises(TemplateError, match="first message must be user"):
         tpl.prompt_ids([Message("assistant", "x")])
+
+
+def test_segment_cache_gives_the_ids_of_whole_text_tokenization(tpl):
+    """Fresh renders tokenize piecewise between added tokens; the ids must be whole-text ids, cached or not."""
+    assert tpl.segments is not None
+    tools = [SHELL, Tool("read", "Read a file " * 20, {"type": "object", "properties": {"path": {"type": "string"}}})]
+    for task in ("Create hello.txt containing hi", "  Two spaces, then <b>markup</b> and trailing space ", "é ü 日本"):
+        history = [Message("system", "You are a careful engineer. " * 20), Message("user", task),
+                   Message("assistant", "ok", tool_calls=[ToolCall("c1", "shell", '{"command": "ls"}')]),
+                   Message("tool", "a.txt\n\n  b.txt\n", tool_call_id="c1")]
+        whole = tpl.encode(tpl.render_text(history, tools))
+        hits = tpl.segments.hits
+        assert tpl.prompt_ids(history, tools) == whole
+        assert tpl.prompt_ids(history, tools) == whole  # now from the cache
+        assert tpl.segments.hits > hits
+
+
+def test_segment_cache_is_bounded_by_characters():
+    from gateway.template import SegmentCache
+
+    cache = SegmentCache(lambda texts: [[len(t)] for t in texts], {"<s>": 0}, max_chars=300, min_chars=10)
+    for i in range(10):
+        assert cache.encode(f"{i}" * 100 + "<s>" + "tail") == [100, 0, 4]
+    assert len(cache) == 3  # 100-character pieces under a 300-character bound; "tail" is too short to keep

@@ -109,3 +109,55 @@ def test_side_call_renders_afresh_regardless_of_chain(tpl):
     side = _req([Message("system", "You are a title generator"), Message("user", "hi")], tools=[], side_call=True)
     plan = plan_prompt(tpl, prev, side)
     assert plan.break_reason == "side_call" and plan.extends_call_index is None
+
+
+# ------------------------------------------------------------------------------ windowed bridges
+
+
+def _long_session(tpl, turns: int, *, user_every: int = 0):
+    """(prev Turn, request) for each extension of a session that runs ``turns`` tool calls; every
+    ``user_every``-th turn appends a user message after the tool result."""
+    history = [Message("system", "Be brief."), Message("user", "Fix the failing test in src/")]
+    plan = plan_prompt(tpl, None, _req(history))
+    prev, pairs = None, []
+    for i in range(turns):
+        args = json.dumps({"command": f"cat src/file_{i}.py", "cwd": "/w"})
+        call = ToolCall(f"call_{i}", "shell", args)
+        sampled = tpl.encode('<tool_call>\n{"name": "shell", "arguments": ' + args + "}\n</tool_call>") + [tpl.eot.token_id]
+        prev = Turn(i, plan.prompt_ids, sampled, list(history), [SHELL], "", [call], plan.extends_call_index)
+        history = [*history, Message("assistant", tool_calls=[call]), Message("tool", f"def f_{i}():\n    return {i}\n" * 5,
+                                                                             tool_call_id=f"call_{i}")]
+        if user_every and i % user_every == user_every - 1:
+            history.append(Message("user", f"Also check case {i}."))
+        req = _req(history)
+        pairs.append((prev, req))
+        plan = plan_prompt(tpl, prev, req)
+    return pairs
+
+
+@pytest.mark.parametrize("user_every", [0, 3])
+def test_windowed_bridge_equals_the_full_render_at_every_call(tpl, user_every):
+    from gateway.tokens import _bridge
+
+    tpl.window_level = 2
+    for prev, req in _long_session(tpl, 12, user_every=user_every):
+        n = len(prev.messages)
+        full = tpl.bridge_ids(req.messages[: n + 1], req.messages[n + 1 :], req.tools, prev.completion_ids)
+        assert full is not None and _bridge(tpl, prev, req, check=False) == full
+        plan = plan_prompt(tpl, prev, req)
+        assert plan.prompt_ids == [*prev.full_sequence, *full] and plan.extends_call_index == prev.call_index
+    assert tpl.window_level == 2  # this template's glue never needed the whole history
+
+
+def test_a_template_whose_glue_reads_the_whole_history_falls_back_to_full_renders(chat_tokenizer_dir):
+    # Numbers every turn: a window renders the appended turn with the wrong number.
+    numbered = ("{% for m in messages %}<|im_start|>{{ m.role }} {{ loop.index }}\n{{ m.content }}"
+                "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }}</tool_call>{% endfor %}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tpl = ChatTemplate.load(str(chat_tokenizer_dir), chat_template=numbered)
+    pairs = _long_session(tpl, 6)
+    assert tpl.window_level == 0  # the chain's first extension is checked: both window levels disagreed
+    for prev, req in pairs:
+        n = len(prev.messages)
+        full = tpl.bridge_ids(req.messages[: n + 1], req.messages[n + 1 :], req.tools, prev.completion_ids)
+        assert plan_prompt(tpl, prev, req).prompt_ids == [*prev.full_sequence, *full]

@@ -115,3 +115,46 @@ def test_session_event_detail_is_scrubbed_and_keeps_its_id():
     assert BEARER not in out.detail and "[REDACTED:bearer:" in out.detail and out.event_id == ev.event_id
     clean = SessionEvent(session_id="s", kind="started", detail="node-1")
     assert scrub_session_event(clean, Redactor()) is clean
+
+
+def _unfiltered(r: Redactor) -> Redactor:
+    """The same patterns with every literal pre-check off: each regex runs on every text."""
+    plain = Redactor(r.config, key=r.key.decode())
+    plain._needles = [((), False)] * len(plain.patterns)
+    return plain
+
+
+ALL_KINDS = {**SAMPLES, "slack_token": "xoxb-123456789012-abcdefghij"}
+
+
+@pytest.mark.parametrize("kind", sorted(ALL_KINDS))
+def test_literal_prechecks_never_skip_a_secret(kind):
+    from gateway.redact import PATTERNS
+
+    assert set(ALL_KINDS) == set(PATTERNS)  # a new built-in kind needs a sample here (and needles in NEEDLES)
+    r, secret = Redactor(), ALL_KINDS[kind]
+    assert r.scrub(secret) != secret
+    for text in (secret, f"see {secret} above", secret.lower(), secret.upper(), *(f"{b}\n{secret}" for b in BENIGN[:3])):
+        assert r.scrub(text) == _unfiltered(r).scrub(text)
+
+
+def test_a_session_memo_scrubs_only_new_messages_and_matches_a_fresh_scrub():
+    from gateway.redact import ScrubMemo
+
+    r, memo = Redactor(), ScrubMemo()
+    first = [Message("user", f"deploy with {SAMPLES['openai_key']}"), Message("assistant", "ok")]
+    req1 = ChatRequest(provider="openai.chat", model="m", messages=first)
+    out1, found1 = r.scrub_request(req1, memo)
+    later = [*first, Message("tool", f"export GITHUB_TOKEN={SAMPLES['github_token']}", tool_call_id="c1"),
+             Message("user", "plain follow-up")]
+    req2 = ChatRequest(provider="openai.chat", model="m", messages=later)
+    out2, found2 = r.scrub_request(req2, memo)
+    fresh, fresh_found = r.scrub_request(req2)
+    assert out2.messages == fresh.messages and found2.counts == fresh_found.counts
+    assert found2.per_message == fresh_found.per_message and found2.since(2) == fresh_found.since(2)
+    assert out2.messages[0] is out1.messages[0]  # carried forward, not scanned again
+    assert out2.messages[3] is later[3]  # nothing to scrub: the message itself, no copy
+    edited = [Message("user", f"deploy with {SAMPLES['anthropic_key']}"), *later[1:]]
+    out3, _ = r.scrub_request(ChatRequest(provider="openai.chat", model="m", messages=edited), memo)
+    assert out3.messages == r.scrub_request(ChatRequest(provider="openai.chat", model="m", messages=edited))[0].messages
+    assert SAMPLES["anthropic_key"] not in out3.messages[0].content
