@@ -73,6 +73,8 @@ def sse_events(raw: bytes) -> list[Any]:
 def success_id(provider: str, raw: bytes, stream: bool) -> str:
     """The call id in a success body (the recorded event's id), or '' when the body is not the provider's shape."""
     first = sse_events(raw)[0] if stream else json.loads(raw)
+    if isinstance(first, list) and provider == "google.generate_content":  # streamGenerateContent without alt=sse
+        first = first[0]
     if provider == "anthropic.messages":
         msg = first.get("message", {}) if stream else first
         rid = msg.get("id", "") if msg.get("type") == "message" else ""
