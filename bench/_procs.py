@@ -50,9 +50,12 @@ def stop(procs: list[subprocess.Popen], timeout: float) -> None:
             p.kill()
 
 
-def kafka_for_bench(bootstrap: str, tmp: Path, prefix: str):
+def kafka_for_bench(bootstrap: str, tmp: Path, prefix: str, *, quick_jit: bool = True):
     """(Settings, broker or None): the running Kafka at ``bootstrap`` under a fresh topic prefix, or a
-    single-node broker of our own on free ports (data in ``tmp``); the topics exist either way."""
+    single-node broker of our own on free ports (data in ``tmp``); the topics exist either way.
+
+    ``quick_jit`` starts the broker's JVM with C1 only (seconds faster to start); a benchmark that times
+    each acknowledgement passes False, so the broker runs the JIT a deployed one runs."""
     from infra.kafka import KafkaBroker
     from infra.process import free_port
     from infra.settings import Settings
@@ -65,7 +68,7 @@ def kafka_for_bench(bootstrap: str, tmp: Path, prefix: str):
         kport = free_port()
         settings = Settings(kafka_port=kport, kafka_controller_port=free_port(), kafka_bootstrap=f"127.0.0.1:{kport}",
                             data_dir=tmp, topic_prefix=f"{prefix}.")
-        kafka = KafkaBroker(settings, die_with_parent=True, quick_jit=True)
+        kafka = KafkaBroker(settings, die_with_parent=True, quick_jit=quick_jit)
     try:
         if kafka is not None:
             kafka.start()
