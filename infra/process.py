@@ -16,6 +16,7 @@ import ctypes
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -92,8 +93,34 @@ def require_free_ports(what: str, ports: dict[str, int]) -> None:
             raise InfraError(f"{what}: port {port} ({name}) is already in use; stop what holds it or choose another port")
 
 
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux; the IANA range elsewhere)."""
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
 def free_port() -> int:
-    """A port the OS just considered free (tests use these so parallel runs never collide)."""
+    """A port that is free now, chosen outside the kernel's ephemeral range.
+
+    A port from ``bind(0)`` is an ephemeral one: in the seconds before a broker's JVM binds it, any
+    outgoing connection on the machine may be given the same port as its local end, and the broker then
+    dies with "Address already in use" (seen in CI). Ports below the ephemeral range are only ever taken
+    by an explicit bind, so a random free one there stays free.
+    """
+    lo, hi = ephemeral_range()
+    span = (10_000, lo - 1) if lo > 12_000 else (hi + 1, 65_535) if hi < 63_000 else None
+    pick = random.SystemRandom()  # not the seeded global generator: parallel processes must not agree
+    for _ in range(100 if span else 0):
+        port = pick.randint(*span)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -102,3 +102,15 @@ def test_die_with_parent_leaves_no_orphan(tmp_path):
     while pid_alive(pid, marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not pid_alive(pid, marker)
+
+
+def test_free_ports_are_outside_the_ephemeral_range_and_bindable():
+    """Outgoing connections take ephemeral ports; a server's port chosen there could be taken before it binds."""
+    from infra.process import ephemeral_range
+
+
+    lo, hi = ephemeral_range()
+    ports = [free_port() for _ in range(50)]
+    assert all(not lo <= p <= hi for p in ports) and len(set(ports)) > 40
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))  # free when handed out
