@@ -1,4 +1,8 @@
-"""``polarstream infra up | down | status | topics | fetch | mirror``: the local Kafka broker and S3 server.
+"""``polarstream infra up | down | status | topics | fetch | mirror | broker``: the local Kafka and S3 server.
+
+``up --brokers 3`` runs a replicated local cluster (infra/kafka_cluster.py); the data directory remembers
+it, so down, status and every component find all its brokers, and ``broker N kill|start|restart``
+crashes or revives one of them.
 
 Ports, data directory and topic prefix come from Settings (POLAR_KAFKA_PORT, POLAR_S3_PORT,
 POLAR_DATA_DIR, POLAR_TOPIC_PREFIX, ... or --config FILE), so a second instance runs beside the first.
@@ -21,12 +25,12 @@ infra_app = typer.Typer(no_args_is_help=True, add_completion=False,
 _CONFIG = typer.Option(None, "--config", help="YAML settings file (else POLAR_* env vars and defaults)")
 
 
-def _stack(config: Optional[Path], secure: bool = False):
+def _stack(config: Optional[Path], secure: bool = False, brokers: Optional[int] = None, heap_mb: Optional[int] = None):
     from .settings import Settings
     from .stack import Stack
 
     kw = {"secure": True} if secure else {}  # --secure wins over POLAR_SECURE / the config file
-    return Stack(Settings(config=str(config), **kw) if config else Settings(**kw))
+    return Stack(Settings(config=str(config), **kw) if config else Settings(**kw), brokers=brokers, heap_mb=heap_mb)
 
 
 _SECURE = typer.Option(False, "--secure", help="SASL_SSL + ACLs + read-only S3 (docs/security.md); also POLAR_SECURE=1")
@@ -40,20 +44,27 @@ def _fail(e: Exception) -> None:
 @infra_app.command()
 def up(config: Optional[Path] = _CONFIG, timeout: float = typer.Option(120.0, help="seconds to wait for each server"),
        secure: bool = _SECURE, cluster: Optional[str] = CLUSTER,
-       heap_mb: int = typer.Option(512, "--heap-mb", help="the named cluster's broker heap (MB), with --cluster")) -> None:
+       heap_mb: int = typer.Option(512, "--heap-mb", help="each broker's heap (MB), with --cluster or --brokers"),
+       brokers: Optional[int] = typer.Option(None, "--brokers", min=1, max=9,
+                                             help="Kafka nodes: 3 = a replicated cluster (RF 3, min ISR 2), "
+                                                  "remembered by the data dir; default 1 (or what it remembers)")) -> None:
     """Start Kafka and S3 unless they run, create the default bucket, apply infra/topics.yaml."""
     from .errors import InfraError
 
     if cluster:
+        if brokers not in (None, 1):
+            _fail(InfraError("--brokers with --cluster is not supported: a named cluster is one broker"))
         return cluster_up(config, cluster, timeout, secure, heap_mb)
 
-    stack = _stack(config, secure)
     try:
+        stack = _stack(config, secure, brokers, heap_mb if brokers and brokers > 1 else None)
         report = stack.up(timeout)
     except InfraError as e:
         _fail(e)
     st = stack.status()
     typer.echo(f"kafka   up  {st['kafka']['bootstrap']}  pid {st['kafka']['pid']}  data {st['kafka']['data_dir']}")
+    for line in _node_lines(st["kafka"]):
+        typer.echo(line)
     typer.echo(f"storage up  {st['storage']['endpoint']}  pid {st['storage']['pid']}  bucket {st['storage']['bucket']}")
     if st.get("storage_read"):
         r = st["storage_read"]
@@ -67,9 +78,14 @@ def up(config: Optional[Path] = _CONFIG, timeout: float = typer.Option(120.0, he
 @infra_app.command()
 def down(config: Optional[Path] = _CONFIG, secure: bool = _SECURE, cluster: Optional[str] = CLUSTER) -> None:
     """Stop exactly the servers `up` started for these settings (found through their pid files)."""
+    from .errors import InfraError
+
     if cluster:
         return cluster_down(config, cluster)
-    stopped = _stack(config, secure).down()
+    try:
+        stopped = _stack(config, secure).down()
+    except InfraError as e:
+        _fail(e)
     for name, was_running in stopped.items():
         typer.echo(f"{name:7} {'stopped' if was_running else 'was not running'}")
 
@@ -79,18 +95,63 @@ def status(config: Optional[Path] = _CONFIG, as_json: bool = typer.Option(False,
            secure: bool = _SECURE, cluster: Optional[str] = CLUSTER,
            window: float = typer.Option(2.0, help="seconds over which mirror throughput is measured")) -> None:
     """Whether Kafka and S3 are up, with ports, pids and data directories; named clusters and mirror lag."""
+    from .errors import InfraError
+
     if cluster:
         return cluster_status(config, cluster, as_json)
-    stack = _stack(config, secure)
+    try:
+        stack = _stack(config, secure)
+    except InfraError as e:
+        _fail(e)
     st = {**stack.status(), **multidc_status(stack.settings, window)}
     if as_json:
         typer.echo(json.dumps(st, indent=2))
         return
     k, s = st["kafka"], st["storage"]
     typer.echo(f"kafka   {'up  ' if k['up'] else 'down'}  {k['bootstrap']}  pid {k['pid']}  data {k['data_dir']}")
+    for line in _node_lines(k):
+        typer.echo(line)
     typer.echo(f"storage {'up  ' if s['up'] else 'down'}  {s['endpoint']}  pid {s['pid']}  data {s['data_dir']}")
     for line in status_lines(st):
         typer.echo(line)
+
+
+def _node_lines(kafka: dict) -> list[str]:
+    """One line per node of a replicated cluster (none for the single broker)."""
+    if "nodes" not in kafka:
+        return []
+    head = (f"        {kafka['brokers_up']}/{kafka['brokers']} brokers up; topics: replication factor "
+            f"{kafka['replication_factor']}, min.insync.replicas {kafka['min_insync_replicas']}")
+    return [head] + [f"broker {i} {'up  ' if n['up'] else 'down'}  {n['bootstrap']}  controller :{n['controller_port']}  "
+                     f"node.id {n['node_id']}  pid {n['pid']}  log {n['log']}" for i, n in enumerate(kafka["nodes"])]
+
+
+@infra_app.command()
+def broker(index: int = typer.Argument(..., help="the broker's index, 0-based (see `infra status`)"),
+           action: str = typer.Argument(..., help="kill (SIGKILL, as a crash) | start | restart (kill, then start)"),
+           config: Optional[Path] = _CONFIG, timeout: float = typer.Option(120.0, help="seconds to wait for a start")) -> None:
+    """Crash or revive one broker of the replicated local cluster (`up --brokers 3`): chaos by hand."""
+    from .errors import InfraError
+    from .kafka_cluster import KafkaCluster
+
+    try:
+        stack = _stack(config)
+        if not isinstance(stack.kafka, KafkaCluster):
+            raise InfraError("the local Kafka is a single broker: `broker` needs `polarstream infra up --brokers 3`")
+        if not 0 <= index < stack.kafka.brokers:
+            raise InfraError(f"no broker {index}: this cluster has brokers 0 to {stack.kafka.brokers - 1}")
+        if action == "kill":
+            typer.echo(f"broker {index} killed (pid {stack.kafka.kill(index)})")
+        elif action == "start":
+            stack.kafka.revive(index, timeout)
+            typer.echo(f"broker {index} up  {stack.kafka.nodes[index].bootstrap}  pid {stack.kafka.nodes[index].pid()}")
+        elif action == "restart":
+            took = stack.kafka.kill_and_restart(index, timeout=timeout)
+            typer.echo(f"broker {index} killed and serving again after {took:.1f} s")
+        else:
+            raise InfraError(f"unknown action {action!r}: expected kill, start or restart")
+    except InfraError as e:
+        _fail(e)
 
 
 @infra_app.command()

@@ -6,6 +6,9 @@ Runs ``java -cp <maven jars> kafka.Kafka server.properties`` from the jars ``inf
 Storage is formatted on first start; the config file is rewritten on every start so port changes apply.
 Everything lives under ``<data_dir>/kafka``: ``server.properties``, ``log4j2.properties``, ``server.log``,
 ``kafka.pid`` and the log directory ``data/``.
+
+The same class runs one node of a replicated local cluster (``member``, infra/kafka_cluster.py): then its
+files live under ``<data_dir>/kafka/broker-<node id>`` and it joins a static quorum of every node.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from . import security
 from .errors import InfraError
 from .process import JavaServer, render_log4j, render_properties, tcp_open
 from .settings import Settings
-from .topics import largest_message_bytes
+from .topics import largest_message_bytes, replication_for
 
 # Tuned for one node on a small machine: every internal topic has replication 1, consumer groups
 # start without the 3 s rebalance delay, and the compaction buffer (128 MB by default, allocated up
@@ -65,12 +68,33 @@ def cluster_id() -> str:
             return cid
 
 
-def broker_properties(settings: Settings, log_dir: Path) -> dict[str, str]:
-    """server.properties for a single combined-mode node listening on settings' ports."""
+def replication_defaults(brokers: int) -> dict[str, str]:
+    """Replication of a cluster of ``brokers`` nodes: factor min(3, brokers) everywhere (internal topics
+    too, so consumer offsets and transactions outlive a broker), and two in-sync replicas from 3 on, so
+    an ``acks=all`` write is on two brokers before it is acknowledged."""
+    rf, isr = map(str, replication_for(brokers))
+    return {"default.replication.factor": rf, "min.insync.replicas": isr,
+            "offsets.topic.replication.factor": rf,
+            "transaction.state.log.replication.factor": rf, "transaction.state.log.min.isr": isr,
+            "share.coordinator.state.topic.replication.factor": rf, "share.coordinator.state.topic.min.isr": isr}
+
+
+@dataclass(frozen=True)
+class ClusterMember:
+    """This node's place in a replicated local cluster (infra/kafka_cluster.py)."""
+
+    node_id: int
+    brokers: int
+    voters: str  # controller.quorum.voters: "1@127.0.0.1:9093,2@127.0.0.1:9095,..."
+    cluster_id: str  # one id, formatted into every node's storage
+
+
+def broker_properties(settings: Settings, log_dir: Path, member: ClusterMember | None = None) -> dict[str, str]:
+    """server.properties for a combined-mode node listening on settings' ports (alone, or as ``member``)."""
     port, cport = settings.kafka_port, settings.kafka_controller_port
     # The broker must accept the largest message any topic allows, plus batch framing overhead.
     max_bytes = largest_message_bytes() + 64 * 1024
-    return {
+    props = {
         **_BROKER_DEFAULTS,
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
@@ -79,6 +103,10 @@ def broker_properties(settings: Settings, log_dir: Path) -> dict[str, str]:
         "message.max.bytes": str(max_bytes),
         "replica.fetch.max.bytes": str(max_bytes),
     }
+    if member is not None:
+        props.update(replication_defaults(member.brokers))
+        props.update({"node.id": str(member.node_id), "controller.quorum.voters": member.voters})
+    return props
 
 
 @dataclass
@@ -86,6 +114,7 @@ class KafkaBroker(JavaServer):
     """The project's broker for one ``Settings`` (its ports and data_dir)."""
 
     heap_mb: int = 512
+    member: ClusterMember | None = None  # None: the single broker
 
     kind: ClassVar[str] = "kafka"
     profile: ClassVar[str] = "kafka"
@@ -95,7 +124,12 @@ class KafkaBroker(JavaServer):
     xms_mb: ClassVar[int | None] = 128
 
     def label(self) -> str:
-        return f"kafka broker on 127.0.0.1:{self.settings.kafka_port}"
+        node = f" (node {self.member.node_id} of {self.member.brokers})" if self.member else ""
+        return f"kafka broker on 127.0.0.1:{self.settings.kafka_port}{node}"
+
+    def root_dir(self) -> Path:
+        base = self.settings.data_dir / self.kind
+        return base / f"broker-{self.member.node_id}" if self.member else base
 
     @property
     def log_dir(self) -> Path:
@@ -115,7 +149,7 @@ class KafkaBroker(JavaServer):
 
     def prepare(self) -> list[str]:
         # Rewritten on every start so port changes apply.
-        props = broker_properties(self.settings, self.log_dir)
+        props = broker_properties(self.settings, self.log_dir, self.member)
         if self.settings.secure:  # SASL_SSL + mutual-TLS controller + ACLs (infra/security.py)
             props.update(security.broker_overrides(self.settings))
         self.config_file.write_text(render_properties(props))
@@ -131,7 +165,8 @@ class KafkaBroker(JavaServer):
         if (self.log_dir / "meta.properties").exists():
             return
         cmd = [jvm[0], *self.service.cds_flags(record=False), *jvm[1:],
-               "kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", str(self.config_file),
+               "kafka.tools.StorageTool", "format", "-t", self.member.cluster_id if self.member else cluster_id(),
+               "-c", str(self.config_file),
                *(security.format_args(self.settings) if self.settings.secure else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:

@@ -93,6 +93,10 @@ class Settings(BaseSettings):
         # POLAR_KAFKA_PORT alone moves both the broker and its clients; an explicit bootstrap wins.
         if "kafka_bootstrap" not in self.model_fields_set:
             self.kafka_bootstrap = f"127.0.0.1:{self.kafka_port}"
+            # `infra up --brokers 3` remembered its nodes under data_dir: clients get all of them.
+            from .kafka_cluster import local_bootstrap
+
+            self.kafka_bootstrap = local_bootstrap(self.data_dir) or self.kafka_bootstrap
             if self.home_cluster:
                 from .clusters import home_bootstrap, home_ca_file
 

@@ -1,4 +1,7 @@
-"""The whole local stack (Kafka broker, S3 server, topics) as one thing to bring up, down, or ask about."""
+"""The whole local stack (Kafka broker, S3 server, topics) as one thing to bring up, down, or ask about.
+
+Kafka is one broker by default, or a replicated local cluster (``brokers=3``, infra/kafka_cluster.py),
+which the data directory then remembers."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ from dataclasses import dataclass, field
 
 from .errors import InfraError
 from .kafka import KafkaBroker
+from .kafka_cluster import KafkaCluster, resolve_brokers
 from .maven import fetch
 from .s3 import S3ReadServer, S3Server
 from .settings import Settings
@@ -17,12 +21,15 @@ class Stack:
     """Kafka and S3 for one ``Settings``.
 
     ``ephemeral`` (tests, benchmarks) ties the servers' lifetime to this process and trades peak JIT
-    performance for a faster start.
+    performance for a faster start. ``brokers`` (None: what the data directory remembers, else 1) runs
+    that many Kafka nodes (infra/kafka_cluster.py); ``heap_mb`` is each broker's heap (None: the default).
     """
 
     settings: Settings
     ephemeral: bool = False
-    kafka: KafkaBroker = field(init=False)
+    brokers: int | None = None
+    heap_mb: int | None = None
+    kafka: KafkaBroker | KafkaCluster = field(init=False)
     s3: S3Server = field(init=False)
     s3_read: S3ReadServer | None = field(init=False, default=None)
 
@@ -33,7 +40,15 @@ class Stack:
             self.settings = admin_view(self.settings)
             reader = s3_settings(self.settings, "reader").model_copy(update={"s3_port": self.settings.s3_read_port})
             self.s3_read = S3ReadServer(reader, die_with_parent=self.ephemeral, quick_jit=self.ephemeral)
-        self.kafka = KafkaBroker(self.settings, die_with_parent=self.ephemeral, quick_jit=self.ephemeral)
+        self.brokers = resolve_brokers(self.settings, self.brokers)
+        heap = {"heap_mb": self.heap_mb} if self.heap_mb else {}
+        if self.brokers > 1:
+            self.kafka = KafkaCluster(self.settings, self.brokers, die_with_parent=self.ephemeral,
+                                      quick_jit=self.ephemeral, **heap)
+            # The stack's own clients (topics, status) reach every node, whatever bootstrap it was given.
+            self.settings = self.settings.model_copy(update={"kafka_bootstrap": self.kafka.bootstrap})
+        else:
+            self.kafka = KafkaBroker(self.settings, die_with_parent=self.ephemeral, quick_jit=self.ephemeral, **heap)
         self.s3 = S3Server(self.settings, die_with_parent=self.ephemeral, quick_jit=self.ephemeral)
 
     def up(self, timeout: float = 90.0) -> TopicReport:
@@ -58,7 +73,7 @@ class Stack:
             if self.ephemeral:  # a test session must not leave half a stack behind
                 self.down()
             raise
-        report = ensure_topics(self.settings)
+        report = ensure_topics(self.settings, brokers=self.brokers)
         if self.settings.secure:
             from .acls import apply_acls
 
@@ -76,7 +91,8 @@ class Stack:
 
     def status(self) -> dict:
         """Both servers' status plus the topic prefix and data directory."""
-        out = {"kafka": self.kafka.status(), "storage": self.s3.status(), "topic_prefix": self.settings.topic_prefix,
+        out = {"kafka": {**self.kafka.status(), "brokers": self.brokers}, "storage": self.s3.status(),
+               "topic_prefix": self.settings.topic_prefix,
                "data_dir": str(self.settings.data_dir), "secure": self.settings.secure}
         if self.s3_read is not None:
             out["storage_read"] = self.s3_read.status()

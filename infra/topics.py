@@ -3,6 +3,10 @@
 ``ensure_topics(settings)`` is idempotent. Topic configs that differ from the file are set back to it
 (retention, message size and cleanup policy are safe to change live); partition count and replication
 factor are only reported, because changing them by hand is a decision (it remaps keys).
+
+Replication follows the cluster (``replication_factor: auto`` in topics.yaml): factor min(3, brokers),
+and ``min.insync.replicas=2`` from 3 brokers on, so an acknowledged (acks=all) record is on two brokers.
+One broker keeps factor 1 and the broker's default minimum of one in-sync replica.
 """
 
 from __future__ import annotations
@@ -27,8 +31,30 @@ class TopicSpec:
 
     name: str  # logical name: "calls"
     partitions: int
-    replication_factor: int
+    replication_factor: int | None  # None: "auto", from the number of brokers (for_brokers)
     config: dict[str, str]
+
+    def for_brokers(self, brokers: int) -> "TopicSpec":
+        """This spec on a cluster of ``brokers``: an auto factor resolved, min.insync.replicas set from 3 on."""
+        rf = self.replication_factor or replication_for(brokers)[0]
+        config = dict(self.config)
+        if rf >= 3:  # acks=all then means two copies: one broker may die without losing an acknowledged record
+            config.setdefault("min.insync.replicas", "2")
+        return TopicSpec(self.name, self.partitions, rf, config)
+
+
+def replication_for(brokers: int) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) of an auto topic on ``brokers`` brokers."""
+    rf = min(3, max(1, brokers))
+    return rf, 2 if rf >= 3 else 1
+
+
+def _factor(value, where: str) -> int | None:
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise InfraError(f"{where} must be 'auto' or an integer of at least 1, got {value!r}")
 
 
 @lru_cache(maxsize=8)
@@ -39,14 +65,16 @@ def load_specs(path: Path = TOPICS_FILE) -> dict[str, TopicSpec]:
     missing, unknown = set(TOPICS) - set(topics), set(topics) - set(TOPICS)
     if missing or unknown:
         raise InfraError(f"{path}: topics missing {sorted(missing)}, unknown {sorted(unknown)}")
-    rf = int(data.get("replication_factor", 1))
+    rf = _factor(data.get("replication_factor", "auto"), f"{path}: replication_factor")
     specs = {}
     for name, body in topics.items():
         partitions = body.get("partitions")
         if not isinstance(partitions, int) or partitions < 1:
             raise InfraError(f"{path}: topics.{name}.partitions must be an integer of at least 1, got {partitions!r}")
         config = {k: str(v) for k, v in (body.get("config") or {}).items()}
-        specs[name] = TopicSpec(name, partitions, int(body.get("replication_factor", rf)), config)
+        own = _factor(body["replication_factor"], f"{path}: topics.{name}.replication_factor") \
+            if "replication_factor" in body else rf
+        specs[name] = TopicSpec(name, partitions, own, config)
     for group in data.get("co_partitioned") or []:
         counts = {n: specs[n].partitions for n in group}
         if len(set(counts.values())) != 1:
@@ -92,17 +120,24 @@ def _admin(settings: Settings):
     return AdminClient(settings.kafka_config(logger=logging.getLogger("librdkafka")))
 
 
-def ensure_topics(settings: Settings, specs: dict[str, TopicSpec] | None = None, timeout: float = 30.0) -> TopicReport:
-    """Create missing topics (with ``settings.topic_prefix``), align configs, report drift."""
+def ensure_topics(settings: Settings, specs: dict[str, TopicSpec] | None = None, timeout: float = 30.0,
+                  brokers: int | None = None) -> TopicReport:
+    """Create missing topics (with ``settings.topic_prefix``), align configs, report drift.
+
+    ``brokers`` sizes the replication of ``auto`` topics; None: what a local replicated cluster under
+    ``settings.data_dir`` remembers when the settings point at it, else the brokers the cluster reports."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import NewTopic
 
     specs = specs or load_specs()
     admin = _admin(settings)
     try:
-        existing = admin.list_topics(timeout=timeout).topics
+        md = admin.list_topics(timeout=timeout)
     except KafkaException as e:
         raise InfraError(f"kafka at {settings.kafka_bootstrap} did not answer: {e.args[0]}") from None
+    existing = md.topics
+    brokers = brokers or _known_brokers(settings) or len(md.brokers)
+    specs = {n: s.for_brokers(brokers) for n, s in specs.items()}
     report = TopicReport()
     full = {settings.topic(n): s for n, s in specs.items()}
     to_create = [NewTopic(t, num_partitions=s.partitions, replication_factor=s.replication_factor, config=s.config)
@@ -120,6 +155,19 @@ def ensure_topics(settings: Settings, specs: dict[str, TopicSpec] | None = None,
         if topic in existing:
             _reconcile(admin, topic, spec, existing[topic], report, timeout)
     return report
+
+
+def _known_brokers(settings: Settings) -> int | None:
+    """The size of the local replicated cluster these settings reach, if they reach one (a broker that
+    is down for a moment must not make topics.yaml look like it asks for fewer replicas)."""
+    from .kafka_cluster import read_state
+
+    state = read_state(settings.data_dir)
+    if not state:
+        return None
+    ours = {f"127.0.0.1:{n['port']}" for n in state["nodes"]}
+    given = {a.strip() for a in settings.kafka_bootstrap.split(",") if a.strip()}
+    return int(state["brokers"]) if given and given <= ours else None
 
 
 def _reconcile(admin, topic: str, spec: TopicSpec, meta, report: TopicReport, timeout: float) -> None:
