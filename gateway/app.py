@@ -21,7 +21,9 @@ from infra.settings import Settings
 
 from . import admin, metrics, routes
 from .config import GatewayConfig
+from .exposure import DEV_ADMIN_TOKEN, DEV_SESSION_SECRET
 from .openapi import openapi_document
+from .redact import redaction_key
 from .service import Gateway, Publisher
 from .template import ChatTemplate
 from .upstream import Upstream, make_upstream
@@ -63,8 +65,8 @@ def create_app(
         template = ChatTemplate.load(config.model, chat_template=config.chat_template,
                                      template_kwargs=config.template_kwargs)
     gw = Gateway(config, template)
-    gw.redactor.key = settings.session_secret.encode()  # placeholders: stable per deployment, not guessable
-    if settings.admin_token == "polar-admin" or settings.session_secret == "polar-dev-session-secret":
+    gw.redactor.key = redaction_key(settings.session_secret).encode()  # stable per deployment, not guessable
+    if settings.admin_token == DEV_ADMIN_TOKEN or settings.session_secret == DEV_SESSION_SECRET:
         log.warning("gateway runs with the development admin token / session secret: set POLAR_ADMIN_TOKEN and "
                     "POLAR_SESSION_SECRET before exposing it")
 

@@ -30,6 +30,19 @@ _NOT_PLACEHOLDER = r"(?!\[REDACTED:)"
 
 # kind -> pattern. Where a pattern has a group named ``s``, only that group is the secret (the label
 # around it, e.g. "Bearer " or "API_KEY=", stays readable). Order matters: the first match wins.
+# A value that is not itself a secret: a placeholder, a reference ($VAR, ${...}, %VAR%), a call, a
+# special-token string like "<|im_end|>" or "[MASK]" (tokenizer configs are everywhere in ML repos).
+_NOT_REFERENCE = r"(?![$%{(<\[])"
+# `settings.SECRET_KEY`, `self.token`: an attribute is code, not a value (possessive: no shorter match).
+_NOT_ATTRIBUTE = r"(?![A-Za-z_][A-Za-z0-9_]*+(?:\.[A-Za-z_][A-Za-z0-9_]*+)++(?![A-Za-z0-9_.]))"
+# Keys (any case) that name a secret when the key *ends* with them: `db_password`, `apiKey`, `client_secret`.
+# `pwd`, `auth` and `credentials` are left to the upper-case .env pattern: in lower case they name the
+# working directory, an auth mode or a file path far more often than a secret.
+_SECRET_KEYS = (r"(?i:password|passwd|passphrase|secret|secret[_\-]?key|token|api[_\-]?key|access[_\-]?key|"
+                r"private[_\-]?key)")
+
+# kind -> pattern. Where a pattern has a group named ``s``, only that group is the secret (the label
+# around it, e.g. "Bearer " or "API_KEY=", stays readable). Order matters: the first match wins.
 PATTERNS: dict[str, str] = {
     "private_key": r"-----BEGIN (?P<label>[A-Z0-9 ]*)PRIVATE KEY-----[\s\S]*?-----END (?P=label)PRIVATE KEY-----",
     "anthropic_key": r"\bsk-ant-[A-Za-z0-9_\-]{20,}",
@@ -40,17 +53,38 @@ PATTERNS: dict[str, str] = {
     "github_token": r"\b(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})",
     "slack_token": r"\bxox[abposr]-[A-Za-z0-9\-]{10,}",
     "jwt": r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
-    "bearer": r"(?i:\bbearer)\s+(?P<s>" + _NOT_PLACEHOLDER + r"[A-Za-z0-9\-._~+/]{12,}=*)",
-    # .env style: an UPPER_CASE name that says it is a secret, '=' or ': ', a value of 6+ characters
-    # (not a call or a reference to another variable, which is code, not a credential).
-    "env_secret": (r"(?m)^[ \t]*(?:export[ \t]+)?[A-Z][A-Z0-9_]*(?:SECRET|TOKEN|PASSWORD|PASSWD|PWD|API_?KEY|ACCESS_KEY|"
-                   r"PRIVATE_KEY|CREDENTIALS?|AUTH)[A-Z0-9_]*[ \t]*(?:=|:[ \t])[ \t]*[\"']?(?P<s>" + _NOT_PLACEHOLDER
-                   + r"(?![$%{(])[^\s\"'#()]{6,})"),
+    # scheme://user:password@host: the password (connection strings, git remotes, proxy URLs).
+    "url_credentials": r"\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\"]+:(?P<s>" + _NOT_PLACEHOLDER + r"(?![$%{])[^\s@/'\"]+)@",
+    # .npmrc: `//registry/:_authToken=...`, `_auth=`, `_password=`; and npm's own token shape anywhere.
+    "npm_token": (r"(?:(?m:^|:)[ \t]*(?i:_authtoken|_auth|_password)[ \t]*=[ \t]*[\"']?(?P<s>" + _NOT_PLACEHOLDER
+                  + r"(?![$%{])[^\s\"']{6,})|\bnpm_[A-Za-z0-9]{36}\b)"),
+    "basic_auth": r"(?i:\bauthorization)[\"']?[ \t]*[:=][ \t]*[\"']?(?i:basic)[ \t]+(?P<s>" + _NOT_PLACEHOLDER + r"[A-Za-z0-9+/]{6,}={0,2})",
+    # A bearer token holds a digit or is long: "Bearer authentication" is prose, not a credential.
+    "bearer": (r"(?i:\bbearer)\s+(?P<s>" + _NOT_PLACEHOLDER
+               + r"(?=[A-Za-z\-._~+/]*[0-9]|[A-Za-z0-9\-._~+/]{32})[A-Za-z0-9\-._~+/]{12,}=*)"),
+    # .env style: an UPPER_CASE name that says it is a secret (or is just PASSWORD, TOKEN...), '=' or ': ',
+    # a value of 6+ characters (not a call or a reference to another variable: code, not a credential).
+    "env_secret": (r"(?m)^[ \t]*(?:export[ \t]+)?(?:[A-Z][A-Z0-9_]*)?(?:SECRET|TOKEN|PASSWORD|PASSWD|PWD|API_?KEY|"
+                   r"ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?|AUTH)[A-Z0-9_]*[ \t]*(?:=|:[ \t])[ \t]*[\"']?(?P<s>"
+                   + _NOT_PLACEHOLDER + r"(?![$%{(])" + _NOT_ATTRIBUTE + r"[^\s\"'#()\[\]]{6,}+)(?![(\[])"),
+    # Config lines in any case (YAML, INI, TOML, code): `password: hunter22`, `api_key = "..."`. The value
+    # must end the line (an annotation like `token: Optional[str] = None` or `password: string;` is
+    # code), and after '=' an unquoted name or attribute (`self.token = token`) is code too.
+    "config_secret": (r"(?m)^[ \t]*(?:-[ \t]+)?(?:export[ \t]+)?[\"']?[A-Za-z0-9_.\-]*?" + _SECRET_KEYS
+                      + r"[\"']?[ \t]*(?:(?P<eq>=)|:)[ \t]*(?P<q>[\"'`])?(?P<s>" + _NOT_PLACEHOLDER + _NOT_REFERENCE
+                      + r"(?![0-9.]+(?(q)(?P=q))[ \t]*$)"  # a number: a limit, not a secret
+                      + r"(?![A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+(?(q)(?P=q))[ \t]*$)"  # an attribute
+                      + r"(?(q)|(?(eq)(?![A-Za-z_][A-Za-z0-9_]*[ \t]*$)))"  # `= name` unquoted: a variable
+                      + r"[^\s\"'`#()\[\]{}<>,;]{6,})(?(q)(?P=q)[ \t]*[,;]?)[ \t]*(?:(?:#|//).*)?$"),
+    # A quoted key and value anywhere (JSON, dict literals): `"apiKey": "..."`, `'client_secret': '...'`.
+    "json_secret": (r"[\"'][A-Za-z0-9_.\-]*?" + _SECRET_KEYS + r"[\"'][ \t]*:[ \t]*(?P<q>[\"'])(?P<s>"
+                    + _NOT_PLACEHOLDER + _NOT_REFERENCE + r"[^\"'\\\n]{6,})(?P=q)"),
 }
 
 
 # kind -> substrings one of which every match contains: a text holding none of them skips that regex.
 # ``lower`` needles are looked for in the lower-cased text (the pattern is case-insensitive there).
+_KEY_NEEDLES = ("pass", "secret", "token", "key")
 NEEDLES: dict[str, tuple[tuple[str, ...], bool]] = {
     "private_key": (("PRIVATE KEY-----",), False),
     "anthropic_key": (("sk-ant-",), False),
@@ -61,9 +95,20 @@ NEEDLES: dict[str, tuple[tuple[str, ...], bool]] = {
     "github_token": (("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), False),
     "slack_token": (("xox",), False),
     "jwt": (("eyJ",), False),
+    "url_credentials": (("://",), False),
+    "npm_token": (("_auth", "_password", "npm_"), True),
+    "basic_auth": (("basic",), True),
     "bearer": (("bearer",), True),
     "env_secret": (("SECRET", "TOKEN", "PASSW", "PWD", "API", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL", "AUTH"), False),
+    "config_secret": (_KEY_NEEDLES, True),
+    "json_secret": (_KEY_NEEDLES, True),
 }
+
+
+def redaction_key(session_secret: str) -> str:
+    """The placeholder HMAC key, derived from the session secret: the secret that signs session keys is
+    then never itself the key of a hash printed in the log (a different purpose, a different key)."""
+    return hmac.new(session_secret.encode(), b"polarstream/redaction/v1", hashlib.sha256).hexdigest()
 
 
 @dataclass

@@ -23,6 +23,11 @@ SAMPLES = {
     "env_secret": "DATABASE_PASSWORD=hunter2hunter2\n",
     "private_key": "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\nIBAAK\n-----END RSA PRIVATE KEY-----",
     "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "config_secret": "db:\n  password: hunter2hunter2\n",
+    "json_secret": '{"user": "ci", "apiKey": "AbCdEf123456xyz"}',
+    "url_credentials": "DATABASE_URL is postgres://admin:s3cr3t-pw@db.internal:5432/app",
+    "npm_token": "//registry.npmjs.org/:_authToken=npm_abcdefghijklmnopqrstuvwxyz0123456789",
+    "basic_auth": "curl -H 'Authorization: Basic dXNlcjpwYXNzd29yZA==' https://api",
 }
 BENIGN = [
     "def get_password(user):\n    return db.lookup(user)\n",
@@ -33,7 +38,51 @@ BENIGN = [
     "sha256 e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
     "git commit 4b825dc642cb6eb9a060e54bf8d69288fbee4904",
     "PASSWORD_MIN_LENGTH: 8",
+    "Use Bearer authentication for the API.",  # prose, not a token (it was scrubbed before)
+    "self.password = password\n",
+    "token: Optional[str] = None\n",
+    "  password: string;\n",
+    "password: SecretStr = Field(...)\n",
+    "token = tokenizer.encode(text)\n",
+    "db_password = os.environ['DB_PASSWORD']\n",
+    '{"eos_token": "<|im_end|>", "mask_token": "[MASK]", "max_tokens": 100000}',
+    "max_tokens: 100000\n",
+    "token: ${{ secrets.GITHUB_TOKEN }}\n",
+    "see http://localhost:8080/path@v2 and ssh://git@github.com/org/repo",
+    "git clone https://user:${GIT_PASSWORD}@example.com/repo",
 ]
+
+# Shapes a review found unscrubbed: each must come out with the secret gone and the label kept.
+MISSED = {
+    "PASSWORD=hunter2hunter2": "hunter2hunter2",  # bare keywords: no character before them
+    "SECRET=abcdefgh99": "abcdefgh99",
+    "TOKEN=abcdefgh99": "abcdefgh99",
+    "export API_KEY=abcdefgh99": "abcdefgh99",
+    "password: correct-horse-9": "correct-horse-9",  # lower case
+    "  - Password: 'letmein99'": "letmein99",
+    'api_key = "abcdef123456"  # prod': "abcdef123456",
+    '{"apiKey": "AbCdEf123456xyz"}': "AbCdEf123456xyz",  # JSON
+    "{'client_secret': 'zz-top-secret-1'}": "zz-top-secret-1",
+    "git remote add origin https://bob:hunter2@github.com/x/y.git": "hunter2",  # URL credentials
+    "//npm.pkg.github.com/:_authToken=ghx123456789": "ghx123456789",  # .npmrc
+    "_auth=dXNlcjpwYXNzd29yZA==": "dXNlcjpwYXNzd29yZA==",
+    "Authorization: Basic dXNlcjpwYXNzd29yZA==": "dXNlcjpwYXNzd29yZA==",
+}
+
+
+@pytest.mark.parametrize("text", sorted(MISSED))
+def test_shapes_the_review_found_are_scrubbed(text):
+    out = Redactor().scrub(text)
+    assert MISSED[text] not in out and "[REDACTED:" in out
+    assert out.split("[REDACTED:")[0] == text.split(MISSED[text])[0]  # the label before the secret stays
+
+
+def test_placeholder_key_is_derived_from_the_session_secret_not_the_secret_itself():
+    from gateway.redact import redaction_key
+
+    key = redaction_key("s3cret")
+    assert key != "s3cret" and key == redaction_key("s3cret") and key != redaction_key("other")
+    assert Redactor(key=key).scrub(SAMPLES["bearer"]) != Redactor(key="s3cret").scrub(SAMPLES["bearer"])
 
 
 @pytest.mark.parametrize("kind", sorted(SAMPLES))
