@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
 
 from .service import Gateway
-from .sessions import mint_session_key
+from .sessions import OPEN_PREFIX, mint_session_key
 
 
 def require_admin(request: Request) -> Gateway:
@@ -50,10 +50,15 @@ def _status(gw: Gateway) -> dict[str, Any]:
 
 
 @router.post("/pause")
-async def pause(gw: AdminGateway, timeout_s: float | None = None) -> dict[str, Any]:
-    """Hold new calls and wait for in-flight ones; ``drained`` false if some outlived the timeout."""
-    drained = await gw.gate.pause(gw.config.drain_timeout_s if timeout_s is None else timeout_s)
-    return {**_status(gw), "drained": drained}
+async def pause(gw: AdminGateway, timeout_s: float | None = None, deadline_s: float | None = None) -> dict[str, Any]:
+    """Hold new calls and wait for in-flight ones; ``drained`` false if some outlived the timeout.
+
+    The gateway resumes by itself ``deadline_s`` after the pause (default ``pause_deadline_s``)."""
+    deadline = gw.config.pause_deadline_s if deadline_s is None else deadline_s
+    if deadline <= 0:
+        raise HTTPException(422, "deadline_s: must be positive")
+    drained = await gw.gate.pause(gw.config.drain_timeout_s if timeout_s is None else timeout_s, deadline)
+    return {**_status(gw), "drained": drained, "resumes_by_itself_in_s": deadline}
 
 
 @router.post("/resume")
@@ -85,8 +90,11 @@ async def set_policy_version(body: PolicyVersionIn, gw: AdminGateway) -> dict[st
 @router.post("/sessions")
 async def create_session(body: SessionIn, request: Request, gw: AdminGateway) -> dict[str, Any]:
     """Mint the key of a session (the harness sends it as its API key)."""
+    if body.session_id.startswith(OPEN_PREFIX):
+        raise HTTPException(422, f"session_id: {OPEN_PREFIX!r} is the namespace of open-mode sessions")
     key = mint_session_key(body.session_id, request.app.state.settings.session_secret, group_id=body.group_id,
-                           task_id=body.task_id, sample_index=body.sample_index, attempt=body.attempt, harness=body.harness)
+                           task_id=body.task_id, sample_index=body.sample_index, attempt=body.attempt, harness=body.harness,
+                           ttl_s=request.app.state.settings.session_key_ttl_s)
     return {"session_id": body.session_id, "session_key": key}
 
 
@@ -102,10 +110,12 @@ async def session_stats(session_id: str, gw: AdminGateway) -> dict[str, Any]:
 
 @router.delete("/sessions/{session_id}")
 async def drop_session(session_id: str, gw: AdminGateway) -> dict[str, Any]:
-    """Forget a finished session's state (its events stay in Kafka); answers its final counters."""
+    """Forget a session's state (its events stay in Kafka) and close it: its key records no more calls,
+    also when this gateway never saw it (``forget`` closes sessions this way). Answers its final counters."""
     st = gw.sessions.find(session_id)
     if st is None:
-        raise HTTPException(404, f"unknown session {session_id!r}")
+        gw.sessions.drop(session_id)
+        return {"session_id": session_id, "known": False, "closed": True}
     async with st.lock:  # never drop a session in the middle of a call
         gw.sessions.drop(session_id)
-    return {"known": True, **st.stats()}
+    return {"known": True, "closed": True, **st.stats()}

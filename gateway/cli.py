@@ -40,7 +40,9 @@ def serve(
     upstream: str = typer.Option("polar", help="engine wire format: polar | vllm | sglang"),
     served_model: str = typer.Option("", help="model name sent to the engine ('' = ask the engine)"),
     chat_template: Optional[Path] = typer.Option(None, help="file with a chat template overriding the tokenizer's"),
-    open_mode: bool = typer.Option(False, "--open", help="accept any key: record ad-hoc sessions, one per key"),
+    open_mode: bool = typer.Option(False, "--open", help="accept any key: record ad-hoc sessions (open:<name>)"),
+    allow_open_remote: bool = typer.Option(False, "--allow-open-remote",
+                                           help="allow --open on an address other than loopback"),
     publish_mode: str = typer.Option("sync", help="sync: answer after the event is durably in Kafka; async: at once"),
     publish_timeout: float = typer.Option(10.0, help="seconds to wait for Kafka before answering 503"),
     max_body_mb: float = typer.Option(32.0, help="largest request body accepted (MiB)"),
@@ -75,7 +77,14 @@ def serve(
         raise typer.BadParameter(f"{upstream!r}: expected polar, vllm or sglang", param_hint="--upstream")
     if publish_mode not in ("sync", "async"):
         raise typer.BadParameter(f"{publish_mode!r}: expected sync or async", param_hint="--publish-mode")
+    from .exposure import UnsafeExposure, check_exposure
+
     settings = Settings(config=str(config)) if config else Settings()
+    try:
+        check_exposure(host, admin_token=settings.admin_token, session_secret=settings.session_secret,
+                       open_mode=open_mode, allow_open_remote=allow_open_remote)
+    except UnsafeExposure as e:
+        raise typer.BadParameter(str(e), param_hint="--host") from None
     require_free_port(port or settings.gateway_port, host)
     model_dir = _resolve_model(model)
     template_text = chat_template.read_text() if chat_template else None
@@ -116,7 +125,7 @@ def key(
 
     settings = Settings(config=str(config)) if config else Settings()
     typer.echo(mint_session_key(session_id, settings.session_secret, group_id=group_id, task_id=task_id,
-                                sample_index=sample_index))
+                                sample_index=sample_index, ttl_s=settings.session_key_ttl_s))
 
 
 def register(app: typer.Typer) -> None:

@@ -69,10 +69,10 @@ def authenticate(gw: Gateway, secret: str, path_key: str, request: Request) -> S
                 raise errors.unauthorized(f"invalid session key: {e}") from None
     elif not gw.config.open_mode:
         raise errors.unauthorized("missing session key (send it as the API key or a /s/{key} path prefix)")
-    if path_key:  # open mode: a readable name in the path is the session id itself
-        return SessionClaims(session_id=path_key)
-    if sid := request.headers.get("x-session-id"):
-        return SessionClaims(session_id=sid)
+    # Open mode: a name in the path or x-session-id names the session, under open: (never a rollout's).
+    name = "" if path_key.startswith("sk-") else path_key  # an API key in the path is hashed, not shown
+    if name := name or request.headers.get("x-session-id", ""):
+        return open_session_claims(name=name)
     return open_session_claims(key or "anonymous")
 
 

@@ -30,7 +30,7 @@ from .config import GatewayConfig
 from .events import build_call_record, build_failed_record
 from .gate import Gate, GateClosed
 from .redact import Redactor, token_decoder
-from .sessions import SessionClaims, SessionState, SessionStore, Turn
+from .sessions import SessionClaims, SessionClosed, SessionState, SessionStore, Turn
 from .template import ChatTemplate, TemplateError
 from .tokens import PromptPlan, plan_prompt
 from .toolparse import ParsedOutput, parse_completion, split_reasoning
@@ -86,7 +86,12 @@ class Gateway:
 
     async def call(self, claims: SessionClaims, req: ChatRequest, harness: str = "") -> ChatResponse:
         """Generate, record and answer one call of session ``claims``; raises RequestError."""
-        st = self.sessions.get(claims)
+        try:
+            st = self.sessions.get(claims)
+        except SessionClosed as e:
+            err = errors.unauthorized(str(e))
+            metrics.record_error(err.kind)
+            raise err from None
         try:
             async with st.lock:
                 self._refuse_if_unrecordable(st)

@@ -7,8 +7,10 @@ A session key is what a harness sends as its API key (``x-api-key``, ``Authoriza
     sk-polar-<base64url(JSON claims)>.<base64url(HMAC-SHA256(claims)[:16])>
 
 so any gateway replica holding the secret can verify a key and knows which session (and group, task,
-sample) it belongs to without a lookup, and a harness cannot forge a key for another session. In open
-mode a key that is not a polar key names an ad-hoc session instead (``open-<sha256(key)[:16]>``).
+sample) it belongs to without a lookup, and a harness cannot forge a key for another session. Every key
+carries its expiry (``e``, unix seconds), so a leaked key stops working by itself. In open mode a key
+that is not a polar key names an ad-hoc session in a namespace of its own (``open:<name>`` or
+``open:<sha256(key)[:16]>``), so an ad-hoc caller can never append to a rollout session.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
+import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -28,10 +31,16 @@ from .canonical import Message, Tool, ToolCall
 from .redact import ScrubMemo
 
 KEY_PREFIX = "sk-polar-"
+OPEN_PREFIX = "open:"  # ad-hoc sessions (open mode); a minted key can never name one
+DEFAULT_KEY_TTL_S = 7 * 24 * 3600  # settings.session_key_ttl_s: longer than any rollout session waits and runs
 
 
 class InvalidSessionKey(ValueError):
-    """A key that is missing, malformed or not signed with this gateway's secret."""
+    """A key that is missing, malformed, expired or not signed with this gateway's secret."""
+
+
+class SessionClosed(Exception):
+    """A call for a session that was dropped (finished, forgotten, or its state lost): its key is spent."""
 
 
 @dataclass(frozen=True)
@@ -44,10 +53,11 @@ class SessionClaims:
     sample_index: int = 0
     attempt: int = 0
     harness: str = ""  # the harness the node runs in this session ('' = tell by User-Agent)
+    expires_at: int = field(default=0, compare=False)  # unix seconds; 0 = an open-mode session (no key)
 
 
 _CLAIM_KEYS = (("s", "session_id"), ("g", "group_id"), ("t", "task_id"), ("i", "sample_index"), ("a", "attempt"),
-               ("h", "harness"))
+               ("h", "harness"), ("e", "expires_at"))
 
 
 def _b64(data: bytes) -> str:
@@ -63,18 +73,24 @@ def _sign(payload: str, secret: str) -> str:
 
 
 def mint_session_key(session_id: str, secret: str, *, group_id: str = "", task_id: str = "", sample_index: int = 0,
-                     attempt: int = 0, harness: str = "") -> str:
-    """A key scoped to ``session_id`` (and its group/task/sample), signed with ``secret``."""
+                     attempt: int = 0, harness: str = "", ttl_s: float = DEFAULT_KEY_TTL_S,
+                     now: float | None = None) -> str:
+    """A key scoped to ``session_id`` (and its group/task/sample), signed with ``secret``, valid ``ttl_s``."""
     if not session_id:
         raise ValueError("session_id: must not be empty")
-    claims = SessionClaims(session_id, group_id, task_id, sample_index, attempt, harness)
+    if session_id.startswith(OPEN_PREFIX):
+        raise ValueError(f"session_id: {OPEN_PREFIX!r} is the namespace of open-mode sessions")
+    if ttl_s <= 0:
+        raise ValueError("ttl_s: must be positive")
+    expires_at = int((time.time() if now is None else now) + ttl_s)
+    claims = SessionClaims(session_id, group_id, task_id, sample_index, attempt, harness, expires_at)
     raw = {short: getattr(claims, name) for short, name in _CLAIM_KEYS if getattr(claims, name) not in ("", 0)}
     payload = _b64(orjson.dumps(raw))
     return f"{KEY_PREFIX}{payload}.{_sign(payload, secret)}"
 
 
-def verify_session_key(key: str, secret: str) -> SessionClaims:
-    """The claims of a key signed with ``secret``; raises InvalidSessionKey for anything else."""
+def verify_session_key(key: str, secret: str, now: float | None = None) -> SessionClaims:
+    """The claims of an unexpired key signed with ``secret``; raises InvalidSessionKey for anything else."""
     if not key.startswith(KEY_PREFIX):
         raise InvalidSessionKey("not a polarstream session key")
     payload, dot, sig = key[len(KEY_PREFIX) :].partition(".")
@@ -85,14 +101,25 @@ def verify_session_key(key: str, secret: str) -> SessionClaims:
         claims = SessionClaims(**{name: raw[short] for short, name in _CLAIM_KEYS if short in raw})
     except (ValueError, TypeError) as e:  # signed but unreadable: a secret shared with a different format
         raise InvalidSessionKey(f"session key claims are unreadable ({e})") from None
-    if not claims.session_id:
+    if not claims.session_id or claims.session_id.startswith(OPEN_PREFIX):
         raise InvalidSessionKey("session key names no session")
+    if not claims.expires_at:
+        raise InvalidSessionKey("session key carries no expiry (minted by an older gateway): mint a new one")
+    if (time.time() if now is None else now) >= claims.expires_at:
+        expired = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(claims.expires_at))
+        raise InvalidSessionKey(f"session key expired at {expired}")
     return claims
 
 
-def open_session_claims(key: str) -> SessionClaims:
-    """Open mode: an arbitrary key (or path name) becomes an ad-hoc session of its own."""
-    return SessionClaims(session_id="open-" + hashlib.sha256(key.encode()).hexdigest()[:16])
+_READABLE = re.compile(r"[A-Za-z0-9._\-]{1,128}")
+
+
+def open_session_claims(key: str = "", name: str = "") -> SessionClaims:
+    """Open mode: a readable ``name`` (``/s/{name}``, ``x-session-id``) or an arbitrary key becomes an
+    ad-hoc session under ``open:``. A key is hashed (it never reaches the events); so is an odd name."""
+    if name and _READABLE.fullmatch(name):
+        return SessionClaims(session_id=OPEN_PREFIX + name)
+    return SessionClaims(session_id=OPEN_PREFIX + hashlib.sha256((name or key).encode()).hexdigest()[:16])
 
 
 # --------------------------------------------------------------------------------------- state
@@ -156,17 +183,27 @@ class SessionStore:
     Beyond ``max_sessions`` the least recently used idle sessions are *shed*: they lose their chain
     tip (the heavy part: a whole history) but keep ``call_index`` and counters, so a session that comes
     back never reuses a call index (its next main call starts a chain with ``state_evicted``). Shed
-    states beyond ten times that are forgotten entirely; nodes ``drop`` finished sessions anyway.
+    states beyond ten times that are forgotten; nodes ``drop`` finished sessions anyway.
+
+    A dropped or forgotten session leaves a *tombstone* until its key expires: a later call with its key
+    is refused (``SessionClosed``) instead of starting the session again at call_index 0, which would
+    collide with the calls already recorded under that index.
     """
 
-    def __init__(self, max_sessions: int = 10_000):
+    def __init__(self, max_sessions: int = 10_000, tombstone_ttl_s: float = DEFAULT_KEY_TTL_S):
         self.max_sessions = max_sessions
+        self.tombstone_ttl_s = tombstone_ttl_s  # for sessions whose key expiry is unknown (open mode)
         self._states: OrderedDict[str, SessionState] = OrderedDict()  # full states, least recent first
         self._shed: OrderedDict[str, SessionState] = OrderedDict()
+        self._tombstones: OrderedDict[str, float] = OrderedDict()  # session id -> unix time it may be forgotten
 
     def get(self, claims: SessionClaims) -> SessionState:
-        """The state for ``claims.session_id``, created on first use."""
+        """The state for ``claims.session_id``, created on first use; SessionClosed after ``drop``."""
         sid = claims.session_id
+        if self._tombstones and sid in self._tombstones:
+            if self._tombstones[sid] > time.time():
+                raise SessionClosed(f"session {sid!r} is closed: its key records no more calls (mint a new one)")
+            del self._tombstones[sid]
         st = self._states.get(sid)
         if st is not None:
             self._states.move_to_end(sid)
@@ -181,8 +218,24 @@ class SessionStore:
         return self._states.get(session_id) or self._shed.get(session_id)
 
     def drop(self, session_id: str) -> SessionState | None:
-        """Forget a finished session (its calls stay in Kafka)."""
-        return self._states.pop(session_id, None) or self._shed.pop(session_id, None)
+        """Forget a finished session (its calls stay in Kafka) and tombstone its id until its key expires."""
+        st = self._states.pop(session_id, None) or self._shed.pop(session_id, None)
+        self._tombstone(session_id, st)
+        return st
+
+    def closed(self, session_id: str) -> bool:
+        return self._tombstones.get(session_id, 0.0) > time.time()
+
+    def _tombstone(self, session_id: str, st: SessionState | None) -> None:
+        now = time.time()
+        expires = st.claims.expires_at if st is not None and st.claims.expires_at else now + self.tombstone_ttl_s
+        self._tombstones[session_id] = expires
+        self._tombstones.move_to_end(session_id)
+        while self._tombstones:  # roughly expiry order (keys share one TTL): drop the expired from the front
+            first = next(iter(self._tombstones))
+            if self._tombstones[first] > now:
+                break
+            del self._tombstones[first]
 
     def __len__(self) -> int:
         return len(self._states) + len(self._shed)
@@ -203,4 +256,5 @@ class SessionStore:
             self._shed[sid] = st
             excess -= 1
         while len(self._shed) > 10 * self.max_sessions:
-            self._shed.popitem(last=False)
+            sid, st = self._shed.popitem(last=False)
+            self._tombstone(sid, st)  # its call_index is lost with it: refuse the key rather than reuse indexes

@@ -85,6 +85,7 @@ class Settings(BaseSettings):
     rollout_port: int = 8080
     admin_token: str = Field("polar-admin", repr=False)
     session_secret: str = Field("polar-dev-session-secret", repr=False)
+    session_key_ttl_s: float = Field(7 * 24 * 3600, gt=0, description="how long a minted session key is valid")
 
     config: str | None = Field(None, description="optional YAML file with any of these settings")
 

@@ -171,7 +171,8 @@ class SessionIntake:
         if attempt != record.attempt:
             key = mint_session_key(run_session_id(record.session_id, attempt), self.settings.session_secret,
                                    group_id=record.group_id, task_id=record.task_id, sample_index=record.sample_index,
-                                   attempt=attempt, harness=record.task.harness.name)
+                                   attempt=attempt, harness=record.task.harness.name,
+                                   ttl_s=self.settings.session_key_ttl_s)
         job = Job(assigned=record, attempt=attempt, key=key, partition=partition, offset=offset, lost_attempt=lost)
         reason = self.cancelled.get(record.task_id) or record.task.cancelled
         if reason:

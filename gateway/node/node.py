@@ -63,8 +63,11 @@ class Node:
         import uvicorn
 
         from gateway.app import create_app
+        from gateway.exposure import check_exposure
         from producers.publisher import Publisher
 
+        check_exposure(self.cfg.gateway_host, admin_token=self.settings.admin_token,
+                       session_secret=self.settings.session_secret, open_mode=self.gateway_config.open_mode)
         self.cfg.work_dir.mkdir(parents=True, exist_ok=True)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -100,6 +103,7 @@ class Node:
         gw = self.app.state.gateway
         st = gw.sessions.find(session_id)
         if st is None:
+            gw.sessions.drop(session_id)  # closed all the same: its key must not start it later
             return 0  # the harness never called the model
         deadline = time.monotonic() + self.cfg.settle_timeout_s
         while time.monotonic() < deadline and (st.lock.locked() or (st.pending is not None and not st.pending.done())):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from gateway.sessions import mint_session_key
+from gateway.sessions import DEFAULT_KEY_TTL_S, mint_session_key
 from schemas import HarnessSpec, SessionAssigned, TaskRequest, derived_event_id
 
 
@@ -44,7 +44,7 @@ def harness_for(task: TaskRequest, sample_index: int) -> HarnessSpec:
     return spec
 
 
-def fan_out(task: TaskRequest, secret: str) -> list[SessionAssigned]:
+def fan_out(task: TaskRequest, secret: str, key_ttl_s: float = DEFAULT_KEY_TTL_S) -> list[SessionAssigned]:
     """The task's sessions, sample 0..num_samples-1, attempt 0, each with a key scoped to it."""
     out = []
     for i in range(task.num_samples):
@@ -52,7 +52,7 @@ def fan_out(task: TaskRequest, secret: str) -> list[SessionAssigned]:
         spec = harness_for(task, i)
         sample_task = task if spec is task.harness else task.model_copy(update={"harness": spec})
         key = mint_session_key(sid, secret, group_id=task.group_id, task_id=task.task_id, sample_index=i, attempt=0,
-                               harness=spec.name)
+                               harness=spec.name, ttl_s=key_ttl_s)
         out.append(SessionAssigned(event_id=derived_event_id("assigned", sid, 0), session_id=sid, group_id=task.group_id,
                                    task_id=task.task_id, sample_index=i, attempt=0, session_key=key, task=sample_task))
     return out

@@ -118,6 +118,10 @@ def test_admin_mints_keys_and_reports_sessions(polar_settings, scripted_engine, 
     assert (call.group_id, call.task_id, call.sample_index, call.harness) == ("g", "t", 1, "codex")
     assert admin(gw, "DELETE", "/admin/sessions/node-7").json()["num_calls"] == 1
     assert admin(gw, "GET", "/admin/sessions/node-7").json()["known"] is False
+    late = httpx.post(gw.url + "/v1/messages", headers={"x-api-key": minted["session_key"]}, timeout=60,
+                      json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "again"}]})
+    assert late.status_code == 401 and late.json()["error"]["type"] == "authentication_error"  # closed: no call 0 again
+    assert "closed" in late.json()["error"]["message"]
     assert admin(gw, "POST", "/admin/sessions", json={"session_id": ""}).status_code == 422
 
 
@@ -133,8 +137,8 @@ def test_open_mode_records_ad_hoc_sessions(polar_settings, scripted_engine, gate
     assert not r.json()["choices"][0]["message"].get("tool_calls")
     calls = read_calls(polar_settings, 3)
     sessions = {c.session_id for c in calls}
-    assert len(sessions) == 3 and "my-run" in sessions
-    assert all(s == "my-run" or s.startswith("open-") for s in sessions)
+    assert len(sessions) == 3 and "open:my-run" in sessions
+    assert all(s.startswith("open:") for s in sessions)  # never a rollout session's id
 
 
 def test_shed_session_continues_its_call_indexes(polar_settings, scripted_engine, gateway_factory):

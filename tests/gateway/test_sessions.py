@@ -5,6 +5,7 @@ import pytest
 from gateway.sessions import (
     InvalidSessionKey,
     SessionClaims,
+    SessionClosed,
     SessionStore,
     mint_session_key,
     open_session_claims,
@@ -22,7 +23,7 @@ def test_key_round_trips_its_claims():
 
 def test_key_with_defaults_is_short_and_header_safe():
     key = mint_session_key("s", SECRET)
-    assert len(key) < 60 and all(c.isalnum() or c in "-_." for c in key)
+    assert len(key) < 80 and all(c.isalnum() or c in "-_." for c in key)
     assert verify_session_key(key, SECRET) == SessionClaims("s")
 
 
@@ -74,3 +75,44 @@ def test_store_forgets_shed_sessions_beyond_ten_times_capacity():
     for i in range(15):
         store.get(SessionClaims(f"s{i}"))
     assert len(store) == 11 and store.find("s0") is None and store.find("s14") is not None
+    with pytest.raises(SessionClosed):  # its call indexes are gone with it: refused, never restarted at 0
+        store.get(SessionClaims("s0"))
+
+
+def test_keys_expire_and_a_key_without_expiry_is_refused():
+    import orjson
+
+    from gateway.sessions import KEY_PREFIX, _b64, _sign
+
+    key = mint_session_key("s", SECRET, ttl_s=60, now=1_000_000)
+    assert verify_session_key(key, SECRET, now=1_000_059).session_id == "s"
+    with pytest.raises(InvalidSessionKey, match="expired at 1970-01-12T13:47:40Z"):
+        verify_session_key(key, SECRET, now=1_000_060)
+    payload = _b64(orjson.dumps({"s": "s"}))  # signed, but minted before keys carried an expiry
+    with pytest.raises(InvalidSessionKey, match="no expiry"):
+        verify_session_key(f"{KEY_PREFIX}{payload}.{_sign(payload, SECRET)}", SECRET)
+
+
+def test_open_sessions_live_in_their_own_namespace():
+    assert open_session_claims(name="my-run").session_id == "open:my-run"
+    assert open_session_claims(name="a/b c").session_id.startswith("open:") and "a/b" not in open_session_claims(name="a/b c").session_id
+    assert open_session_claims("k1").session_id.startswith("open:")
+    with pytest.raises(ValueError, match="namespace"):
+        mint_session_key("open:my-run", SECRET)  # a minted key can never name an ad-hoc session
+
+
+def test_a_dropped_session_is_closed_until_its_key_expires():
+    store = SessionStore()
+    claims = verify_session_key(mint_session_key("s", SECRET), SECRET)
+    store.get(claims).next_call_index = 3
+    store.drop("s")
+    with pytest.raises(SessionClosed, match="closed"):
+        store.get(claims)  # an old key cannot start it again at call_index 0
+    store.drop("never-seen")  # closing an unknown session (forget) works too
+    assert store.closed("never-seen") and not store.closed("other")
+    expired = SessionStore(tombstone_ttl_s=0.01)
+    expired.drop("x")
+    import time
+
+    time.sleep(0.02)
+    assert expired.get(SessionClaims("x")).next_call_index == 0  # the tombstone ends with the key's validity
