@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+
+log = logging.getLogger("polarstream.gateway")
 
 
 class GateClosed(Exception):
@@ -20,6 +23,8 @@ class Gate:
         self._idle = asyncio.Event()
         self._idle.set()
         self.in_flight = 0
+        self._deadline: asyncio.TimerHandle | None = None
+        self.auto_resumed = 0  # pauses that outlived their deadline (a trainer died while paused?)
 
     @property
     def paused(self) -> bool:
@@ -42,9 +47,17 @@ class Gate:
             if self.in_flight == 0:
                 self._idle.set()
 
-    async def pause(self, drain_timeout_s: float) -> bool:
-        """Close the gate; True once no call is in flight, False if some still are after the timeout."""
+    async def pause(self, drain_timeout_s: float, deadline_s: float | None = None) -> bool:
+        """Close the gate; True once no call is in flight, False if some still are after the timeout.
+
+        ``deadline_s``: the gate reopens by itself that long after the pause, logged, so a trainer that
+        dies between pause and resume cannot hold every harness forever."""
         self._open.clear()
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = None
+        if deadline_s is not None:
+            self._deadline = asyncio.get_running_loop().call_later(deadline_s, self._expire, deadline_s)
         try:
             await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
         except TimeoutError:
@@ -52,4 +65,15 @@ class Gate:
         return True
 
     def resume(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         self._open.set()
+
+    def _expire(self, deadline_s: float) -> None:
+        self._deadline = None
+        if not self._open.is_set():
+            self.auto_resumed += 1
+            log.warning("gateway paused for %gs with no resume (did the trainer die mid-sync?): resuming by itself",
+                        deadline_s)
+            self._open.set()

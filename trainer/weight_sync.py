@@ -107,13 +107,15 @@ class Gateway:
     base_url: str
     admin_token: str
     drain_timeout_s: float = 600.0
+    swap_budget_s: float = 600.0  # after draining: if no resume comes by then (we died), the gateway resumes itself
     client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=600.0))
 
     def _post(self, path: str, **kw) -> httpx.Response:
         return _post(self.client, self.base_url, path, headers={"authorization": f"Bearer {self.admin_token}"}, **kw)
 
     def pause(self) -> None:
-        self._post("/admin/pause", params={"timeout_s": self.drain_timeout_s})
+        self._post("/admin/pause", params={"timeout_s": self.drain_timeout_s,
+                                           "deadline_s": self.drain_timeout_s + self.swap_budget_s})
 
     def stamp(self, version: int) -> None:
         self._post("/admin/policy_version", json={"version": version})

@@ -20,3 +20,31 @@ def test_gateway_rejects_unknown_upstream_and_publish_mode():
     assert r.exit_code == 2 and "expected polar, vllm or sglang" in r.output
     r = CliRunner().invoke(app, [*base, "--publish-mode", "later"])
     assert r.exit_code == 2 and "expected sync or async" in r.output
+
+
+def test_gateway_refuses_a_public_address_with_development_credentials(monkeypatch):
+    base = ["gateway", "--engine-url", "http://127.0.0.1:1", "--model", "/nonexistent", "--host", "0.0.0.0"]
+    r = CliRunner().invoke(app, base)
+    assert r.exit_code == 2 and "POLAR_ADMIN_TOKEN and POLAR_SESSION_SECRET" in r.output
+    monkeypatch.setenv("POLAR_ADMIN_TOKEN", "a-real-token")
+    monkeypatch.setenv("POLAR_SESSION_SECRET", "a-real-secret")
+    r = CliRunner().invoke(app, [*base, "--open"])
+    assert r.exit_code == 2 and "--allow-open-remote" in r.output
+
+
+def test_exposure_rules():
+    import pytest
+
+    from gateway.exposure import UnsafeExposure, check_exposure, is_loopback
+
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1") and is_loopback("127.4.5.6")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.7") and not is_loopback("gw.internal")
+    dev = {"admin_token": "polar-admin", "session_secret": "polar-dev-session-secret"}
+    real = {"admin_token": "t0k", "session_secret": "s3c"}
+    check_exposure("127.0.0.1", **dev, open_mode=True)  # loopback: anything goes
+    with pytest.raises(UnsafeExposure, match="POLAR_SESSION_SECRET"):
+        check_exposure("10.0.0.7", admin_token="t0k", session_secret="polar-dev-session-secret")
+    with pytest.raises(UnsafeExposure, match="--allow-open-remote"):
+        check_exposure("10.0.0.7", **real, open_mode=True)
+    check_exposure("10.0.0.7", **real, open_mode=True, allow_open_remote=True)
+    check_exposure("10.0.0.7", **real)
