@@ -2,12 +2,15 @@
 
 Built on confluent-kafka with idempotence and acks=all, so a retried send never duplicates and an
 acknowledged send survives a broker restart. Each record goes to ``settings.topic(record.TOPIC)`` keyed
-by ``record.key()``. A background thread polls the producer and resolves one future per record:
+by ``record.key()``. A background thread polls the producer (and each send serves the reports already in)
+and resolves one future per record; an event loop's futures are resolved in batches, one loop wakeup
+per batch of acknowledgements, not one per record (``_LoopDeliveries``):
 
     async with Publisher(settings) as pub:
         delivery = await pub.publish(call)       # raises PublishError if the broker never acknowledged
 
-``publish_sync`` is the same for threads. When librdkafka's bounded queue is full, ``publish`` waits
+``publish_sync`` is ``publish`` for threads, and ``publish_many`` queues a whole list before it waits
+(the fastest way to publish many records). When librdkafka's bounded queue is full, ``publish`` waits
 (back-pressure) instead of dropping. On close, whatever is still queued is flushed; what cannot be
 delivered in time fails its future with PublishError, so no caller mistakes it for published.
 """
@@ -103,6 +106,63 @@ class PublisherStats:
                 "latency_p50_ms": self.percentile(0.5), "latency_p99_ms": self.percentile(0.99)}
 
 
+def _settle(fut: asyncio.Future | Future, outcome: Delivery | PublishError) -> None:
+    """Resolve ``fut`` with a delivery outcome; one whose waiter was cancelled is left as it is."""
+    if fut.done():  # the awaiting caller was cancelled; the outcome is still counted
+        return
+    try:
+        if isinstance(outcome, Delivery):
+            fut.set_result(outcome)
+        else:
+            fut.set_exception(outcome)
+    except InvalidStateError:  # cancelled between the check and the set (a thread-safe future)
+        pass
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+class _LoopDeliveries:
+    """Delivery outcomes bound for one event loop's futures, handed over in batches.
+
+    The polling thread ``put``s each outcome; only the first outcome after a drain wakes the loop
+    (``call_soon_threadsafe``, a self-pipe write and a loop iteration), and that one ``drain`` resolves
+    everything that arrived meanwhile. Under load one poll reports a whole produce batch, so the loop
+    wakes once per batch instead of once per record; a lone publish still wakes it at once.
+    """
+
+    __slots__ = ("loop", "pending", "scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = weakref.ref(loop)  # weak: the publisher's loop -> deliveries map must not keep a loop alive
+        self.pending: deque[tuple[asyncio.Future, Delivery | PublishError]] = deque()
+        self.scheduled = False
+
+    def put(self, fut: asyncio.Future, outcome: Delivery | PublishError) -> None:
+        # Append before reading the flag, and drain clears the flag before popping: an outcome is
+        # either popped by a drain already under way or sees the flag clear and schedules one.
+        self.pending.append((fut, outcome))
+        if self.scheduled:
+            return
+        self.scheduled = True
+        loop = self.loop()
+        if loop is None:  # the loop is gone: nobody is left to wait on these futures
+            return
+        try:
+            loop.call_soon_threadsafe(self.drain)
+        except RuntimeError:  # the loop is closed: likewise
+            pass
+
+    def drain(self) -> None:
+        self.scheduled = False
+        pending = self.pending
+        while pending:
+            fut, outcome = pending.popleft()
+            _settle(fut, outcome)
+
+
 def producer_config(settings: Settings, *, delivery_timeout_s: float, max_in_flight: int,
                     linger_ms: float, compression: str, client_id: str) -> dict[str, Any]:
     """librdkafka settings for durable, ordered, bounded publishing."""
@@ -144,6 +204,8 @@ class Publisher:
         self._fatal: KafkaError | None = None
         self._full_lock = threading.Lock()
         self._loop_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._deliveries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> _LoopDeliveries
+        self._headers: dict[type, list[tuple[str, bytes]]] = {}
         self._closed = False
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="publisher-poll", daemon=True)
@@ -157,12 +219,38 @@ class Publisher:
         Cancelling the caller stops the wait, not the send: a record already queued may still land
         (a consumer that dedupes on event_id absorbs a retry of it).
         """
-        return await asyncio.wrap_future(await self._submit_async(record))
+        loop = asyncio.get_running_loop()
+        topic, data = self._encode(record)
+        fut = self._produce_async(record, topic, data, loop)
+        if fut is None:
+            fut = await self._wait_for_room(record, topic, data, loop)
+        return await fut
 
     async def publish_many(self, records: list[Record]) -> list[Delivery]:
-        """Send all, in order, and wait for every acknowledgement (the first failure raises)."""
-        futures = [asyncio.wrap_future(await self._submit_async(r)) for r in records]
-        return list(await asyncio.gather(*futures))
+        """Send all, in order, and wait for every acknowledgement (the first failure raises).
+
+        The batch form of ``publish``: no task or coroutine per record, every record is queued before
+        the first wait, so a caller with many records reaches the producer's pipelining ceiling."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Delivery]] = []
+        try:
+            for record in records:
+                topic, data = self._encode(record)
+                fut = self._produce_async(record, topic, data, loop)
+                futures.append(fut if fut is not None else await self._wait_for_room(record, topic, data, loop))
+        except BaseException:  # those already queued still land; their outcomes are nobody's to raise
+            for fut in futures:
+                fut.add_done_callback(_retrieve)
+            raise
+        out = []
+        for i, fut in enumerate(futures):
+            try:
+                out.append(await fut)  # most are resolved by now: awaiting a done future does not suspend
+            except BaseException:
+                for rest in futures[i + 1:]:  # their outcome is dropped, not left as "never retrieved"
+                    rest.add_done_callback(_retrieve)
+                raise
+        return out
 
     def publish_sync(self, record: Record, timeout: float | None = None) -> Delivery:
         """Blocking ``publish`` for threaded callers."""
@@ -170,48 +258,70 @@ class Publisher:
 
     def submit(self, record: Record) -> Future[Delivery]:
         """Queue ``record`` (blocking while the queue is full) and return its delivery future."""
-        out = self._encode(record)
-        fut = self._try_produce(record, *out)
+        topic, data = self._encode(record)
+        fut = self._produce_sync(record, topic, data)
         if fut is None:
-            with self._full_lock:  # see _submit_async
-                while (fut := self._try_produce(record, *out)) is None:
+            with self._full_lock:  # see _wait_for_room
+                while (fut := self._produce_sync(record, topic, data)) is None:
                     time.sleep(_BACKOFF_S)
         return fut
 
-    async def _submit_async(self, record: Record) -> Future[Delivery]:
-        out = self._encode(record)
-        fut = self._try_produce(record, *out)
-        if fut is None:
-            # The local queue is full (back-pressure: never drop). One waiter retries at a time and the
-            # others queue behind it in arrival order, instead of thousands of coroutines spinning.
-            lock = self._loop_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
-            async with lock:
-                while (fut := self._try_produce(record, *out)) is None:
-                    await asyncio.sleep(_BACKOFF_S)
+    async def _wait_for_room(self, record: Record, topic: str, data: bytes,
+                             loop: asyncio.AbstractEventLoop) -> asyncio.Future[Delivery]:
+        # The local queue is full (back-pressure: never drop). One waiter retries at a time and the
+        # others queue behind it in arrival order, instead of thousands of coroutines spinning.
+        lock = self._loop_locks.setdefault(loop, asyncio.Lock())
+        async with lock:
+            while (fut := self._produce_async(record, topic, data, loop)) is None:
+                await asyncio.sleep(_BACKOFF_S)
         return fut
 
     def _encode(self, record: Record) -> tuple[str, bytes]:
         return self.settings.topic(record.TOPIC), encode(record)
 
-    def _try_produce(self, record: Record, topic: str, data: bytes) -> Future[Delivery] | None:
-        """The record's delivery future, or None when the local queue is full right now."""
+    def _produce_async(self, record: Record, topic: str, data: bytes,
+                       loop: asyncio.AbstractEventLoop) -> asyncio.Future[Delivery] | None:
+        """An asyncio future for the record's delivery, or None when the local queue is full right now.
+
+        The delivery callback runs on whichever thread polls the producer; it hands the outcome to the
+        loop's _LoopDeliveries, which wakes the loop once per batch of outcomes, not once per record."""
+        deliveries = self._deliveries.get(loop)
+        if deliveries is None:
+            deliveries = self._deliveries[loop] = _LoopDeliveries(loop)
+        fut = loop.create_future()
+        event_id, start, outcome, put = record.event_id, time.monotonic(), self._outcome, deliveries.put
+
+        def on_delivery(err: KafkaError | None, msg) -> None:
+            put(fut, outcome(err, msg, event_id, start))
+
+        return fut if self._produce(record, topic, data, on_delivery) else None
+
+    def _produce_sync(self, record: Record, topic: str, data: bytes) -> Future[Delivery] | None:
+        """A thread-safe future for the record's delivery, or None when the local queue is full right now."""
+        fut: Future[Delivery] = Future()
+        event_id, start, outcome = record.event_id, time.monotonic(), self._outcome
+
+        def on_delivery(err: KafkaError | None, msg) -> None:
+            _settle(fut, outcome(err, msg, event_id, start))
+
+        return fut if self._produce(record, topic, data, on_delivery) else None
+
+    def _produce(self, record: Record, topic: str, data: bytes, on_delivery) -> bool:
+        """Hand the record to librdkafka; False when its queue is full (nothing was queued)."""
         if self._closed:
             raise PublishError("publisher is closed", event_id=record.event_id)
         if self._fatal is not None:
             raise PublishError(f"publisher is unusable after a fatal error: {self._fatal.str()}",
                                code=self._fatal.name(), event_id=record.event_id)
-        fut: Future[Delivery] = Future()
-        start = time.monotonic()
-
-        def on_delivery(err: KafkaError | None, msg) -> None:
-            self._resolve(fut, err, msg, record.event_id, start)
-
+        cls = type(record)
+        headers = self._headers.get(cls)
+        if headers is None:
+            headers = self._headers[cls] = [("record_type", cls.__name__.encode())]
         try:
-            self._producer.produce(topic, value=data, key=record.key().encode(), on_delivery=on_delivery,
-                                   headers=[("record_type", type(record).__name__.encode())])
+            self._producer.produce(topic, value=data, key=record.key().encode(), on_delivery=on_delivery, headers=headers)
         except BufferError:
             self.stats.queue_full += 1
-            return None
+            return False
         except KafkaException as e:  # rejected before queueing: too large, unknown config, ...
             err = e.args[0]
             self.stats.record_sent(0)  # counted as an attempt that failed, so in_flight stays exact
@@ -219,20 +329,20 @@ class Publisher:
             raise PublishError(f"{topic}: {err.str()} ({len(data)} bytes, event {record.event_id})",
                                topic=topic, event_id=record.event_id, code=err.name(), retriable=_retriable(err)) from None
         self.stats.record_sent(len(data))
-        return fut
+        # Serve delivery reports that are already in, here: the poll thread needs the GIL for each one
+        # (confluent-kafka takes it per callback), and a thread that keeps the GIL busy producing makes it
+        # wait up to the 5 ms switch interval per report. Cheap when nothing is pending.
+        self._producer.poll(0)
+        return True
 
-    def _resolve(self, fut: Future[Delivery], err: KafkaError | None, msg, event_id: str, start: float) -> None:
+    def _outcome(self, err: KafkaError | None, msg, event_id: str, start: float) -> Delivery | PublishError:
+        """A delivery report as what its waiter gets (counted here, on the polling thread)."""
         latency_ms = (time.monotonic() - start) * 1000
         self.stats.record_result(err is None, latency_ms)
-        try:
-            if err is None:
-                fut.set_result(Delivery(msg.topic(), msg.partition(), msg.offset(), event_id, latency_ms))
-            else:
-                fut.set_exception(PublishError(
-                    f"{msg.topic()}: not acknowledged: {err.str()} (event {event_id})",
-                    topic=msg.topic(), event_id=event_id, code=err.name(), retriable=_retriable(err)))
-        except InvalidStateError:  # the awaiting caller was cancelled; the outcome is still counted
-            pass
+        if err is None:
+            return Delivery(msg.topic(), msg.partition(), msg.offset(), event_id, latency_ms)
+        return PublishError(f"{msg.topic()}: not acknowledged: {err.str()} (event {event_id})",
+                            topic=msg.topic(), event_id=event_id, code=err.name(), retriable=_retriable(err))
 
     # ------------------------------------------------------------------ background
 
