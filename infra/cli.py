@@ -57,7 +57,7 @@ def up(config: Optional[Path] = _CONFIG, timeout: float = typer.Option(120.0, he
         return cluster_up(config, cluster, timeout, secure, heap_mb)
 
     try:
-        stack = _stack(config, secure, brokers, heap_mb if brokers and brokers > 1 else None)
+        stack = _stack(config, secure, brokers, heap_mb)  # the heap applies to a cluster's nodes only
         report = stack.up(timeout)
     except InfraError as e:
         _fail(e)

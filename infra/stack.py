@@ -22,7 +22,8 @@ class Stack:
 
     ``ephemeral`` (tests, benchmarks) ties the servers' lifetime to this process and trades peak JIT
     performance for a faster start. ``brokers`` (None: what the data directory remembers, else 1) runs
-    that many Kafka nodes (infra/kafka_cluster.py); ``heap_mb`` is each broker's heap (None: the default).
+    that many Kafka nodes (infra/kafka_cluster.py); ``heap_mb`` is each node's heap there (None: the
+    default; the single broker keeps its own).
     """
 
     settings: Settings
@@ -41,14 +42,14 @@ class Stack:
             reader = s3_settings(self.settings, "reader").model_copy(update={"s3_port": self.settings.s3_read_port})
             self.s3_read = S3ReadServer(reader, die_with_parent=self.ephemeral, quick_jit=self.ephemeral)
         self.brokers = resolve_brokers(self.settings, self.brokers)
-        heap = {"heap_mb": self.heap_mb} if self.heap_mb else {}
         if self.brokers > 1:
+            heap = {"heap_mb": self.heap_mb} if self.heap_mb else {}
             self.kafka = KafkaCluster(self.settings, self.brokers, die_with_parent=self.ephemeral,
                                       quick_jit=self.ephemeral, **heap)
             # The stack's own clients (topics, status) reach every node, whatever bootstrap it was given.
             self.settings = self.settings.model_copy(update={"kafka_bootstrap": self.kafka.bootstrap})
         else:
-            self.kafka = KafkaBroker(self.settings, die_with_parent=self.ephemeral, quick_jit=self.ephemeral, **heap)
+            self.kafka = KafkaBroker(self.settings, die_with_parent=self.ephemeral, quick_jit=self.ephemeral)
         self.s3 = S3Server(self.settings, die_with_parent=self.ephemeral, quick_jit=self.ephemeral)
 
     def up(self, timeout: float = 90.0) -> TopicReport:
