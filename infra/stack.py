@@ -92,8 +92,7 @@ class Stack:
 
     def status(self) -> dict:
         """Both servers' status plus the topic prefix and data directory."""
-        out = {"kafka": {**self.kafka.status(), "brokers": self.brokers}, "storage": self.s3.status(),
-               "topic_prefix": self.settings.topic_prefix,
+        out = {"kafka": self.kafka.status(), "storage": self.s3.status(), "topic_prefix": self.settings.topic_prefix,
                "data_dir": str(self.settings.data_dir), "secure": self.settings.secure}
         if self.s3_read is not None:
             out["storage_read"] = self.s3_read.status()
