@@ -23,7 +23,8 @@ from pathlib import Path
 
 START = "<!-- bench:results:start -->"
 END = "<!-- bench:results:end -->"
-MARKER = re.compile(r"<!-- bench:([\w-]+):([^ >]+) -->(.*?)<!-- /bench -->", re.S)
+# START and END have a marker's shape: never one, or a figure marked after the results section would swallow it.
+MARKER = re.compile(r"<!-- bench:(?!results:(?:start|end) -->)([\w-]+):([^ >]+) -->(.*?)<!-- /bench -->", re.S)
 # Benchmarks that are simulations even when their JSON predates the "kind" field (results recorded earlier).
 DEFAULT_KINDS = {"rollout": "simulation"}
 FIELDS = ("area", "metric", "ours", "anchor", "anchor_name", "unit", "higher_is_better", "note")
@@ -216,8 +217,24 @@ def _trainer(r: dict) -> Iterator[dict | None]:
                          t.get(f"trl_loss_{trl_loss}"), name, "", None, "must agree: same model, data and clip range")
 
 
+def _publisher(r: dict) -> Iterator[dict | None]:
+    """The batch API beside one publish per event (unbounded), and a lone publish's latency beside the same wait
+    through a thread-safe future woken once per event (``wrap_future``, the async path before batched wakeups)."""
+    for item in r.get("results") or []:
+        kb = f"{item.get('size_bytes', 0) // 1024} KB"
+        u = item.get("unbounded") or {}
+        yield comparison("Publisher: publish_many vs one publish per event (all in flight, acks=all)", f"events/s, {kb} (median)",
+                         dig(u, "publish_many", "events_per_s", "median"), dig(u, "publish", "events_per_s", "median"),
+                         "publish per event", "events/s", True)
+        s = item.get("sequential") or {}
+        for q in ("p50", "p99"):
+            yield comparison("Publisher: one publish awaited at a time, batched wakeups vs one wakeup per event",
+                             f"{q} latency, {kb} (median of rounds)", s.get(f"latency_{q}_ms"), s.get(f"wrap_future_latency_{q}_ms"),
+                             "wrap_future", "ms", False, "wrap_future: a thread-safe future resolved on the poll thread")
+
+
 DERIVERS: dict[str, Callable[[dict], Iterator[dict | None]]] = {
-    "gateway": _gateway, "streams": _streams, "trainer": _trainer,
+    "gateway": _gateway, "streams": _streams, "trainer": _trainer, "publisher": _publisher,
 }
 
 

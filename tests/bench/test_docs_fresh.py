@@ -16,7 +16,7 @@ import pytest
 
 from bench import run_all
 from bench._provenance import changed_since, commit_info
-from bench.render import MARKER, pages, render_docs, render_markers
+from bench.render import MARKER, pages, render_docs, render_into, render_markers
 
 ROOT = Path(__file__).resolve().parents[2]
 LATEST = ROOT / "bench/results/latest.json"
@@ -51,6 +51,18 @@ def test_a_hand_typed_figure_inside_a_marker_is_replaced():
     assert render_markers(page, run, None) == "worker: <!-- bench:streams:worker/burst/calls_per_s -->304.8<!-- /bench --> calls/s"
     missing = render_markers("<!-- bench:streams:worker/none -->7<!-- /bench -->", run, None)
     assert "7" not in missing and "not in latest.json" in missing
+
+
+def test_a_figure_marked_after_the_results_section_leaves_the_section_alone(tmp_path):
+    run = {"mode": "full", "machine": {"git_commit": "abc123", "date": "2026-01-01"},
+           "benchmarks": {"streams": {"status": "ok", "result": {"worker": {"burst": {"calls_per_s": 304.8}}}}}}
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("intro\n<!-- bench:results:start -->\nold\n<!-- bench:results:end -->\n"
+                   "after: <!-- bench:streams:worker/burst/calls_per_s -->1<!-- /bench -->\n")
+    render_into(doc, run, None)
+    text = doc.read_text()
+    assert "## Results (full run)" in text and "<!-- bench:results:end -->" in text and "old" not in text
+    assert "after: <!-- bench:streams:worker/burst/calls_per_s -->304.8<!-- /bench -->" in text
 
 
 def test_tables_end_with_the_commit_and_what_changed_since():
