@@ -18,7 +18,7 @@ the typical (p50 ``before``) latency; the longest any call was still waiting aft
 much that exceeds the election. At the end every acknowledged event is read back: ``acked_events_lost``
 and ``duplicates`` (``publish_failures``: sends that were never acknowledged).
 
-    .venv/bin/python bench/broker_loss.py [--quick] [--rate EVENTS_PER_S]
+    .venv/bin/python bench/broker_loss.py [--quick] [--rate EVENTS_PER_S] [--client KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -133,7 +133,8 @@ class Watch:
         raise RuntimeError(f"{self.topic}: ISRs not back to {replicas} within {timeout:.0f} s")
 
 
-async def scenario(cluster: KafkaCluster, settings: Settings, rate: float, targets: list[str], phase_s: dict) -> dict:
+async def scenario(cluster: KafkaCluster, settings: Settings, rate: float, targets: list[str], phase_s: dict,
+                   client: dict | None = None) -> dict:
     """Open-loop publishing at ``rate`` events/s while each target broker is killed and restarted."""
     rng = random.Random(0)
     pool = [make_call(rng, i) for i in range(512)]
@@ -144,7 +145,7 @@ async def scenario(cluster: KafkaCluster, settings: Settings, rate: float, targe
     stop = asyncio.Event()
     pending: set[asyncio.Task] = set()
 
-    async with Publisher(settings) as pub:
+    async with Publisher(settings, config=client) as pub:
         for ev in pool[:50]:  # connections, producer id, metadata: paid before the clock starts
             await pub.publish(ev.model_copy(update={"event_id": f"warm-{ev.event_id}"}))
 
@@ -187,7 +188,10 @@ async def scenario(cluster: KafkaCluster, settings: Settings, rate: float, targe
             mark["elected_at"] = mark["killed_at"] + election
             await asyncio.sleep(phase_s["degraded"])
             mark["restart_at"] = time.monotonic()
-            await asyncio.to_thread(cluster.revive, victim, 120)
+            # Spawned from the main thread so that the JVM dies with this process (run_all's timeout
+            # kills our process group, not the JVM's own session); the wait runs beside the load.
+            cluster.nodes[victim].launch()
+            await asyncio.to_thread(cluster.nodes[victim].wait_ready, 120)
             mark["serving_at"] = time.monotonic()
             await asyncio.to_thread(watch.wait_full_isr, cluster.brokers)
             mark["rejoined_at"] = time.monotonic()
@@ -257,7 +261,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one kill (a partition leader): about a minute")
     parser.add_argument("--rate", type=float, default=100.0, help="offered load, events/s (default 100)")
+    parser.add_argument("--client", action="append", default=[], metavar="KEY=VALUE",
+                        help="a librdkafka setting for the publisher on top of producers/publisher.py's (repeatable)")
     args = parser.parse_args()
+    client = dict(kv.split("=", 1) for kv in args.client)
     targets = ["partition leader"] if args.quick else ["partition leader", "controller"]
     phase_s = {"before": 6.0, "degraded": 3.0, "after": 3.0} if args.quick else {"before": 8.0, "degraded": 5.0, "after": 5.0}
     with tempfile.TemporaryDirectory(prefix="polar-bench-") as tmp:
@@ -271,7 +278,7 @@ def main() -> None:
             startup_s = time.perf_counter() - started
             settings = Settings(data_dir=Path(tmp), topic_prefix="bench.")  # every broker, as components see it
             ensure_topics(settings)
-            result = asyncio.run(scenario(cluster, settings, args.rate, targets, phase_s))
+            result = asyncio.run(scenario(cluster, settings, args.rate, targets, phase_s, client))
             lost, dups = read_back(settings, set(result.pop("acked_ids")))
         finally:
             cluster.stop(force=True)
@@ -280,7 +287,7 @@ def main() -> None:
         "bench": "broker_loss", "quick": args.quick, "kafka": pom_property("kafka.version"), "brokers": 3,
         "replication_factor": 3, "min_insync_replicas": 2, "acks": "all", "event_bytes": SIZE,
         "offered_load_events_per_s": args.rate, "broker_startup_s": round(startup_s, 2), "cpus": os.cpu_count(),
-        "broker_session_timeout_ms": 3000, **result,
+        "broker_session_timeout_ms": 3000, "publisher_overrides": client, **result,
         "acked_events_lost": lost, "duplicates": dups,
         "comparisons": [{"area": "Broker loss (3 brokers)", "metric": f"p99 added latency, {k['target']} killed",
                          "ours": k["p99_added_ms_during_kill"], "anchor": k["leader_election_ms"],

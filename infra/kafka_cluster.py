@@ -102,8 +102,9 @@ def resolve_brokers(settings: Settings, brokers: int | None) -> int:
 class KafkaCluster:
     """N local brokers as one thing to launch, wait for, stop and ask about (``Stack.kafka`` when N > 1).
 
-    ``brokers`` is needed only the first time (it is then remembered); ``ephemeral`` ties the JVMs to
-    this process with a C1-only JIT (tests, benchmarks), as ``Stack`` does for its single broker.
+    ``brokers`` is needed only the first time (it is then remembered). ``die_with_parent`` and
+    ``quick_jit`` are KafkaBroker's (tests, benchmarks): a node started from the main thread dies with
+    this process, and C1-only JIT starts three JVMs on two cores in about 10 s.
     """
 
     def __init__(self, settings: Settings, brokers: int | None = None, heap_mb: int = 512,
@@ -214,9 +215,8 @@ class KafkaCluster:
 
     # -- chaos --
     def kill(self, index: int) -> int:
-        """SIGKILL node ``index`` (0-based), as a crash would; returns the pid killed.
-
-        Its pid file stays until the next start: nothing else about the cluster changes."""
+        """SIGKILL node ``index`` (0-based), as a crash would, and wait until it is gone; returns its pid.
+        Its data stays as the crash left it; ``revive`` starts it again."""
         node = self.nodes[index]
         pid = node.pid()
         if pid is None:
@@ -225,7 +225,10 @@ class KafkaCluster:
         return pid
 
     def revive(self, index: int, timeout: float = 90.0) -> None:
-        """Start node ``index`` again on its data and wait until it serves (the others keep serving)."""
+        """Start node ``index`` again on its data and wait until it serves (the others keep serving).
+
+        Call it from the main thread when the node must die with this process (``die_with_parent``):
+        or ``nodes[index].launch()`` there, and ``nodes[index].wait_ready()`` anywhere."""
         self.nodes[index].start(timeout)
 
     def kill_and_restart(self, index: int, down_s: float = 0.0, timeout: float = 90.0) -> float:
