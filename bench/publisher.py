@@ -18,6 +18,8 @@ holds for any encoding of the ids), and prints one JSON object:
   before deliveries were handed to the loop in batches), so a change to single-publish latency shows.
 
 Every rounds block records the load average and the CPU of this process and of the broker per pass.
+All of it runs on two long-lived publishers, connected before anything is measured: the default one
+(linger 5 ms) and, for sequential, the gateway's (linger 0).
 
     .venv/bin/python bench/publisher.py [--quick]
 """
@@ -94,91 +96,81 @@ def cycle(pool: list[CallRecorded], n: int) -> list[CallRecorded]:
     return [pool[i % len(pool)] for i in range(n)]
 
 
-async def unbounded(settings: Settings, events: list[CallRecorded], api: str) -> dict:
+async def unbounded(pub: Publisher, events: list[CallRecorded], api: str) -> dict:
     """Every event handed to the publisher at once, every acknowledgement awaited."""
-    async with Publisher(settings) as pub:
-        await pub.publish(events[0])  # connection, metadata and producer id: paid once per publisher
-        sent_before = pub.stats.bytes
-        start = time.perf_counter()
-        if api == "publish_many":
-            await pub.publish_many(events)
-        else:
-            await asyncio.gather(*(pub.publish(ev) for ev in events))
-        elapsed = time.perf_counter() - start
-        sent_bytes, waits = pub.stats.bytes - sent_before, pub.stats.queue_full
+    sent_before, waits_before = pub.stats.bytes, pub.stats.queue_full
+    start = time.perf_counter()
+    if api == "publish_many":
+        await pub.publish_many(events)
+    else:
+        await asyncio.gather(*(pub.publish(ev) for ev in events))
+    elapsed = time.perf_counter() - start
+    sent_bytes, waits = pub.stats.bytes - sent_before, pub.stats.queue_full - waits_before
     return {"events": len(events), "seconds": round(elapsed, 3), "events_per_s": round(len(events) / elapsed, 1),
             "mb_per_s": round(sent_bytes / elapsed / 1e6, 2), "queue_full_waits": waits}
 
 
-async def fixed_rate(settings: Settings, events: list[CallRecorded], rate: float, seconds: float) -> dict:
+async def fixed_rate(pub: Publisher, events: list[CallRecorded], rate: float, seconds: float) -> dict:
     """``rate`` events/s by a timer, one ``publish`` task per event; latency from each scheduled time."""
     n = int(rate * seconds)
     latencies: list[float] = []
     lag = 0.0
 
-    async with Publisher(settings) as pub:
-        await pub.publish(events[0])
+    async def one(ev: CallRecorded, due: float) -> None:
+        await pub.publish(ev)
+        latencies.append((time.perf_counter() - due) * 1000)
 
-        async def one(ev: CallRecorded, due: float) -> None:
-            await pub.publish(ev)
-            latencies.append((time.perf_counter() - due) * 1000)
-
-        tasks = []
-        t0 = time.perf_counter()
-        sent = 0
-        while sent < n:
-            now = time.perf_counter()
-            due_count = min(n, int((now - t0) * rate) + 1)
-            while sent < due_count:
-                due = t0 + sent / rate
-                lag = max(lag, now - due)
-                tasks.append(asyncio.ensure_future(one(events[sent % len(events)], due)))
-                sent += 1
-            await asyncio.sleep(max(0.0, t0 + sent / rate - time.perf_counter()))
-        await asyncio.gather(*tasks)
-        span = time.perf_counter() - t0
+    tasks = []
+    t0 = time.perf_counter()
+    sent = 0
+    while sent < n:
+        now = time.perf_counter()
+        due_count = min(n, int((now - t0) * rate) + 1)
+        while sent < due_count:
+            due = t0 + sent / rate
+            lag = max(lag, now - due)
+            tasks.append(asyncio.ensure_future(one(events[sent % len(events)], due)))
+            sent += 1
+        await asyncio.sleep(max(0.0, t0 + sent / rate - time.perf_counter()))
+    await asyncio.gather(*tasks)
+    span = time.perf_counter() - t0
     return {"events": n, "offered_per_s": rate, "achieved_per_s": round(n / span, 1),
             "latency_p50_ms": percentile(latencies, 0.5), "latency_p99_ms": percentile(latencies, 0.99),
             "latency_max_ms": round(max(latencies), 3), "timer_lag_max_ms": round(lag * 1000, 3)}
 
 
-async def pipelined(settings: Settings, events: list[CallRecorded], concurrency: int = CONCURRENCY) -> dict:
+async def pipelined(pub: Publisher, events: list[CallRecorded], concurrency: int = CONCURRENCY) -> dict:
     """``concurrency`` publishers awaiting their own acknowledgements, sharing one Publisher."""
     queue = list(reversed(events))
     latencies: list[float] = []
+    sent_before = pub.stats.bytes
 
-    async with Publisher(settings) as pub:
-        await pub.publish(events[0])  # connection, metadata and producer id: paid once per publisher
-        sent_before = pub.stats.bytes
+    async def worker() -> None:
+        while queue:
+            ev = queue.pop()
+            start = time.perf_counter()
+            await pub.publish(ev)
+            latencies.append((time.perf_counter() - start) * 1000)
 
-        async def worker() -> None:
-            while queue:
-                ev = queue.pop()
-                start = time.perf_counter()
-                await pub.publish(ev)
-                latencies.append((time.perf_counter() - start) * 1000)
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - start
-        sent_bytes = pub.stats.bytes - sent_before
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    sent_bytes = pub.stats.bytes - sent_before
     return {"events": len(events), "concurrency": concurrency, "seconds": round(elapsed, 3),
             "events_per_s": round(len(events) / elapsed, 1), "mb_per_s": round(sent_bytes / elapsed / 1e6, 2),
             "latency_p50_ms": percentile(latencies, 0.5), "latency_p99_ms": percentile(latencies, 0.99)}
 
 
-async def sequential(settings: Settings, events: list[CallRecorded], api: str = "publish") -> dict:
+async def sequential(pub: Publisher, events: list[CallRecorded], api: str = "publish") -> dict:
     """One publish awaited at a time: ``publish``, or ``wrap_future`` (a thread-safe future, woken per event)."""
-    async with Publisher(settings, linger_ms=0) as pub:
-        await pub.publish(events[0])  # not measured: the one-time connection setup
-        latencies = []
-        for ev in events:
-            start = time.perf_counter()
-            if api == "wrap_future":
-                await asyncio.wrap_future(pub.submit(ev))
-            else:
-                await pub.publish(ev)
-            latencies.append((time.perf_counter() - start) * 1000)
+    latencies = []
+    for ev in events:
+        start = time.perf_counter()
+        if api == "wrap_future":
+            await asyncio.wrap_future(pub.submit(ev))
+        else:
+            await pub.publish(ev)
+        latencies.append((time.perf_counter() - start) * 1000)
     return {"events": len(events), "latency_p50_ms": percentile(latencies, 0.5),
             "latency_p99_ms": percentile(latencies, 0.99), "latency_mean_ms": round(statistics.fmean(latencies), 3)}
 
@@ -194,9 +186,23 @@ def log(msg: str) -> None:
 
 
 def run(settings: Settings, quick: bool, broker_pid) -> dict:
+    """Every measurement on two long-lived publishers (as the gateway and the other components keep theirs):
+    the default one (linger 5 ms) and the gateway's (linger 0, a caller waits on each acknowledgement)."""
+    loop = asyncio.new_event_loop()
+    pub, pub0 = Publisher(settings), Publisher(settings, linger_ms=0)
+    try:
+        return _run(loop.run_until_complete, pub, pub0, quick, broker_pid)
+    finally:
+        pub.close()
+        pub0.close()
+        loop.close()
+
+
+def _run(go, pub: Publisher, pub0: Publisher, quick: bool, broker_pid) -> dict:
     rng = random.Random(0)
     counts = COUNTS[quick]
-    asyncio.run(pipelined(settings, [make_call(4096, rng, i) for i in range(300)]))  # warm up broker JIT and topics
+    go(pipelined(pub, [make_call(4096, rng, i) for i in range(300)]))  # warm up broker JIT, topics, connections
+    go(pub0.publish(make_call(4096, rng, 0)))
     log("warmed up")
     pools = {size: [make_call(size, rng, i) for i in range(POOL[quick][size])] for size in SIZES}
     log("events built")
@@ -209,12 +215,12 @@ def run(settings: Settings, quick: bool, broker_pid) -> dict:
         # Unbounded, the publisher and the broker keep both cores busy: a pass under 1 CPU s per s (this
         # process + the broker) was starved by other load; it is flagged (and re-run once in a full run).
         rounds[f"unbounded_{label}"] = interleaved(
-            {api: (lambda api=api: asyncio.run(unbounded(settings, unb, api))) for api in ("publish", "publish_many")},
+            {api: (lambda api=api: go(unbounded(pub, unb, api))) for api in ("publish", "publish_many")},
             ROUNDS, cpu_floor=1.0, retries=0 if quick else 1, **cpu)
         log(f"unbounded {label} done")
         seq = cycle(pools[size], n_seq)
         rounds[f"sequential_{label}"] = interleaved(
-            {api: (lambda api=api: asyncio.run(sequential(settings, seq, api))) for api in ("publish", "wrap_future")},
+            {api: (lambda api=api: go(sequential(pub0, seq, api))) for api in ("publish", "wrap_future")},
             ROUNDS, **cpu)
         log(f"sequential {label} done")
         u, s = rounds[f"unbounded_{label}"], rounds[f"sequential_{label}"]
@@ -222,7 +228,7 @@ def run(settings: Settings, quick: bool, broker_pid) -> dict:
             "size_bytes": size, "wire_bytes_mean": round(statistics.fmean(len(encode(e)) for e in pools[size][:50])),
             "unbounded": {api: {"events": n_unb, "events_per_s": _stat(u, api, "events_per_s"), "mb_per_s": _stat(u, api, "mb_per_s")}
                           for api in ("publish", "publish_many")},
-            "pipelined": asyncio.run(pipelined(settings, cycle(pools[size], n_pipe))),
+            "pipelined": go(pipelined(pub, cycle(pools[size], n_pipe))),
             "sequential": {"events": n_seq, "latency_p50_ms": _stat(s, "publish", "latency_p50_ms")["median"],
                            "latency_p99_ms": _stat(s, "publish", "latency_p99_ms")["median"],
                            "latency_mean_ms": _stat(s, "publish", "latency_mean_ms")["median"],
@@ -231,7 +237,7 @@ def run(settings: Settings, quick: bool, broker_pid) -> dict:
                            "wrap_future_latency_p99_ms": _stat(s, "wrap_future", "latency_p99_ms")["median"]},
         })
     fixed = rounds["fixed_rate_4kb"] = interleaved(
-        {f"rate_{RATE}": lambda: asyncio.run(fixed_rate(settings, pools[4096], RATE, FIXED_RATE_S[quick]))}, ROUNDS, **cpu)
+        {f"rate_{RATE}": lambda: go(fixed_rate(pub, pools[4096], RATE, FIXED_RATE_S[quick]))}, ROUNDS, **cpu)
     log("fixed rate done")
     passes = fixed["targets"][f"rate_{RATE}"]["passes"]
     fixed_summary = {"offered_per_s": RATE, "seconds_per_round": FIXED_RATE_S[quick], "size_bytes": 4096,
