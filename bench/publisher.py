@@ -7,7 +7,11 @@ holds for any encoding of the ids), and prints one JSON object:
 - unbounded: the publisher's ceiling. Every event is handed over at once and every acknowledgement
   awaited: ``publish`` once per event (one coroutine each, as many callers do) and ``publish_many``
   (the batch form), in interleaved rounds; events/s and MB/s, min and median. ``events_per_s_4kb`` is
-  the better of the two medians for 4 KB events (``events_per_s_4kb_api`` says which);
+  the better of the two medians for 4 KB events (``events_per_s_4kb_api`` says which). A third target,
+  ``publish_many_uncompressed``, is the same with compression off (the default is lz4):
+  ``events_per_s_4kb_uncompressed``. Where the CPU
+  went, in µs per event (medians): Python threads (the loop and the poll thread, sharing the GIL),
+  librdkafka's threads, and the broker;
 - fixed_rate: 4 KB events offered at 5,000/s by a timer, one ``publish`` task per event, for a few
   seconds per round; publish-to-acknowledgement latency from each event's scheduled time (a late timer
   counts against the publisher) and the rate achieved. ``latency_p99_ms_at_5k`` is the median round's p99;
@@ -40,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._rounds import interleaved, load_avg, summary  # noqa: E402
+from bench._rounds import interleaved, load_avg, proc_cpu_s, summary  # noqa: E402
 from infra.kafka import KafkaBroker  # noqa: E402
 from infra.maven import pom_property  # noqa: E402
 from infra.process import free_port  # noqa: E402
@@ -52,6 +56,7 @@ from schemas import CallRecorded, encode  # noqa: E402
 SIZES = (4096, 65536)
 CONCURRENCY = 64  # calls in flight at once, e.g. 64 harnesses waiting on their model calls
 RATE = 5000  # events/s offered in the fixed-rate run
+UNCOMPRESSED = "publish_many_uncompressed"  # publish_many on a publisher with compression.type=none
 ROUNDS = 3
 # (unbounded events per pass, pipelined events, sequential events) by size; fixed-rate seconds per round
 COUNTS = {True: {4096: (3_000, 2_000, 150), 65536: (300, 400, 60)},
@@ -96,18 +101,37 @@ def cycle(pool: list[CallRecorded], n: int) -> list[CallRecorded]:
     return [pool[i % len(pool)] for i in range(n)]
 
 
-async def unbounded(pub: Publisher, events: list[CallRecorded], api: str) -> dict:
-    """Every event handed to the publisher at once, every acknowledgement awaited."""
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds of this process's threads by kind: Python (the loop and the poll thread: they share the
+    GIL) and librdkafka's own threads (compression, sockets: no GIL), from /proc."""
+    tick, out = os.sysconf("SC_CLK_TCK"), {"python": 0.0, "librdkafka": 0.0}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        out["librdkafka" if name.startswith("rdk:") else "python"] += (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+async def unbounded(pub: Publisher, events: list[CallRecorded], api: str, broker_pid=None) -> dict:
+    """Every event handed to the publisher at once, every acknowledgement awaited; CPU µs per event by where."""
     sent_before, waits_before = pub.stats.bytes, pub.stats.queue_full
+    pid = broker_pid() if broker_pid else None
+    cpu0, broker0 = thread_cpu_s(), proc_cpu_s([pid] if pid else [])
     start = time.perf_counter()
     if api == "publish_many":
         await pub.publish_many(events)
     else:
         await asyncio.gather(*(pub.publish(ev) for ev in events))
     elapsed = time.perf_counter() - start
+    cpu1, broker1 = thread_cpu_s(), proc_cpu_s([pid] if pid else [])
     sent_bytes, waits = pub.stats.bytes - sent_before, pub.stats.queue_full - waits_before
+    per_event = {f"cpu_us_per_event_{k}": round((cpu1[k] - cpu0[k]) / len(events) * 1e6, 1) for k in cpu0}
+    per_event["cpu_us_per_event_broker"] = round((broker1 - broker0) / len(events) * 1e6, 1)
     return {"events": len(events), "seconds": round(elapsed, 3), "events_per_s": round(len(events) / elapsed, 1),
-            "mb_per_s": round(sent_bytes / elapsed / 1e6, 2), "queue_full_waits": waits}
+            "mb_per_s": round(sent_bytes / elapsed / 1e6, 2), "queue_full_waits": waits, **per_event}
 
 
 async def fixed_rate(pub: Publisher, events: list[CallRecorded], rate: float, seconds: float) -> dict:
@@ -190,19 +214,21 @@ def run(settings: Settings, quick: bool, broker_pid) -> dict:
     the default one (linger 5 ms) and the gateway's (linger 0, a caller waits on each acknowledgement)."""
     loop = asyncio.new_event_loop()
     pub, pub0 = Publisher(settings), Publisher(settings, linger_ms=0)
+    uncompressed = Publisher(settings, compression="none")  # the compression lever, beside the lz4 default
     try:
-        return _run(loop.run_until_complete, pub, pub0, quick, broker_pid)
+        return _run(loop.run_until_complete, pub, pub0, uncompressed, quick, broker_pid)
     finally:
-        pub.close()
-        pub0.close()
+        for p in (pub, pub0, uncompressed):
+            p.close()
         loop.close()
 
 
-def _run(go, pub: Publisher, pub0: Publisher, quick: bool, broker_pid) -> dict:
+def _run(go, pub: Publisher, pub0: Publisher, uncompressed: Publisher, quick: bool, broker_pid) -> dict:
     rng = random.Random(0)
     counts = COUNTS[quick]
     go(pipelined(pub, [make_call(4096, rng, i) for i in range(300)]))  # warm up broker JIT, topics, connections
     go(pub0.publish(make_call(4096, rng, 0)))
+    go(uncompressed.publish(make_call(4096, rng, 0)))
     log("warmed up")
     pools = {size: [make_call(size, rng, i) for i in range(POOL[quick][size])] for size in SIZES}
     log("events built")
@@ -215,7 +241,8 @@ def _run(go, pub: Publisher, pub0: Publisher, quick: bool, broker_pid) -> dict:
         # Unbounded, the publisher and the broker keep both cores busy: a pass under 1 CPU s per s (this
         # process + the broker) was starved by other load; it is flagged (and re-run once in a full run).
         rounds[f"unbounded_{label}"] = interleaved(
-            {api: (lambda api=api: go(unbounded(pub, unb, api))) for api in ("publish", "publish_many")},
+            {**{api: (lambda api=api: go(unbounded(pub, unb, api, broker_pid))) for api in ("publish", "publish_many")},
+             UNCOMPRESSED: lambda: go(unbounded(uncompressed, unb, "publish_many", broker_pid))},
             ROUNDS, cpu_floor=1.0, retries=0 if quick else 1, **cpu)
         log(f"unbounded {label} done")
         seq = cycle(pools[size], n_seq)
@@ -226,8 +253,11 @@ def _run(go, pub: Publisher, pub0: Publisher, quick: bool, broker_pid) -> dict:
         u, s = rounds[f"unbounded_{label}"], rounds[f"sequential_{label}"]
         results.append({
             "size_bytes": size, "wire_bytes_mean": round(statistics.fmean(len(encode(e)) for e in pools[size][:50])),
-            "unbounded": {api: {"events": n_unb, "events_per_s": _stat(u, api, "events_per_s"), "mb_per_s": _stat(u, api, "mb_per_s")}
-                          for api in ("publish", "publish_many")},
+            "unbounded": {api: {"events": n_unb, "events_per_s": _stat(u, api, "events_per_s"), "mb_per_s": _stat(u, api, "mb_per_s"),
+                                "cpu_us_per_event": {k.removeprefix("cpu_us_per_event_"): _stat(u, api, k)["median"]
+                                                     for k in ("cpu_us_per_event_python", "cpu_us_per_event_librdkafka",
+                                                               "cpu_us_per_event_broker")}}
+                          for api in ("publish", "publish_many", UNCOMPRESSED)},
             "pipelined": go(pipelined(pub, cycle(pools[size], n_pipe))),
             "sequential": {"events": n_seq, "latency_p50_ms": _stat(s, "publish", "latency_p50_ms")["median"],
                            "latency_p99_ms": _stat(s, "publish", "latency_p99_ms")["median"],
@@ -243,11 +273,12 @@ def _run(go, pub: Publisher, pub0: Publisher, quick: bool, broker_pid) -> dict:
     fixed_summary = {"offered_per_s": RATE, "seconds_per_round": FIXED_RATE_S[quick], "size_bytes": 4096,
                      **{k: _stat(fixed, f"rate_{RATE}", k) for k in
                         ("achieved_per_s", "latency_p50_ms", "latency_p99_ms", "latency_max_ms", "timer_lag_max_ms")}}
-    four = results[0]["unbounded"]
-    best = max(four, key=lambda api: four[api]["events_per_s"]["median"])
+    four, big = results[0]["unbounded"], results[1]["unbounded"]
+    best = max(("publish", "publish_many"), key=lambda api: four[api]["events_per_s"]["median"])  # default config
     return {"events_per_s_4kb": four[best]["events_per_s"]["median"], "events_per_s_4kb_api": best,
             "events_per_s_4kb_publish": four["publish"]["events_per_s"]["median"],
-            "events_per_s_64kb": max(a["events_per_s"]["median"] for a in results[1]["unbounded"].values()),
+            "events_per_s_4kb_uncompressed": four[UNCOMPRESSED]["events_per_s"]["median"],
+            "events_per_s_64kb": max(big[api]["events_per_s"]["median"] for api in ("publish", "publish_many")),
             "latency_p99_ms_at_5k": statistics.median(p["latency_p99_ms"] for p in passes),
             "fixed_rate": fixed_summary, "results": results, "rounds": rounds}
 
