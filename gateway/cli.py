@@ -43,6 +43,11 @@ def serve(
     open_mode: bool = typer.Option(False, "--open", help="accept any key: record ad-hoc sessions (open:<name>)"),
     allow_open_remote: bool = typer.Option(False, "--allow-open-remote",
                                            help="allow --open on an address other than loopback"),
+    sampling: str = typer.Option("pin", help="pin: rollout sessions sample with the run's settings below; "
+                                             "pass: every session keeps its harness's (evaluation)"),
+    temperature: float = typer.Option(1.0, help="the run's sampling temperature (the trainer's)"),
+    top_p: float = typer.Option(1.0, "--top-p", help="the run's top-p (1 = off; the trainer assumes off)"),
+    top_k: int = typer.Option(0, "--top-k", help="the run's top-k (0 = off; the trainer assumes off)"),
     publish_mode: str = typer.Option("sync", help="sync: answer after the event is durably in Kafka; async: at once"),
     publish_timeout: float = typer.Option(10.0, help="seconds to wait for Kafka before answering 503"),
     max_body_mb: float = typer.Option(32.0, help="largest request body accepted (MiB)"),
@@ -77,6 +82,12 @@ def serve(
         raise typer.BadParameter(f"{upstream!r}: expected polar, vllm or sglang", param_hint="--upstream")
     if publish_mode not in ("sync", "async"):
         raise typer.BadParameter(f"{publish_mode!r}: expected sync or async", param_hint="--publish-mode")
+    from .sampling import SamplingPolicy
+
+    try:
+        policy = SamplingPolicy(mode=sampling, temperature=temperature, top_p=top_p, top_k=top_k)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--sampling") from None
     from .exposure import UnsafeExposure, check_exposure
 
     settings = Settings(config=str(config)) if config else Settings()
@@ -92,7 +103,7 @@ def serve(
     cfg = GatewayConfig(
         engine_urls=list(engine_url), model=model_dir, upstream=upstream,  # type: ignore[arg-type]
         served_model=served_model, chat_template=template_text,
-        open_mode=open_mode, publish_mode=publish_mode,  # type: ignore[arg-type]
+        open_mode=open_mode, publish_mode=publish_mode, sampling=policy,  # type: ignore[arg-type]
         publish_timeout_s=publish_timeout, max_body_bytes=int(max_body_mb * 1024 * 1024),
         upstream_timeout_s=upstream_timeout, default_max_tokens=max_tokens, max_model_len=max_model_len,
         policy_version=policy_version,

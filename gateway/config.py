@@ -11,6 +11,7 @@ from typing import Literal
 
 from .limits import Limits
 from .redact import RedactConfig
+from .sampling import SamplingPolicy
 
 
 @dataclass
@@ -36,4 +37,5 @@ class GatewayConfig:
     max_sessions: int = 10_000  # each holds its last request's history (tens of KB); nodes DELETE finished ones
     template_kwargs: dict[str, object] = field(default_factory=dict)  # extra chat-template variables
     limits: Limits = field(default_factory=Limits)  # request, session and key limits (gateway/limits.py)
+    sampling: SamplingPolicy = field(default_factory=SamplingPolicy)  # the run's settings, pinned (gateway/sampling.py)
     redact: RedactConfig = field(default_factory=RedactConfig)  # credentials scrubbed before recording (gateway/redact.py)

@@ -16,13 +16,14 @@ state always agrees with what is in the topic.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from schemas import CallRecorded, new_event_id
+from schemas import CallRecorded, EngineSampling, new_event_id
 
 from . import errors, metrics
 from .canonical import ChatRequest, ChatResponse, ContextLengthError, RequestError
@@ -122,6 +123,8 @@ class Gateway:
         received_at, t0 = time.time(), time.perf_counter()
         # Credentials are scrubbed before tokenizing: neither the engine nor any recorded id sees them.
         req, scrubbed = self.redactor.scrub_request(req, st.scrub_memo)
+        if not req.side_call and st.main is not None and side_call_by_shape(req, st.main):
+            req = dataclasses.replace(req, side_call=True)
         plan = PromptPlan([])
         try:
             try:  # in a worker thread: tokenizing a fresh 80 KB prompt must not stall other sessions' calls
@@ -130,7 +133,8 @@ class Gateway:
                 raise RequestError(400, str(e)) from None
             if st.evicted and plan.break_reason == "first_call":
                 plan.break_reason = "state_evicted"
-            gen = await self._generate(st, req, plan)
+            sampling = self.config.sampling.effective(req.sampling, st.claims)
+            gen = await self._generate(st, req, plan, sampling)
         except RequestError as e:
             # The harness sees this error: record it (nothing sampled, never trained on) before answering.
             await self._record_failure(st, req, plan, scrubbed, harness, e, received_at, t0)
@@ -143,8 +147,12 @@ class Gateway:
             policy_version=policy, served_model=self.served_model, harness=harness, base=self._delta_base(st, plan),
             received_at=received_at, total_ms=(time.perf_counter() - t0) * 1000, event_id=new_event_id(),
         )
+        record.sampling = sampling
         await self._finish_record(record, scrubbed, plan)
-        await self._publish(st, record, lambda: _advance(st, req, plan, gen, parsed, call_index))
+        # The tip remembers the turn as scrubbed: the harness's echo of it is scrubbed on the way in, so
+        # a secret the model wrote itself must not make the echo differ (and break the chain).
+        remembered = _as_recorded(parsed, record) if any(k.startswith("output.") for k in record.redactions) else parsed
+        await self._publish(st, record, lambda: _advance(st, req, plan, gen, remembered, call_index))
         self.counters["calls"] += 1
         metrics.record_call(req.provider, "ok", time.perf_counter() - t0 - gen.upstream_ms / 1000)
         if plan.break_reason:
@@ -186,7 +194,8 @@ class Gateway:
         await self._publish(st, record, lambda: _advance_failed(st, call_index))
         metrics.record_call(req.provider, "error", time.perf_counter() - t0)
 
-    async def _generate(self, st: SessionState, req: ChatRequest, plan: PromptPlan) -> Generation:
+    async def _generate(self, st: SessionState, req: ChatRequest, plan: PromptPlan,
+                        sampling: EngineSampling) -> Generation:
         assert self.upstream is not None, "gateway used outside its lifespan"
         n = len(plan.prompt_ids)
         limit = self.max_model_len
@@ -195,12 +204,11 @@ class Gateway:
         max_tokens = req.sampling.max_tokens or self.config.default_max_tokens
         if limit is not None:
             max_tokens = min(max_tokens, limit - n)
-        s = req.sampling
-        top_p, top_k = s.top_p, s.top_k
-        if top_p == 0:  # providers accept 0 (keep only the likeliest token); vLLM and SGLang want (0, 1]
-            top_p, top_k = None, 1
-        params = GenerateParams(max_tokens=max_tokens, temperature=s.temperature, top_p=top_p, top_k=top_k,
-                                seed=s.seed, stop=list(s.stop))
+        s = req.sampling  # the harness's limits and stops; the distribution is ``sampling`` (gateway/sampling.py)
+        # Every setting explicit, top_k 0 = off included: vLLM fills omitted ones from the model's
+        # generation_config (e.g. top_k 20), which would truncate behind the record's back.
+        params = GenerateParams(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                                top_k=sampling.top_k, seed=s.seed, stop=list(s.stop))
         try:
             gen = await self.upstream.generate(plan.prompt_ids, params, request_id=f"{st.claims.session_id}-{st.next_call_index}",
                                                affinity=st.claims.session_id)
@@ -284,6 +292,20 @@ def _settle(st: SessionState) -> None:
         st.failed += 1
 
 
+def side_call_by_shape(req: ChatRequest, main: Turn) -> bool:
+    """A call the adapters did not flag that is still not the main loop's: it names another model than
+    the session's main calls (a title or summary request to a small model), or offers no tools where
+    the main loop does. It must not become the chain tip, or the next main call would not extend it."""
+    return bool(main.model and req.model and req.model != main.model) or (bool(main.tools) and not req.tools)
+
+
+def _as_recorded(parsed: ParsedOutput, record: CallRecorded) -> ParsedOutput:
+    """``parsed`` with the recorded (scrubbed) text and tool-call arguments; ids and names unchanged."""
+    out = record.output
+    calls = [dataclasses.replace(tc, arguments=rec.arguments) for tc, rec in zip(parsed.tool_calls, out.tool_calls)]
+    return dataclasses.replace(parsed, text=out.text, reasoning=out.reasoning, tool_calls=calls)
+
+
 def _advance_failed(st: SessionState, call_index: int) -> None:
     """The session after a recorded failed call: only the index and the count move (``failed`` is
     counted by ``Gateway.call``); the chain tip and the delta base stay on the last answered call."""
@@ -307,4 +329,4 @@ def _advance(st: SessionState, req: ChatRequest, plan: PromptPlan, gen: Generati
     elif plan.break_reason not in ("first_call", "retry"):
         st.breaks += 1
     st.main = Turn(call_index, list(plan.prompt_ids), list(gen.completion_ids), list(req.messages), list(req.tools),
-                   parsed.text, list(parsed.tool_calls), plan.extends_call_index, plan.break_reason)
+                   parsed.text, list(parsed.tool_calls), plan.extends_call_index, plan.break_reason, req.model)

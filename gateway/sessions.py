@@ -138,6 +138,7 @@ class Turn:
     tool_calls: list[ToolCall]
     extends_call_index: int | None = None
     break_reason: str = ""
+    model: str = ""  # the model the harness named: a call naming another is a side call
 
     @property
     def full_sequence(self) -> list[int]:

@@ -138,6 +138,7 @@ def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool
         return bridge
     expected = full()
     if expected is not None and bridge != expected:
+        level -= 1  # this level just failed: the next one down is the first worth rendering
         while level > 0 and windowed(level) != expected:
             level -= 1
         log.warning("chat template glue differs when rendered from a window at level %d: level %d from now on",

@@ -284,7 +284,8 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
             procs.wait_http(engine, f"{urls['engine']}/health")
             node = procs.start("node", "node", "--engine-url", urls["engine"], "--model", str(model_dir),
                                "--runtime", runtime, "--port", str(ports["gateway"]), "--run-workers", "4",
-                               "--init-workers", "4", "--ready-target", "4", "--postrun-workers", "4")
+                               "--init-workers", "4", "--ready-target", "4", "--postrun-workers", "4",
+                               "--temperature", str(cfg.temperature))  # pinned: the trainer's temperature
             procs.wait_http(node, f"{urls['gateway']}/health")
             procs.start("streams", "streams", "worker", "--builder", "prefix_merging", "--group-deadline", "120",
                         "--missing-calls-grace", "10", "--stats-interval", "2",
@@ -296,6 +297,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                         # a group where every sample scored the same still closes the demo's on-policy step;
                         # the trainer publishes the step but leaves the weights untouched (no signal)
                         "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0",
+                        "--set", f"temperature={cfg.temperature}",
                         # held-out groups are for evaluation only: the trainer consumes and skips them
                         "--set", f"skip_task_sets={HELDOUT_SET}")
             rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))

@@ -9,6 +9,7 @@ from .records import (
     CallOutput,
     CallRecorded,
     ChainInfo,
+    EngineSampling,
     EvaluatorSpec,
     HarnessSpec,
     PolicyVersion,
@@ -31,7 +32,7 @@ from .records import (
 
 __all__ = [
     "RECORD_BY_TOPIC", "RECORD_TYPES", "SCHEMA_VERSION", "CallOutput", "CallRecorded", "ChainInfo",
-    "DeltaError", "EvaluatorSpec", "HarnessSpec", "PolicyVersion", "PromptDelta", "Record",
+    "DeltaError", "EngineSampling", "EvaluatorSpec", "HarnessSpec", "PolicyVersion", "PromptDelta", "Record",
     "RecordDecodeError", "SessionAssigned", "SessionEvent", "TaskRequest", "Timeouts", "Timings",
     "ToolCallOut", "Trace", "TrainingGroup", "Trajectory", "Usage", "WorkspaceSpec", "decode",
     "derived_event_id", "encode", "encode_prompt", "full_sequence", "new_event_id", "resolve_prompt",

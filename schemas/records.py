@@ -176,6 +176,16 @@ class ChainInfo(_Model):
     # "tools_changed", "compaction", "retokenized", "side_call", ...
 
 
+class EngineSampling(_Model):
+    """The sampling settings the engine used for a call (``request.sampling`` holds what the harness asked)."""
+
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)  # 0 = off (the full vocabulary)
+    pinned: bool = False  # the gateway replaced the harness's settings with the run's
+    matches_run: bool = True  # the run's settings: the logprobs are what the trainer recomputes; else masked
+
+
 class CallRecorded(Record):
     TOPIC: ClassVar[str] = "calls"
     session_id: str = Field(min_length=1)
@@ -206,6 +216,7 @@ class CallRecorded(Record):
     # full prompt's ids that are placeholders, so training or export can mask them.
     redactions: dict[str, int] = Field(default_factory=dict)
     scrubbed_spans: list[list[int]] = Field(default_factory=list)
+    sampling: EngineSampling | None = None  # None: recorded before the gateway reported it
 
     @model_validator(mode="after")
     def _consistent(self) -> "CallRecorded":

@@ -34,6 +34,9 @@ ERRORED = "error"  # the harness got an error for it (CallRecorded.error): nothi
 # A later call resampled its prompt (gateway "retry", or "resampled" here): the harness discarded this
 # completion, so it must not be trained with the advantage of the trajectory that continued without it.
 REPLACED = "replaced"
+# Sampled with settings other than the run's (gateway/sampling.py): its logprobs are not what the trainer
+# recomputes, so its tokens stay as context and are never trained on.
+SAMPLING_MISMATCH = "sampling_mismatch"
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class CallTokens:
     break_reason: str = ""  # the gateway's, if it declared one
     created_at: float = 0.0
     error: bool = False  # answered with an error (CallRecorded.error): counted for the session, never folded
+    off_run_sampling: bool = False  # CallRecorded.sampling.matches_run is False: context only, never trained
 
     @classmethod
     def from_record(cls, call: CallRecorded) -> "CallTokens":
@@ -67,6 +71,7 @@ class CallTokens:
             break_reason=call.chain.break_reason,
             created_at=call.created_at,
             error=bool(call.error),
+            off_run_sampling=call.sampling is not None and not call.sampling.matches_run,
         )
 
     @property
@@ -84,6 +89,7 @@ class CallTokens:
             "c": self.completion_ids, "l": self.logprobs, "v": self.policy_version,
             "s": self.side_call, "r": self.break_reason, "t": self.created_at,
             **({"x": True} if self.error else {}),  # only when set: older state stays byte-identical
+            **({"o": True} if self.off_run_sampling else {}),
         }
 
     @classmethod
@@ -94,6 +100,7 @@ class CallTokens:
             delta=None if d is None else (int(d[0]), int(d[1]), list(d[2])),
             completion_ids=o["c"], logprobs=o["l"], policy_version=o["v"],
             side_call=o["s"], break_reason=o["r"], created_at=o["t"], error=bool(o.get("x", False)),
+            off_run_sampling=bool(o.get("o", False)),
         )
 
 
@@ -105,7 +112,7 @@ class Member:
     start: int
     logprobs: list[float]
     policy_version: int
-    replaced: bool = False  # a later call resampled the same prompt: context at most, never trained
+    replaced: bool = False  # resampled by a later call, or sampled off the run's settings: never trained
 
     @property
     def end(self) -> int:
@@ -226,6 +233,9 @@ def extend(fold: Fold, call: CallTokens) -> Fold:
         fold.breaks["delta_unresolved"] += 1
         return fold
     member = Member(call.call_index, len(prompt), list(call.logprobs), call.policy_version)
+    if call.off_run_sampling:  # kept as context (later calls build on it), never trained on
+        member.replaced = True
+        fold.dropped[call.call_index] = SAMPLING_MISMATCH
     target = None if call.side_call else _find_chain(fold, call, prompt)
     if target is not None:
         chain = fold.chains[target]

@@ -88,6 +88,7 @@ def node(
     memory_mb: Optional[int] = typer.Option(None, help="RLIMIT_AS MiB per harness process"),
     port: int = typer.Option(0, help="gateway port (0: a free one)"),
     upstream: str = typer.Option("polar", help="engine wire format: polar | vllm | sglang"),
+    temperature: float = typer.Option(1.0, help="the run's sampling temperature, pinned on its sessions (the trainer's)"),
     session_timeout_ms: int = typer.Option(10_000, help="Kafka group session timeout: how fast a dead node's sessions move"),
     keep_workdirs: bool = typer.Option(False, help="keep session directories (debugging)"),
     config: Optional[Path] = typer.Option(None, help="settings YAML (Kafka, topics, session secret)"),
@@ -120,7 +121,14 @@ def node(
         raise typer.BadParameter(str(e)) from None
     cfg.work_dir = (work_dir or settings.data_dir / "node" / cfg.node_id).absolute()
     require_upstreams(engine_url, settings)
-    gw = GatewayConfig(engine_urls=list(engine_url), model=model_dir, upstream=upstream)  # type: ignore[arg-type]
+    from gateway.sampling import SamplingPolicy
+
+    try:
+        policy = SamplingPolicy(temperature=temperature)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--temperature") from None
+    gw = GatewayConfig(engine_urls=list(engine_url), model=model_dir, upstream=upstream,  # type: ignore[arg-type]
+                       sampling=policy)
     asyncio.run(Node(settings, cfg, gw, session_timeout_ms=session_timeout_ms).serve())
 
 

@@ -51,6 +51,25 @@ def test_side_call_between_turns_leaves_the_main_chain_intact(polar_settings, sc
     assert (stats["num_calls"], stats["merged"], stats["side_calls"], stats["breaks"]) == (3, 1, 1, 0)
 
 
+def test_a_call_to_another_model_is_a_side_call_even_when_it_extends_the_history(polar_settings, scripted_engine,
+                                                                                 gateway_factory):
+    # A summary request to a small model that no adapter marker knows: it carries the whole history, so
+    # as the chain tip it would make the next main call look like a break (not_prefix).
+    gw = gateway_factory(polar_settings, scripted_engine.url)
+    key = gw.key("cc-2")
+    history = [{"role": "user", "content": [{"type": "text", "text": "Create hello.txt containing hi"}]}]
+    first = messages_call(gw.url, key, history)
+    (use,) = [b for b in first["content"] if b["type"] == "tool_use"]
+    history += [{"role": "assistant", "content": [use]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "ok"}]}]
+    messages_call(gw.url, key, history, model="claude-haiku-4-5")  # same history and tools, another model
+    messages_call(gw.url, key, [*history, {"role": "user", "content": "summarize"}], tools=[])  # no tools
+    messages_call(gw.url, key, history)
+    c0, c1, c2, c3 = read_calls(polar_settings, 4, session_id="cc-2")
+    assert (c1.side_call, c2.side_call, c3.side_call) == (True, True, False)
+    assert (c3.chain.extends_call_index, c3.chain.break_reason) == (0, "")  # the main chain went on
+
+
 def test_concurrent_calls_of_one_session_are_serialized(polar_settings, scripted_engine, gateway_factory):
     gw = gateway_factory(polar_settings, scripted_engine.url)
     key = gw.key("par")
@@ -151,3 +170,28 @@ def test_shed_session_continues_its_call_indexes(polar_settings, scripted_engine
         {"type": "tool_result", "tool_use_id": use["id"], "content": "ok"}]}])
     a0, a1 = read_calls(polar_settings, 2, session_id="A")
     assert (a1.call_index, a1.chain.break_reason, a1.chain.extends_call_index) == (1, "state_evicted", None)
+
+
+def test_a_secret_the_model_wrote_itself_does_not_break_the_chain(polar_settings, engine_server_factory, gateway_factory,
+                                                                  tmp_path):
+    # The harness echoes the model's turn; the gateway scrubs the echo on the way in. The chain tip must
+    # hold the turn as scrubbed too, or the echo never matches and every such session breaks here.
+    secret = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWX1234"
+    script = tmp_path / "secret.yaml"
+    script.write_text(f"turns:\n  - match: start\n    text: 'Use the key {secret} for it.'\nfallback:\n  text: ok\n")
+    gw = gateway_factory(polar_settings, engine_server_factory(script=script).url)
+    key = gw.key("leaky")
+    first = [{"role": "user", "content": "start"}]
+
+    def chat(messages):
+        r = httpx.post(gw.url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=120,
+                       json={"model": "m", "messages": messages})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    answer = chat(first)
+    assert secret in answer  # the harness gets the model's answer unchanged
+    chat([*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "thanks"}])
+    calls = sorted(read_calls(polar_settings, 2, session_id="leaky"), key=lambda c: c.call_index)
+    assert secret not in calls[0].output.text and calls[0].redactions == {"output.openai_key": 1}
+    assert calls[1].chain.extends_call_index == 0 and calls[1].chain.break_reason == ""  # merged, not broken

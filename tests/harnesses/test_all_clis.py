@@ -122,6 +122,14 @@ async def test_every_cli_in_the_sandbox(polar_settings, tmp_path, harness_cache,
                                  c.output.text[:60], [t.name for t in c.output.tool_calls]) for c in mine])
         assert prompts[second.call_index][: len(tip)] == tip, story
         assert second.chain.extends_call_index == first.call_index, story
+        # A rollout session samples with the run's settings whatever its CLI asks (gateway/sampling.py);
+        # the record keeps both. Gemini CLI asks for its own (temperature 1, top_p 0.95, top_k 64).
+        for c in main:
+            assert c.sampling is not None and c.sampling.pinned and c.sampling.matches_run, story
+            assert (c.sampling.temperature, c.sampling.top_p, c.sampling.top_k) == (1.0, 1.0, 0), story
+        if HARNESSES[i][0]["name"] == "gemini_cli":
+            asked = main[0].request["sampling"]
+            assert (asked["top_p"], asked["top_k"]) == (0.95, 64), asked
 
     merge = merge_report(calls)
     print("\n" + markdown_table(merge))

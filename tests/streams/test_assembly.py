@@ -168,3 +168,24 @@ def test_a_corrupted_chain_is_a_counted_break_with_per_call_fallback(session):
     fallback = [t for t in out.traces if t.break_reason == "verify_failed"]
     assert [t.call_indices for t in fallback] == [[0], [1]]  # calls 0 and 1 still verify alone
     assert out.dropped == {3: "verify_failed"}
+
+
+def test_a_call_sampled_off_the_runs_settings_is_context_never_trained(session):
+    import dataclasses
+
+    from schemas import EngineSampling
+
+    off = dataclasses.replace(session[1], off_run_sampling=True)  # e.g. a harness's own top_p in --sampling pass
+    calls = [session[0], off, *session[2:]]
+    merged = assemble(calls, "prefix_merging")
+    main = merged.traces[0]
+    assert main.call_indices == [0, 3] and main.token_ids == [1, 2, 3, 10, 11, 4, 5, 12, 6, 14, 15]
+    assert main.loss_mask == [0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1]  # call 1's sampled id 12 stays, as context
+    assert merged.dropped == {1: "sampling_mismatch"} and merged.merged == 3
+    assert [t.call_indices for t in assemble(calls, "per_request").traces] == [[0], [2], [3], [4], [5]]
+    # from a record, and through the state tables' JSON
+    rec = CallRecorded(event_id="x", session_id="s", call_index=0, provider="openai.chat", prompt_ids=[1],
+                       sampling=EngineSampling(temperature=0.7, top_p=0.95, top_k=64, matches_run=False))
+    tokens = CallTokens.from_record(rec)
+    assert tokens.off_run_sampling and CallTokens.from_json(tokens.to_json()) == tokens
+    assert not CallTokens.from_record(rec.model_copy(update={"sampling": None})).off_run_sampling  # older records
