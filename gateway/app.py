@@ -23,6 +23,7 @@ from . import admin, metrics, routes
 from .config import GatewayConfig
 from .exposure import DEV_ADMIN_TOKEN, DEV_SESSION_SECRET
 from .openapi import openapi_document
+from .probe import TokenizerMismatch, check_tokenizer
 from .redact import redaction_key
 from .service import Gateway, Publisher
 from .template import ChatTemplate
@@ -76,6 +77,15 @@ def create_app(
             config.upstream, config.engine_urls, served_model=config.served_model, timeout_s=config.upstream_timeout_s,
             connect_timeout_s=config.connect_timeout_s)
         await _discover_model(gw)
+        try:
+            verdict = await check_tokenizer(getattr(template, "tokenizer", None), gw.upstream, gw.served_model,
+                                            config.model)
+        except TokenizerMismatch as e:
+            log.error("refusing to start: %s", e)
+            await gw.upstream.aclose()
+            raise
+        if verdict:
+            log.warning("tokenizer %s", verdict)
         gw.publisher = publisher_factory(settings)
         try:
             yield

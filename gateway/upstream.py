@@ -191,6 +191,31 @@ class HTTPUpstream:
             return ModelInfo()
         return ModelInfo(id=str(first.get("id", "")), max_model_len=_int_version(first.get("max_model_len")))
 
+    async def tokenize(self, text: str) -> list[int] | None:
+        """vLLM's ``POST /tokenize`` of ``text`` without special tokens; None if the engine has no such route."""
+        body = {"model": self.served_model, "prompt": text, "add_special_tokens": False}
+        data = await self._aux("/tokenize", body)
+        if data is None or not isinstance(data.get("tokens"), list):
+            return None  # not vLLM's /tokenize (an engine or proxy answering every path alike)
+        return [int(t) for t in data["tokens"]]
+
+    async def detokenize(self, ids: list[int]) -> str | None:
+        """vLLM's ``POST /detokenize``; None if the engine has no such route or refuses the ids."""
+        data = await self._aux("/detokenize", {"model": self.served_model, "tokens": ids})
+        return None if data is None or not isinstance(data.get("prompt"), str) else data["prompt"]
+
+    async def _aux(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            async with self.session.post(self.urls[0] + path, data=orjson.dumps(body),
+                                         headers={"content-type": "application/json"},
+                                         timeout=aiohttp.ClientTimeout(total=30.0)) as r:
+                if r.status >= 400:
+                    return None
+                data = orjson.loads(await r.read())
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -264,7 +289,7 @@ class SGLangUpstream(HTTPUpstream):
         sp: dict[str, Any] = {"max_new_tokens": params.max_tokens, "skip_special_tokens": False, "no_stop_trim": True}
         for k in ("temperature", "top_p", "top_k", "seed"):
             if (v := getattr(params, k)) is not None:
-                sp["sampling_seed" if k == "seed" else k] = v
+                sp["sampling_seed" if k == "seed" else k] = -1 if k == "top_k" and v == 0 else v  # SGLang: -1 = off
         if params.stop:
             sp["stop"] = params.stop
         body = {"input_ids": prompt_ids, "sampling_params": sp, "return_logprob": True, "logprob_start_len": -1,
