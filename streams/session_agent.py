@@ -3,8 +3,11 @@
 One agent reads polar.calls, polar.session-events and this stage's tick topic together (all keyed by
 session and co-partitioned), so a session's events are handled one at a time by one worker. State:
 
-- ``sessions``: session_id -> SessionState (which calls arrived, the finished event, done marker)
-- ``session-calls``: "<session_id>/<call_index>" -> the call's token data (CallTokens JSON)
+- ``sessions``: session_id -> SessionState (which call indices arrived, as ranges: a constant size per
+  session however many calls it has, so rewriting it on each call is O(1); the finished event; done
+  marker)
+- ``session-calls``: "<session_id>/<call_index>" -> the call's token data (CallTokens JSON, with its
+  event id, which tells a duplicate from a conflict)
 
 Order of effects, for crash safety under at-least-once: store the input; when the session is complete,
 send its trajectory; once the broker acknowledged it (applied by a later event of the partition, see
@@ -60,7 +63,8 @@ async def on_call(rt: Runtime, value: bytes, partition: int, offset: int) -> Non
         return
     rt.calls_watermark[partition] = max(rt.calls_watermark.get(partition, 0.0), call.created_at)
     now = time.time()
-    state = _load(rt, call.session_id) or new_session(call.session_id, now, partition)
+    loaded = _load(rt, call.session_id)
+    state = loaded or new_session(call.session_id, now, partition)
     data = orjson.dumps(CallTokens.from_record(call).to_json())
     if len(data) > rt.config.max_record_bytes:
         # Cannot be kept in state; the session will assemble without it (masked as missing calls).
@@ -68,22 +72,26 @@ async def on_call(rt: Runtime, value: bytes, partition: int, offset: int) -> Non
         log.error("call %s of session %s is %d bytes of tokens, over max_record_bytes: left out",
                   call.call_index, call.session_id, len(data))
         return
-    outcome = add_call(state, call.call_index, call.event_id, now)
+    key = f"{call.session_id}/{call.call_index}"
+    stored = rt.tables[CALLS].get(key)
+    outcome = add_call(state, call.call_index, call.event_id, now,
+                       lambda _: None if stored is None else call.event_id if stored == data else orjson.loads(stored)["e"])
     rt.count(f"calls.{outcome}")
     if outcome == "conflict":
         log.warning("session %s call %s: a second, different event %s; kept the first",
                     call.session_id, call.call_index, call.event_id)
     if outcome not in ("added", "duplicate"):
         return
-    # Re-store a duplicate's data if it is not there: the two tables' changelogs are written
-    # independently, so after a crash the state can list a call whose data was lost; the replay of
-    # that call (not committed, hence re-delivered) puts it back.
-    key = f"{call.session_id}/{call.call_index}"
-    if outcome == "added" or rt.tables[CALLS].get(key) != data:
+    # The two tables' changelogs are written independently, so after a crash one can be ahead of the
+    # other; the replay of the call (not committed, hence re-delivered) reconciles them. The state may
+    # list a call whose data was lost: the duplicate puts the data back. The data may be there while
+    # the state does not list it: the call is added again (a set, so nothing counts twice) with the
+    # same bytes. Either way the session assembles from exactly the calls the state lists.
+    if stored != data:
         rt.put(CALLS, key, data)
         if outcome == "duplicate":
             rt.count("calls.restored")
-    if outcome == "added":
+    if outcome == "added" or loaded is None:
         rt.put(SESSIONS, call.session_id, state.to_json())
     await advance(rt, state, now)
 
@@ -163,7 +171,7 @@ def _delete_calls(rt: Runtime, state: SessionState) -> None:
 
 def _stored_calls(rt: Runtime, state: SessionState) -> list[CallTokens] | None:
     calls = []
-    for idx in sorted(state.calls):
+    for idx in state.calls:  # ascending
         raw = rt.get(CALLS, f"{state.session_id}/{idx}")
         if raw is None:
             rt.count("sessions.awaiting_replayed_call")

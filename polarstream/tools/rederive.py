@@ -78,7 +78,9 @@ class Rederiver:
             self.counters["calls.oversized"] += 1  # the live worker cannot keep it in state either
             return out
         state = self.sessions.get(call.session_id) or session_fns.new_session(call.session_id, self.clock, partition)
-        outcome = session_fns.add_call(state, call.call_index, call.event_id, self.clock)
+        held = self.calls.get(call.session_id, {})
+        outcome = session_fns.add_call(state, call.call_index, call.event_id, self.clock,
+                                       lambda i: held[i].event_id if i in held else None)
         self.counters[f"calls.{outcome}"] += 1
         if outcome == "added":
             self.calls.setdefault(call.session_id, {})[call.call_index] = tokens

@@ -21,7 +21,8 @@ def test_session_completes_only_with_finished_and_all_calls():
     assert add_call(st, 2, "s-c2", 1.0) == "added"  # out of order
     assert add_finished(st, rec.finished, 2.0) == "added"
     assert decide(st, 3.0, cfg) == "" and st.missing_calls == 2
-    assert add_call(st, 2, "s-c2", 3.0) == "duplicate" and add_call(st, 2, "other", 3.0) == "conflict"
+    held = {2: "s-c2"}.get  # the event id stored with the call's data (the session-calls table)
+    assert add_call(st, 2, "s-c2", 3.0, held) == "duplicate" and add_call(st, 2, "other", 3.0, held) == "conflict"
     assert add_finished(st, rec.finished, 3.0) == "duplicate"
     add_call(st, 0, "s-c0", 4.0)
     add_call(st, 1, "s-c1", 4.0)

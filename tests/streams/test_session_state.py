@@ -1,0 +1,184 @@
+"""Session bookkeeping in O(1) per call: pure functions and the session stage's handlers on in-memory
+tables (no Kafka, no Faust).
+
+The handlers are driven the way the agent loop drives them (settle, then handle), with dict tables and
+a send that is acknowledged at once. Crashes are simulated the way they can really look: one table's
+changelog behind the other, then the uncommitted inputs replayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import orjson
+import pytest
+
+from schemas import Trajectory, decode, encode
+from streams import group_agent, session_agent
+from streams.assembly import CallTokens
+from streams.config import StreamsConfig
+from streams.runtime import Runtime
+from streams.sessions import CallIndices, SessionState, add_call, new_session
+from streams.synthetic import SessionSpec, record_session
+from streams.topology import Topology
+from streams.trajectory import build_trajectory
+
+# ---------------------------------------------------------------- pure
+
+
+def test_call_indices_is_a_set_kept_as_ranges():
+    rng = random.Random(3)
+    for _ in range(200):
+        xs = [rng.randrange(40) for _ in range(rng.randrange(60))]
+        held = CallIndices()
+        added = [held.add(x) for x in xs]
+        assert added == [x not in xs[:i] for i, x in enumerate(xs)]
+        assert list(held) == sorted(set(xs)) and len(held) == len(set(xs))
+        assert all((i in held) == (i in xs) for i in range(-2, 45))
+        ranges = held.to_json()
+        assert all(a < b for a, b in ranges) and all(ranges[k][1] < ranges[k + 1][0] for k in range(len(ranges) - 1))
+        assert CallIndices(ranges) == held
+
+
+def test_state_size_does_not_grow_with_the_calls():
+    state = new_session("s", 1.0, 0)
+    sizes = []
+    for i in range(500):
+        add_call(state, i, f"e{i}", 2.0, lambda _: None)
+        sizes.append(len(orjson.dumps(state.to_json())))
+    assert sizes[-1] - sizes[0] <= 4  # only the digits of the range's end grow
+    assert state.to_json()["calls"] == [[0, 500]]
+
+
+def test_old_state_with_a_call_map_still_loads():
+    old = {"session_id": "s", "partition": 2, "first_seen": 1.0, "last_seen": 2.0,
+           "calls": {"0": "e0", "2": "e2", "1": "e1", "5": "e5"},
+           "finished": None, "finished_at": 0.0, "done": "", "done_at": 0.0}
+    state = SessionState.from_json(orjson.loads(orjson.dumps(old)))
+    assert list(state.calls) == [0, 1, 2, 5] and len(state.calls) == 4
+    assert state.to_json()["calls"] == [[0, 3], [5, 6]]
+    assert SessionState.from_json(orjson.loads(orjson.dumps(state.to_json()))).calls == state.calls
+
+
+def test_duplicate_and_conflict_come_from_the_stored_event_id():
+    state = new_session("s", 1.0, 0)
+    stored = {}
+    lookup = stored.get
+    assert add_call(state, 0, "a", 1.0, lookup) == "added"
+    stored[0] = "a"
+    assert add_call(state, 0, "a", 1.0, lookup) == "duplicate"
+    assert add_call(state, 0, "b", 1.0, lookup) == "conflict"
+    del stored[0]  # the data was lost in a crash: the replayed call puts it back
+    assert add_call(state, 0, "a", 1.0, lookup) == "duplicate"
+    assert len(state.calls) == 1
+
+
+# ---------------------------------------------------------------- the session stage on dict tables
+
+
+class _Topic:
+    def __init__(self):
+        self.sent: list[tuple[bytes, bytes]] = []
+
+    async def send(self, key, value):
+        self.sent.append((key, value))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+
+def _runtime(config: StreamsConfig) -> Runtime:
+    topo = Topology("t", "calls", "session-events", "trajectories", "groups", "session-ticks", "group-ticks",
+                    4, 4, 1, 8 << 20, 8 << 20)
+    tables = {n: {} for n in (session_agent.SESSIONS, session_agent.CALLS, group_agent.GROUPS, group_agent.MEMBERS)}
+    return Runtime(None, topo, config, tables, {"trajectories": _Topic(), "groups": _Topic()})
+
+
+async def _feed(rt: Runtime, records, partition: int = 0) -> None:
+    for r in records:
+        rt.settle(session_agent.STAGE, partition)
+        if r.TOPIC == "calls":
+            await session_agent.on_call(rt, encode(r), partition, 0)
+        else:
+            await session_agent.on_session_event(rt, encode(r), partition, 0)
+
+
+async def _tick(rt: Runtime, partition: int = 0) -> None:
+    rt.settle(session_agent.STAGE, partition)
+    await session_agent.on_tick(rt, partition)
+
+
+def _sent(rt: Runtime) -> dict[str, bytes]:
+    return {decode(v, Trajectory).event_id: v for _, v in rt.topics["trajectories"].sent}
+
+
+def _expected(rec, config, missing=0) -> bytes:
+    return encode(build_trajectory(rec.finished, [CallTokens.from_record(c) for c in rec.calls], config, missing_calls=missing))
+
+
+def test_stage_assembles_once_with_constant_size_state():
+    config = StreamsConfig()
+    rec = record_session(SessionSpec("s", "g", turns=12, side_call_at=3), 1)
+    rt = _runtime(config)
+
+    async def run():
+        sizes = []
+        for c in rec.calls:
+            await _feed(rt, [c])
+            sizes.append(len(rt.tables[session_agent.SESSIONS]["s"]))
+        await _feed(rt, [rec.finished, *rec.calls[:3]])  # duplicates after the session was assembled
+        await _tick(rt)
+        return sizes
+
+    sizes = asyncio.run(run())
+    assert max(sizes) - min(sizes) <= 2
+    assert list(_sent(rt).values()) == [_expected(rec, config)]
+    state = SessionState.from_json(orjson.loads(rt.tables[session_agent.SESSIONS]["s"]))
+    assert state.done and not any(k.startswith("s/") for k in rt.tables[session_agent.CALLS])
+    assert rt.counters["calls.added"] == len(rec.calls) and rt.counters["calls.late"] == 3
+
+
+@pytest.mark.parametrize("lost", ["state", "calls"])
+def test_a_table_behind_the_other_after_a_crash_neither_hangs_nor_double_counts(lost):
+    """The changelog of one table lost the writes of the last calls; those calls (uncommitted) are
+    replayed: the session assembles exactly as without the crash."""
+    config = StreamsConfig()
+    rec = record_session(SessionSpec("s", "g", turns=6), 2)
+    rt = _runtime(config)
+
+    async def run():
+        await _feed(rt, rec.calls[:3])
+        before = {n: dict(t) for n, t in rt.tables.items()}
+        await _feed(rt, rec.calls[3:5])
+        # crash: one table is restored as it was before calls 3-4
+        name = session_agent.SESSIONS if lost == "state" else session_agent.CALLS
+        rt.tables[name].clear()
+        rt.tables[name].update(before[name])
+        await _feed(rt, rec.calls[3:])  # the replay, then the rest
+        await _feed(rt, [rec.finished])
+        await _tick(rt)
+
+    asyncio.run(run())
+    assert list(_sent(rt).values()) == [_expected(rec, config)]
+    if lost == "calls":
+        assert rt.counters["calls.restored"] == 2
+    else:
+        assert rt.counters["calls.added"] == len(rec.calls) + 2  # re-added (a set: counted once in the state)
+
+
+def test_old_state_is_converted_and_assembles():
+    config = StreamsConfig()
+    rec = record_session(SessionSpec("s", "g", turns=4), 3)
+    rt = _runtime(config)
+
+    async def run():
+        await _feed(rt, rec.calls)
+        state = orjson.loads(rt.tables[session_agent.SESSIONS]["s"])
+        state["calls"] = {str(c.call_index): c.event_id for c in rec.calls}  # as the previous version wrote it
+        rt.tables[session_agent.SESSIONS]["s"] = orjson.dumps(state)
+        await _feed(rt, [rec.calls[1], rec.finished])
+
+    asyncio.run(run())
+    assert list(_sent(rt).values()) == [_expected(rec, config)]
+    assert rt.counters["calls.duplicate"] == 1
