@@ -12,7 +12,9 @@ Kafka cannot delete one record from the middle of a partition, so (docs/security
   dropped range restart from the copies and see them again (every reader dedupes by event_id).
 
 A group that contains a forgotten session is deleted whole (its other members' trajectories stay).
-Run it as a super user (``admin`` on a secured cluster).
+Run it as a super user (``admin`` on a secured cluster). With ``--gateway URL`` the sessions are first
+*closed* on those gateways (``DELETE /admin/sessions/{id}``), so a key still held by a harness cannot
+record into a forgotten session again.
 """
 
 from __future__ import annotations
@@ -117,6 +119,28 @@ def resolve_task(settings: Settings, task: str, consumer, timeout: float) -> Tar
     return Target(frozenset(sessions - {""}), frozenset(groups - {""}), task)
 
 
+def close_sessions(gateways: Iterable[str], admin_token: str, sessions: Iterable[str], timeout: float = 30.0) -> int:
+    """Close ``sessions`` on every gateway (their keys record nothing more); returns how many were closed.
+
+    Raises RuntimeError naming the gateway and session when one refuses or cannot be reached: a
+    forget that leaves a session writable must not look done."""
+    import httpx
+
+    closed = 0
+    headers = {"authorization": f"Bearer {admin_token}"}
+    with httpx.Client(timeout=timeout, headers=headers) as client:
+        for url in gateways:
+            for sid in sorted(sessions):
+                try:
+                    r = client.delete(f"{url.rstrip('/')}/admin/sessions/{sid}")
+                except httpx.HTTPError as e:
+                    raise RuntimeError(f"gateway {url} unreachable while closing session {sid!r}: {e}") from None
+                if r.status_code != 200:
+                    raise RuntimeError(f"gateway {url} refused to close session {sid!r}: {r.status_code} {r.text[:200]}")
+                closed += 1
+    return closed
+
+
 def forget(settings: Settings, target: Target, *, include_source: bool = False, dry_run: bool = False,
            timeout: float = 30.0) -> Report:
     """Delete the target's records (see the module docstring); returns what was dropped per topic."""
@@ -182,6 +206,7 @@ def register(app) -> None:
         include_source: bool = typer.Option(False, "--include-source", help="also tasks, sessions, calls, session-events"),
         dry_run: bool = typer.Option(False, "--dry-run", help="report what would be deleted, delete nothing"),
         config: str = typer.Option("", "--config", help="settings YAML (else POLAR_* environment)"),
+        gateway: list[str] = typer.Option([], "--gateway", help="gateway URL to close the sessions on first (repeatable)"),
     ) -> None:
         """Delete a session's or a task's records from the derived topics (docs/security.md)."""
         from confluent_kafka import Consumer
@@ -206,5 +231,13 @@ def register(app) -> None:
                 c.close()
         else:
             target = Target(sessions=frozenset(session))
+        closed = 0
+        if gateway and not dry_run:
+            try:
+                closed = close_sessions(gateway, settings.admin_token, target.sessions)
+            except RuntimeError as e:
+                typer.echo(f"error: {e}", err=True)
+                raise typer.Exit(1) from None
         report = forget(settings, target, include_source=include_source, dry_run=dry_run)
-        typer.echo(orjson.dumps({"dry_run": dry_run, **report.to_dict()}, option=orjson.OPT_INDENT_2).decode())
+        out = {"dry_run": dry_run, **report.to_dict(), "closed_on_gateways": closed}
+        typer.echo(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
