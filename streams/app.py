@@ -16,7 +16,9 @@ Choices, and why:
 - A crashing agent crashes the worker (CrashingSupervisor) and exceptions are not acked, so an event
   that hit a bug is re-processed after restart instead of being skipped silently.
 - Deadlines need events in a stream's context (tables may only change there), so each worker sends a
-  tick to each tick-topic partition it owns; the stage's agent then sweeps that partition's state.
+  tick to each tick-topic partition it owns; the stage's agent then acts on that partition's sessions
+  or groups whose deadline has come (an in-memory heap per partition, rebuilt from the tables after
+  each rebalance: streams/deadlines.py), without reading the others.
 """
 
 from __future__ import annotations
@@ -98,6 +100,8 @@ def create_app(
     }
     stats_path = settings.data_dir / "streams" / f"{topo.app_id}.stats.json"
     rt = Runtime(app, topo, config, tables, topics, stats_path)
+    for table in tables.values():
+        table.on_recover(rt.recovered)  # in-memory deadlines are rebuilt from the recovered tables
     session_agent.register(rt)
     group_agent.register(rt)
     _register_timers(rt, stats_interval_s)

@@ -5,6 +5,9 @@ Reads polar.trajectories (keyed by group) and this stage's tick topic. State:
 - ``groups``: group_id -> GroupState (one reference per sample, emitted marker)
 - ``group-members``: "<group_id>/<sample_index>" -> the member Trajectory's bytes as received
 
+Deadlines (emit or drop at the group's deadline, forget the emitted marker) are kept in memory per
+partition (streams/deadlines.py): a tick touches only the groups that are due.
+
 A group emits once: the TrainingGroup is sent and acknowledged before the emitted marker is written,
 so a crash can only cause a byte-identical re-send (same inputs, same deterministic id), never a loss.
 """
@@ -19,7 +22,8 @@ import orjson
 from schemas import Trajectory, decode
 
 from . import metrics
-from .groups import GroupState, add_member, build_group, decide, new_group
+from .deadlines import Wakeups
+from .groups import GroupState, add_member, build_group, decide, due, new_group
 from .runtime import Runtime
 
 log = logging.getLogger("streams.groups")
@@ -68,37 +72,69 @@ async def on_trajectory(rt: Runtime, value: bytes, partition: int, offset: int) 
         if outcome == "duplicate":
             rt.count("members.restored")
     if outcome != "duplicate":
-        rt.put(GROUPS, traj.group_id, state.to_json())
+        _save(rt, state)
     await advance(rt, state, now)
 
 
 async def on_tick(rt: Runtime, partition: int) -> None:
-    """Deadlines of this partition's groups."""
+    """Deadlines of this partition's groups: only those whose wake-up time has come are read."""
     now = time.time()
-    for key, raw in list(rt.tables[GROUPS].items()):
-        state = GroupState.from_json(orjson.loads(raw))
-        if state.partition != partition:
+    for key in _wakeups(rt).pop_due(partition, now):
+        state = _load(rt, key)
+        if state is None:
             continue
         if state.emitted:
             if now - state.closed_at >= rt.config.done_retention_s:
                 _delete_members(rt, state)  # leftovers of a crash between the marker and the deletes
                 rt.delete(GROUPS, key)
+            else:
+                _schedule(rt, state)
             continue
         await advance(rt, state, now)
+
+
+def _wakeups(rt: Runtime) -> Wakeups:
+    """This stage's wake-ups, built from the groups table after each rebalance."""
+    return rt.index(STAGE, lambda: _rebuild_wakeups(rt))
+
+
+def _rebuild_wakeups(rt: Runtime) -> Wakeups:
+    wakeups = Wakeups()
+    for raw in list(rt.tables[GROUPS].values()):
+        _schedule_into(rt, GroupState.from_json(orjson.loads(raw)), wakeups)
+    return wakeups
+
+
+def _schedule(rt: Runtime, state: GroupState) -> None:
+    _schedule_into(rt, state, _wakeups(rt))
+
+
+def _schedule_into(rt: Runtime, state: GroupState, wakeups: Wakeups) -> None:
+    """Wake the group at its deadline (``groups.due``), or when its emitted marker may be forgotten."""
+    at = state.closed_at + rt.config.done_retention_s if state.emitted else due(state, rt.config)[1]
+    wakeups.wake_by(state.partition, state.group_id, at)
+
+
+def _save(rt: Runtime, state: GroupState) -> None:
+    rt.put(GROUPS, state.group_id, state.to_json())
+    _schedule(rt, state)
 
 
 async def advance(rt: Runtime, state: GroupState, now: float) -> None:
     """Emit or drop the group if ``decide`` says so (acknowledged, then marked, then its members deleted)."""
     gid = state.group_id
     if rt.is_pending(STAGE, gid):
+        _schedule(rt, state)  # looked at again at the next tick of the partition
         return
     action = decide(state, now, rt.config)
     if not action:
+        _schedule(rt, state)
         return
     if action == "emit":
         members = _stored_members(rt, state)
         if members is None:
             rt.count("groups.awaiting_replayed_member")
+            _schedule(rt, state)  # due at once: retried at every tick until the bytes are back
             return  # a member's bytes are still being replayed after a restart
         group = build_group(gid, members, rt.config)
         if group is None:
@@ -111,6 +147,7 @@ async def advance(rt: Runtime, state: GroupState, now: float) -> None:
         else:
             metrics.observe_group(now - state.first_seen)
             rt.pend(STAGE, gid, state.partition, fut, lambda: _close(rt, _load(rt, gid) or state, group.event_id, now))
+            _schedule(rt, state)
         return
     rt.count(f"groups.{action.replace(':', '_')}")
     log.warning("group %s dropped (%s): %d of %d samples in, %d usable, min_valid %d",
@@ -120,7 +157,7 @@ async def advance(rt: Runtime, state: GroupState, now: float) -> None:
 
 def _close(rt: Runtime, state: GroupState, emitted: str, now: float) -> None:
     state.emitted, state.closed_at = emitted, now
-    rt.put(GROUPS, state.group_id, state.to_json())
+    _save(rt, state)
     _delete_members(rt, state)
 
 

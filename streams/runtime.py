@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -35,6 +35,8 @@ log = logging.getLogger("streams")
 
 # A record batch carries framing around the record; keep this much below the topic's limit.
 _BATCH_OVERHEAD = 4096
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -52,6 +54,24 @@ class Runtime:
     pending: dict[tuple[str, str], "Pending"] = field(default_factory=dict)  # (stage, key) -> unsettled send
     # (topic, partition) -> offset of the last event handled: the consumer lag metric (streams/metrics.py)
     processed: dict[tuple[str, int], int] = field(default_factory=dict)
+    # Bumped each time the tables finish recovering after a rebalance (``recovered``, a table callback):
+    # what a stage keeps in memory about its tables (its deadlines) is then rebuilt from them, once.
+    generation: int = 0
+    _indexes: dict[str, tuple[int, Any]] = field(default_factory=dict)
+
+    async def recovered(self) -> None:
+        """Tables are recovered (Faust calls this after each rebalance, before any event is handled)."""
+        self.generation += 1
+
+    def index(self, name: str, build: Callable[[], T]) -> T:
+        """An in-memory structure derived from the tables: ``build()`` once per table generation."""
+        held = self._indexes.get(name)
+        if held is None or held[0] != self.generation:
+            generation = self.generation
+            held = (generation, build())
+            self._indexes[name] = held
+            self.count(f"{name}.index_rebuilt")
+        return held[1]
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] += n

@@ -9,6 +9,9 @@ session and co-partitioned), so a session's events are handled one at a time by 
 - ``session-calls``: "<session_id>/<call_index>" -> the call's token data (CallTokens JSON, with its
   event id, which tells a duplicate from a conflict)
 
+Deadlines (assemble a session still missing calls, drop one that never finished, forget a done marker)
+are kept in memory per partition (streams/deadlines.py): a tick touches only the sessions that are due.
+
 Order of effects, for crash safety under at-least-once: store the input; when the session is complete,
 send its trajectory; once the broker acknowledged it (applied by a later event of the partition, see
 Runtime.settle), mark the session done, then delete its calls. A crash in between replays inputs into
@@ -26,8 +29,9 @@ import orjson
 from schemas import CallRecorded, SessionEvent
 
 from .assembly import CallTokens
+from .deadlines import Wakeups
 from .runtime import Runtime
-from .sessions import SessionState, add_call, add_finished, decide, new_session
+from .sessions import SessionState, add_call, add_finished, decide, due, new_session
 from .trajectory import build_trajectory
 
 log = logging.getLogger("streams.sessions")
@@ -92,7 +96,7 @@ async def on_call(rt: Runtime, value: bytes, partition: int, offset: int) -> Non
         if outcome == "duplicate":
             rt.count("calls.restored")
     if outcome == "added" or loaded is None:
-        rt.put(SESSIONS, call.session_id, state.to_json())
+        _save(rt, state)
     await advance(rt, state, now)
 
 
@@ -110,17 +114,60 @@ async def on_session_event(rt: Runtime, value: bytes, partition: int, offset: in
     rt.count(f"finished.{outcome}")
     if outcome != "added":
         return
-    rt.put(SESSIONS, event.session_id, state.to_json())
+    _save(rt, state)
     await advance(rt, state, now)
 
 
 async def on_tick(rt: Runtime, partition: int) -> None:
-    """Deadlines of this partition's sessions: assemble stragglers, drop orphans, forget old markers."""
+    """Deadlines of this partition's sessions: assemble stragglers, drop orphans, forget old markers.
+
+    Only the sessions whose wake-up time has come are read (``_wakeups``); each is re-decided from its
+    stored state and scheduled again."""
     now = time.time()
-    for key, raw in list(rt.tables[SESSIONS].items()):
-        state = SessionState.from_json(orjson.loads(raw))
-        if state.partition == partition:
+    by_time, by_watermark = _wakeups(rt)
+    for sid in by_watermark.pop_due(partition, rt.calls_watermark.get(partition, 0.0)):
+        state = _load(rt, sid)
+        if state is not None:
+            _schedule(rt, state)  # the calls watermark passed its grace: its deadline moved earlier
+    for sid in by_time.pop_due(partition, now):
+        state = _load(rt, sid)
+        if state is not None:
             await advance(rt, state, now)
+
+
+def _wakeups(rt: Runtime) -> tuple[Wakeups, Wakeups]:
+    """This stage's wake-ups (on the wall clock, and on each partition's calls watermark), built from
+    the sessions table after each rebalance."""
+    return rt.index(STAGE, lambda: _rebuild_wakeups(rt))
+
+
+def _rebuild_wakeups(rt: Runtime) -> tuple[Wakeups, Wakeups]:
+    wakeups = Wakeups(), Wakeups()
+    for raw in list(rt.tables[SESSIONS].values()):
+        _schedule_into(rt, SessionState.from_json(orjson.loads(raw)), *wakeups)
+    return wakeups
+
+
+def _schedule(rt: Runtime, state: SessionState) -> None:
+    _schedule_into(rt, state, *_wakeups(rt))
+
+
+def _schedule_into(rt: Runtime, state: SessionState, by_time: Wakeups, by_watermark: Wakeups) -> None:
+    """Wake the session by its deadline (``sessions.due``), and when the partition's calls watermark can
+    bring that deadline forward (a finished session missing calls), also when the watermark gets there."""
+    config, partition = rt.config, state.partition
+    watermark = rt.calls_watermark.get(partition, 0.0)
+    action, at = due(state, config, watermark)
+    by_time.wake_by(partition, state.session_id, at)
+    if action == "assemble" and state.finished is not None and at > float("-inf"):
+        threshold = state.finished["created_at"] + config.missing_calls_grace_s
+        if watermark < threshold and state.finished_at + config.missing_calls_grace_s < at:
+            by_watermark.wake_by(partition, state.session_id, threshold)
+
+
+def _save(rt: Runtime, state: SessionState) -> None:
+    rt.put(SESSIONS, state.session_id, state.to_json())
+    _schedule(rt, state)
 
 
 async def advance(rt: Runtime, state: SessionState, now: float) -> None:
@@ -132,17 +179,22 @@ async def advance(rt: Runtime, state: SessionState, now: float) -> None:
     """
     sid = state.session_id
     if rt.is_pending(STAGE, sid):
+        _schedule(rt, state)  # looked at again at the next tick of the partition
         return  # its trajectory is on the way; settling will mark it done
     action = decide(state, now, rt.config, rt.calls_watermark.get(state.partition, 0.0))
     if not action:
+        _schedule(rt, state)
         return
     if action == "forget":
         _delete_calls(rt, state)  # leftovers of a crash between the done marker and the deletes
         rt.delete(SESSIONS, sid)
+        _wakeups(rt)[0].discard(sid)
+        _wakeups(rt)[1].discard(sid)
         return
     if action == "assemble":
         calls = _stored_calls(rt, state)
         if calls is None:
+            _schedule(rt, state)  # due at once: retried at every tick until the data is back
             return  # a call's data is still being replayed after a restart
         traj = _build(rt, state, calls)
         fut = await rt.send("trajectories", traj, rt.topo.trajectory_max_bytes)
@@ -151,6 +203,7 @@ async def advance(rt: Runtime, state: SessionState, now: float) -> None:
         else:
             rt.count("sessions.assembled")
             rt.pend(STAGE, sid, state.partition, fut, lambda: _close(rt, _load(rt, sid) or state, traj.event_id, now))
+            _schedule(rt, state)
         return
     rt.count("sessions.dropped_no_finished")
     log.warning("session %s: %d calls but no finished event after %.0fs: dropped",
@@ -160,7 +213,7 @@ async def advance(rt: Runtime, state: SessionState, now: float) -> None:
 
 def _close(rt: Runtime, state: SessionState, done: str, now: float) -> None:
     state.done, state.done_at = done, now
-    rt.put(SESSIONS, state.session_id, state.to_json())
+    _save(rt, state)
     _delete_calls(rt, state)
 
 

@@ -1,5 +1,5 @@
-"""Session bookkeeping in O(1) per call: pure functions and the session stage's handlers on in-memory
-tables (no Kafka, no Faust).
+"""Session bookkeeping in O(1) per call, and deadlines from a heap: pure functions and the session
+stage's handlers on in-memory tables (no Kafka, no Faust).
 
 The handlers are driven the way the agent loop drives them (settle, then handle), with dict tables and
 a send that is acknowledged at once. Crashes are simulated the way they can really look: one table's
@@ -18,6 +18,7 @@ from schemas import Trajectory, decode, encode
 from streams import group_agent, session_agent
 from streams.assembly import CallTokens
 from streams.config import StreamsConfig
+from streams.deadlines import Wakeups
 from streams.runtime import Runtime
 from streams.sessions import CallIndices, SessionState, add_call, new_session
 from streams.synthetic import SessionSpec, record_session
@@ -72,6 +73,24 @@ def test_duplicate_and_conflict_come_from_the_stored_event_id():
     del stored[0]  # the data was lost in a crash: the replayed call puts it back
     assert add_call(state, 0, "a", 1.0, lookup) == "duplicate"
     assert len(state.calls) == 1
+
+
+def test_wakeups_pop_only_what_is_due_and_keep_the_earliest():
+    w = Wakeups()
+    w.wake_by(0, "a", 10.0)
+    w.wake_by(0, "a", 20.0)  # later: the earlier wake-up stays (it reschedules itself then)
+    w.wake_by(0, "b", 5.0)
+    w.wake_by(1, "c", 1.0)
+    w.wake_by(0, "d", float("inf"))  # never
+    assert w.pop_due(0, 4.0) == []
+    assert w.pop_due(0, 10.0) == ["b", "a"]
+    assert w.pop_due(0, 100.0) == [] and w.pop_due(1, 100.0) == ["c"]
+    w.wake_by(0, "a", 50.0)
+    w.wake_by(0, "a", float("-inf"))  # earlier: a new entry, the old one is skipped
+    assert w.pop_due(0, 0.0) == ["a"] and w.pop_due(0, 100.0) == []
+    for i in range(1000):  # superseded entries are compacted away
+        w.wake_by(0, "x", 1000.0 - i)
+    assert len(w._heaps[0]) < 100 and w.pop_due(0, 1.0) == ["x"]
 
 
 # ---------------------------------------------------------------- the session stage on dict tables
@@ -155,6 +174,7 @@ def test_a_table_behind_the_other_after_a_crash_neither_hangs_nor_double_counts(
         name = session_agent.SESSIONS if lost == "state" else session_agent.CALLS
         rt.tables[name].clear()
         rt.tables[name].update(before[name])
+        await rt.recovered()
         await _feed(rt, rec.calls[3:])  # the replay, then the rest
         await _feed(rt, [rec.finished])
         await _tick(rt)
@@ -177,8 +197,45 @@ def test_old_state_is_converted_and_assembles():
         state = orjson.loads(rt.tables[session_agent.SESSIONS]["s"])
         state["calls"] = {str(c.call_index): c.event_id for c in rec.calls}  # as the previous version wrote it
         rt.tables[session_agent.SESSIONS]["s"] = orjson.dumps(state)
+        await rt.recovered()
         await _feed(rt, [rec.calls[1], rec.finished])
 
     asyncio.run(run())
     assert list(_sent(rt).values()) == [_expected(rec, config)]
     assert rt.counters["calls.duplicate"] == 1
+
+
+def test_a_tick_reads_only_the_due_sessions(monkeypatch):
+    """Many open sessions, one finished with a call missing: ticks read nothing until its deadline, which
+    comes when the partition's calls watermark passes its grace (then the wall clock does it)."""
+    config = StreamsConfig(missing_calls_grace_s=0.0, missing_calls_timeout_s=3600.0)
+    rt = _runtime(config)
+    open_ = [record_session(SessionSpec(f"o{i}", "go", turns=2), 10 + i) for i in range(50)]
+    rec = record_session(SessionSpec("m", "gm", turns=4), 4)
+    lost = rec.calls.pop(2)
+    loads = []
+    real = SessionState.from_json
+    monkeypatch.setattr(SessionState, "from_json", classmethod(lambda cls, o: loads.append(o["session_id"]) or real(o)))
+
+    async def run():
+        for r in open_:
+            await _feed(rt, r.calls)
+        await _feed(rt, [*rec.calls, rec.finished])
+        loads.clear()
+        await _tick(rt)
+        first = list(loads)
+        await rt.recovered()  # a rebalance: the wake-ups are rebuilt from the table (reading every session once)
+        await _tick(rt)
+        assert len(loads) == 51 and rt.counters["sessions.index_rebuilt"] == 2  # 50 open + 1 finished, none due
+        # a later call of another session moves the watermark past the finished event
+        late = record_session(SessionSpec("w", "gw", turns=1), 99, t0=rec.finished.created_at + 10).calls
+        await _feed(rt, late)
+        loads.clear()
+        await _tick(rt)
+        return first, list(loads)
+
+    first, second = asyncio.run(run())
+    assert first == []  # nothing due: no session read
+    assert "m" in second and len(second) <= 3
+    assert list(_sent(rt).values()) == [_expected(rec, config, missing=1)]
+    assert lost.event_id not in str(rt.tables[session_agent.CALLS].keys())
