@@ -46,7 +46,8 @@ class SessionIn(BaseModel):
 
 
 def _status(gw: Gateway) -> dict[str, Any]:
-    return {"paused": gw.gate.paused, "in_flight": gw.gate.in_flight, "policy_version": gw.policy_version}
+    return {"paused": gw.gate.paused, "in_flight": gw.gate.in_flight, "policy_version": gw.policy_version,
+            "pauses_expired": gw.gate.auto_resumed}
 
 
 @router.post("/pause")

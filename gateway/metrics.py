@@ -68,6 +68,10 @@ def _paused(gw: Any) -> Iterator[Reading]:
     yield (), float(gw.gate.paused)
 
 
+def _auto_resumed(gw: Any) -> Iterator[Reading]:
+    yield (), float(gw.gate.auto_resumed)
+
+
 def _policy_version(gw: Any) -> Iterator[Reading]:
     yield (), float(gw.policy_version)
 
@@ -76,6 +80,8 @@ _STATE = (
     Sampled("polar_gateway_sessions", "Sessions whose state the gateway holds", (), _sessions),
     Sampled("polar_gateway_calls_in_flight", "Calls inside the pause gate now", (), _in_flight),
     Sampled("polar_gateway_paused", "1 while the gateway holds new calls for a weight swap", (), _paused),
+    Sampled("polar_gateway_pause_expired", "Pauses that outlived their deadline and were lifted by the gateway",
+            (), _auto_resumed),
     Sampled("polar_gateway_policy_version", "Policy version stamped on calls whose engine reports none", (),
             _policy_version),
 )

@@ -56,7 +56,7 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"expect", b"te
               b"content-length", b"upgrade"}
 FANOUT = {(b"POST", "/admin/pause"), (b"POST", "/admin/resume"), (b"POST", "/admin/policy_version"),
           (b"GET", "/admin/policy_version"), (b"GET", "/admin/status")}
-SAME_ON_EVERY_WORKER = {"policy_version", "version"}  # kept equal by the fan-out writes: worker 0's is the answer
+SAME_ON_EVERY_WORKER = {"policy_version", "version", "resumes_by_itself_in_s"}  # set by the fan-out writes: worker 0's is the answer
 ANY_WORKER = {"event_log_stalled"}  # true if true on any worker (other flags: only if true on all)
 NO_BODY_STATUS = {204, 304}
 

@@ -131,6 +131,7 @@ def test_admin_writes_reach_every_process(gateway, settings):
     _, url = gateway
     paused = admin(settings, url, "POST", "/admin/pause").json()
     assert paused["paused"] and paused["drained"] and [w["paused"] for w in paused["workers"]] == [True, True]
+    assert paused["resumes_by_itself_in_s"] == 900  # every worker's deadline, not their sum
     assert admin(settings, url, "POST", "/admin/policy_version", json={"version": 7}).json()["version"] == 7
     status = admin(settings, url, "GET", "/admin/status").json()
     assert [(w["paused"], w["policy_version"]) for w in status["workers"]] == [(True, 7), (True, 7)]
