@@ -103,7 +103,9 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
         """The served model names (aliases), as vLLM lists them."""
         return {"object": "list", "data": [
             {"id": n, "object": "model", "created": engine.created, "owned_by": "polarstream", "root": engine.lm.path,
-             "parent": None, "max_model_len": engine.max_model_len, "permission": []} for n in engine.names]}
+             "parent": None, "max_model_len": engine.max_model_len, "permission": [],
+            # Ours only (vLLM does not report it): which logprobs it returns, so a gateway can check.
+            "logprobs_mode": engine.options.logprobs_mode} for n in engine.names]}
 
     @app.get("/health")
     async def health() -> Response:

@@ -23,7 +23,7 @@ from . import admin, metrics, routes
 from .config import GatewayConfig
 from .exposure import DEV_ADMIN_TOKEN, DEV_SESSION_SECRET
 from .openapi import openapi_document
-from .probe import TokenizerMismatch, check_tokenizer
+from .probe import LogprobsModeMismatch, TokenizerMismatch, check_logprobs_mode, check_tokenizer
 from .redact import redaction_key
 from .service import Gateway, Publisher
 from .template import ChatTemplate
@@ -107,11 +107,16 @@ def create_app(
 
 
 async def _discover_model(gw: Gateway) -> None:
-    """Fill the served model name and context length from the engine when not configured."""
-    if gw.config.served_model and gw.config.max_model_len:
-        return
+    """Fill the served model name and context length from the engine when not configured, and refuse
+    an engine whose reported logprobs are not of the distribution the run samples from."""
     assert gw.upstream is not None
     info = await gw.upstream.model_info()
+    try:
+        check_logprobs_mode(info.logprobs_mode, gw.config.sampling)
+    except LogprobsModeMismatch as e:
+        log.error("refusing to start: %s", e)
+        await gw.upstream.aclose()
+        raise
     if not gw.config.served_model:
         if info.id:
             gw.served_model = info.id

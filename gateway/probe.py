@@ -23,6 +23,22 @@ class TokenizerMismatch(RuntimeError):
     """The engine tokenizes or decodes differently from the gateway."""
 
 
+class LogprobsModeMismatch(RuntimeError):
+    """The engine reports logprobs of another distribution than the one it samples from."""
+
+
+def check_logprobs_mode(mode: str, policy: Any) -> None:
+    """Refuse an engine that reports raw logprobs when the run samples at another temperature or with
+    truncation: every recorded logprob would then be of the wrong distribution. '' = not reported (vLLM:
+    start it with ``--logprobs-mode processed_logprobs``; docs/gateway.md)."""
+    if mode != "raw_logprobs":
+        return
+    if (policy.temperature, policy.top_p, policy.top_k) != (1.0, 1.0, 0):
+        raise LogprobsModeMismatch(
+            f"the engine returns raw_logprobs but the run samples at temperature {policy.temperature:g}, top_p "
+            f"{policy.top_p:g}, top_k {policy.top_k}: start it with --logprobs-mode processed_logprobs")
+
+
 def _probe_ids(vocab: int) -> list[int]:
     return sorted({1, 2, vocab // 7, vocab // 3, vocab // 2, (2 * vocab) // 3, vocab - 2, vocab - 1} - {0} | {0})
 

@@ -89,6 +89,7 @@ class Generation:
 class ModelInfo:
     id: str = ""
     max_model_len: int | None = None
+    logprobs_mode: str = ""  # our engine reports it; vLLM does not ('')
 
 
 class Upstream(Protocol):
@@ -189,7 +190,8 @@ class HTTPUpstream:
                 first = (orjson.loads(await r.read()).get("data") or [{}])[0] if r.status == 200 else {}
         except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, IndexError):
             return ModelInfo()
-        return ModelInfo(id=str(first.get("id", "")), max_model_len=_int_version(first.get("max_model_len")))
+        return ModelInfo(id=str(first.get("id", "")), max_model_len=_int_version(first.get("max_model_len")),
+                         logprobs_mode=str(first.get("logprobs_mode") or ""))
 
     async def tokenize(self, text: str) -> list[int] | None:
         """vLLM's ``POST /tokenize`` of ``text`` without special tokens; None if the engine has no such route."""

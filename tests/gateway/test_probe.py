@@ -48,3 +48,22 @@ def test_a_gateway_with_another_tokenizer_refuses_to_start(tmp_path, tiny_model_
     with pytest.raises(TokenizerMismatch, match="first difference at position"):
         with TestClient(app):  # runs the lifespan: the gateway never serves
             pass
+
+
+def test_an_engine_reporting_raw_logprobs_is_refused_unless_they_equal_the_sampled_ones(engine_server_factory):
+    from gateway.probe import LogprobsModeMismatch, check_logprobs_mode
+    from gateway.sampling import SamplingPolicy
+
+    async def mode(url):
+        up = make_upstream("polar", [url])
+        try:
+            return (await up.model_info()).logprobs_mode
+        finally:
+            await up.aclose()
+
+    raw = asyncio.run(mode(engine_server_factory(logprobs_mode="raw_logprobs").url))
+    assert raw == "raw_logprobs"
+    with pytest.raises(LogprobsModeMismatch, match="--logprobs-mode processed_logprobs"):
+        check_logprobs_mode(raw, SamplingPolicy(temperature=0.7))
+    check_logprobs_mode(raw, SamplingPolicy())  # temperature 1, no truncation: raw == processed
+    check_logprobs_mode("", SamplingPolicy(temperature=0.7))  # vLLM does not say: documented, not checkable
