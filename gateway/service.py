@@ -126,9 +126,10 @@ class Gateway:
         if not req.side_call and st.main is not None and side_call_by_shape(req, st.main):
             req = dataclasses.replace(req, side_call=True)
         plan = PromptPlan([])
+        prev = None if req.side_call else st.tip_for(req)
         try:
             try:  # in a worker thread: tokenizing a fresh 80 KB prompt must not stall other sessions' calls
-                plan = await asyncio.to_thread(plan_prompt, self.template, st.main, req)
+                plan = await asyncio.to_thread(plan_prompt, self.template, prev, req)
             except TemplateError as e:
                 raise RequestError(400, str(e)) from None
             if st.evicted and plan.break_reason == "first_call":
@@ -144,7 +145,7 @@ class Gateway:
         call_index = st.next_call_index
         record = build_call_record(
             claims=st.claims, call_index=call_index, req=req, plan=plan, gen=gen, parsed=parsed, finish_reason=finish,
-            policy_version=policy, served_model=self.served_model, harness=harness, base=self._delta_base(st, plan),
+            policy_version=policy, served_model=self.served_model, harness=harness, base=self._delta_base(st, plan, prev),
             received_at=received_at, total_ms=(time.perf_counter() - t0) * 1000, event_id=new_event_id(),
         )
         record.sampling = sampling
@@ -164,10 +165,10 @@ class Gateway:
         )
 
     @staticmethod
-    def _delta_base(st: SessionState, plan: PromptPlan) -> tuple[int, list[int]] | None:
+    def _delta_base(st: SessionState, plan: PromptPlan, prev: Turn | None) -> tuple[int, list[int]] | None:
         """The call this prompt was built on (or repeats), else the session's latest answered call."""
-        builds_on_main = st.main is not None and (plan.extends_call_index is not None or plan.break_reason == "retry")
-        return (st.main.call_index, st.main.full_sequence) if builds_on_main else st.last_call
+        builds_on_prev = prev is not None and (plan.extends_call_index is not None or plan.break_reason == "retry")
+        return (prev.call_index, prev.full_sequence) if builds_on_prev else st.last_call
 
     async def _finish_record(self, record: CallRecorded, scrubbed: Any, plan: PromptPlan) -> None:
         if scrubbed.counts:  # placeholder spans decode the whole prompt: off the event loop
@@ -187,7 +188,8 @@ class Gateway:
         record = build_failed_record(
             claims=st.claims, call_index=call_index, req=req, plan=plan, error=f"{err.status} {err.kind}: {err.message}",
             policy_version=self.policy_version, served_model=self.served_model, harness=harness,
-            base=self._delta_base(st, plan) if plan.prompt_ids else None, received_at=received_at,
+            base=self._delta_base(st, plan, None if req.side_call else st.tip_for(req)) if plan.prompt_ids else None,
+            received_at=received_at,
             total_ms=(time.perf_counter() - t0) * 1000, event_id=new_event_id(),
         )
         await self._finish_record(record, scrubbed, plan)
@@ -328,5 +330,6 @@ def _advance(st: SessionState, req: ChatRequest, plan: PromptPlan, gen: Generati
         st.merged += 1
     elif plan.break_reason not in ("first_call", "retry"):
         st.breaks += 1
-    st.main = Turn(call_index, list(plan.prompt_ids), list(gen.completion_ids), list(req.messages), list(req.tools),
-                   parsed.text, list(parsed.tool_calls), plan.extends_call_index, plan.break_reason, req.model)
+    st.remember(req, Turn(call_index, list(plan.prompt_ids), list(gen.completion_ids), list(req.messages),
+                          list(req.tools), parsed.text, list(parsed.tool_calls), plan.extends_call_index,
+                          plan.break_reason, req.model))

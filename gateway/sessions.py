@@ -145,6 +145,20 @@ class Turn:
         return [*self.prompt_ids, *self.completion_ids]
 
 
+MAX_TIPS = 4  # chains a session keeps a tip for: the main loop and a few sub-agents
+
+
+def tip_key(req: Any) -> tuple:
+    """Which chain a request continues: its leading system messages, its tool names and its model.
+
+    A sub-agent (Claude Code's Task) shares the session's key but has its own system prompt and tools:
+    keyed apart, the main chain and each sub-agent's chain keep their own tip and both go on merging
+    instead of breaking each other at every switch."""
+    system = tuple(m.content for m in req.messages[: next((i for i, m in enumerate(req.messages) if m.role != "system"),
+                                                           len(req.messages))])
+    return system, tuple(t.name for t in req.tools), req.model
+
+
 @dataclass
 class SessionState:
     """Per-session state; mutated only while ``lock`` is held, so call_index order is causal order."""
@@ -152,7 +166,8 @@ class SessionState:
     claims: SessionClaims
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     next_call_index: int = 0
-    main: Turn | None = None  # the main chain's tip
+    main: Turn | None = None  # the latest chain tip (of any key)
+    tips: OrderedDict = field(default_factory=OrderedDict)  # tip_key -> Turn, least recent first
     last_call: tuple[int, list[int]] | None = None  # (call_index, full sequence) of the latest call of any kind
     pending: Any = None  # service.PendingPublish: a publish whose outcome is not known yet (Kafka slow or down)
     evicted: bool = False  # the chain tip was shed under memory pressure
@@ -163,6 +178,20 @@ class SessionState:
     failed: int = 0  # calls answered with an error and not recorded
     last_used: float = field(default_factory=time.monotonic)
     scrub_memo: ScrubMemo = field(default_factory=ScrubMemo)  # the last request as sent and as scrubbed
+
+    def tip_for(self, req: Any) -> Turn | None:
+        """The tip ``req`` may extend: its own chain's, else the latest (which gives the break's reason)."""
+        tip = self.tips.get(tip_key(req)) if self.tips else None
+        return tip if tip is not None else self.main
+
+    def remember(self, req: Any, turn: Turn) -> None:
+        """``turn`` is now the tip of ``req``'s chain, and the latest."""
+        key = tip_key(req)
+        self.tips[key] = turn
+        self.tips.move_to_end(key)
+        while len(self.tips) > MAX_TIPS:
+            self.tips.popitem(last=False)
+        self.main = turn
 
     def stats(self) -> dict[str, Any]:
         """Counters a gateway node reads when its session ends (``num_calls`` = recorded calls)."""
@@ -253,6 +282,7 @@ class SessionStore:
                 continue
             del self._states[sid]
             st.main, st.last_call, st.evicted = None, None, True
+            st.tips.clear()
             st.scrub_memo = ScrubMemo()
             self._shed[sid] = st
             excess -= 1

@@ -70,6 +70,30 @@ def test_a_call_to_another_model_is_a_side_call_even_when_it_extends_the_history
     assert (c3.chain.extends_call_index, c3.chain.break_reason) == (0, "")  # the main chain went on
 
 
+def test_a_sub_agent_and_the_main_loop_each_keep_merging_their_own_chain(polar_settings, scripted_engine,
+                                                                         gateway_factory):
+    # Claude Code's Task: the sub-agent shares the session key but has its own system prompt and tools.
+    # With one tip per session every switch broke both chains; keyed tips let each extend its own.
+    gw = gateway_factory(polar_settings, scripted_engine.url)
+    key = gw.key("cc-task")
+    agent_system = [{"type": "text", "text": "You are a sub-agent: do the one task you are given."}]
+
+    def turn(history, **extra):
+        answer = messages_call(gw.url, key, history, **extra)
+        (use,) = [b for b in answer["content"] if b["type"] == "tool_use"]
+        return [*history, {"role": "assistant", "content": [use]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "ok"}]}]
+
+    main = turn([{"role": "user", "content": [{"type": "text", "text": "Create hello.txt containing hi"}]}])  # 0
+    sub = turn([{"role": "user", "content": "Create hello.txt containing hi"}], system=agent_system)  # 1: starts
+    messages_call(gw.url, key, sub, system=agent_system)  # 2: the sub-agent goes on
+    messages_call(gw.url, key, main)  # 3: the main loop goes on after the Task's result
+    calls = sorted(read_calls(polar_settings, 4, session_id="cc-task"), key=lambda c: c.call_index)
+    assert [(c.chain.extends_call_index, c.chain.break_reason) for c in calls] == [
+        (None, "first_call"), (None, "system_changed"), (1, ""), (0, "")]
+    assert calls[3].prompt_delta.base_call_index == 0  # encoded against its own chain's tip
+
+
 def test_concurrent_calls_of_one_session_are_serialized(polar_settings, scripted_engine, gateway_factory):
     gw = gateway_factory(polar_settings, scripted_engine.url)
     key = gw.key("par")
