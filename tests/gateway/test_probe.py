@@ -50,7 +50,7 @@ def test_a_gateway_with_another_tokenizer_refuses_to_start(tmp_path, tiny_model_
             pass
 
 
-def test_an_engine_reporting_raw_logprobs_is_refused_unless_they_equal_the_sampled_ones(engine_server_factory):
+def test_an_engine_reporting_raw_logprobs_is_refused_unless_they_equal_the_sampled_ones(scripted_engine):
     from gateway.probe import LogprobsModeMismatch, check_logprobs_mode
     from gateway.sampling import SamplingPolicy
 
@@ -61,9 +61,8 @@ def test_an_engine_reporting_raw_logprobs_is_refused_unless_they_equal_the_sampl
         finally:
             await up.aclose()
 
-    raw = asyncio.run(mode(engine_server_factory(logprobs_mode="raw_logprobs").url))
-    assert raw == "raw_logprobs"
+    assert asyncio.run(mode(scripted_engine.url)) == "processed_logprobs"  # our engine says which it returns
     with pytest.raises(LogprobsModeMismatch, match="--logprobs-mode processed_logprobs"):
-        check_logprobs_mode(raw, SamplingPolicy(temperature=0.7))
-    check_logprobs_mode(raw, SamplingPolicy())  # temperature 1, no truncation: raw == processed
+        check_logprobs_mode("raw_logprobs", SamplingPolicy(temperature=0.7))
+    check_logprobs_mode("raw_logprobs", SamplingPolicy())  # temperature 1, no truncation: raw == processed
     check_logprobs_mode("", SamplingPolicy(temperature=0.7))  # vLLM does not say: documented, not checkable

@@ -196,16 +196,13 @@ def test_shed_session_continues_its_call_indexes(polar_settings, scripted_engine
     assert (a1.call_index, a1.chain.break_reason, a1.chain.extends_call_index) == (1, "state_evicted", None)
 
 
-def test_a_secret_the_model_wrote_itself_does_not_break_the_chain(polar_settings, engine_server_factory, gateway_factory,
-                                                                  tmp_path):
+def test_a_secret_the_model_wrote_itself_does_not_break_the_chain(polar_settings, scripted_engine, gateway_factory):
     # The harness echoes the model's turn; the gateway scrubs the echo on the way in. The chain tip must
     # hold the turn as scrubbed too, or the echo never matches and every such session breaks here.
-    secret = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWX1234"
-    script = tmp_path / "secret.yaml"
-    script.write_text(f"turns:\n  - match: start\n    text: 'Use the key {secret} for it.'\nfallback:\n  text: ok\n")
-    gw = gateway_factory(polar_settings, engine_server_factory(script=script).url)
+    secret = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWX1234"  # what TOOL_SCRIPT answers to "leak the key"
+    gw = gateway_factory(polar_settings, scripted_engine.url)
     key = gw.key("leaky")
-    first = [{"role": "user", "content": "start"}]
+    first = [{"role": "user", "content": "leak the key"}]
 
     def chat(messages):
         r = httpx.post(gw.url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=120,

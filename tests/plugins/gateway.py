@@ -59,6 +59,8 @@ TOOL_SCRIPT = """\
 turns:
   - match: "(?i)title"
     text: '{"title": "Hello file"}'
+  - match: "^leak the key$"
+    text: 'Use the key sk-proj-ABCDEFGHIJKLMNOPQRSTUVWX1234 for it.'
   - tool_calls:
       - name: write_file
         arguments: {path: hello.txt, content: hi}
