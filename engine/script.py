@@ -7,7 +7,9 @@ the conversation in the prompt and teacher-forces its tokens through the model, 
 and everything downstream are real.
 
 Choosing a turn for a prompt (parsed as ChatML: ``<|im_start|>role\\n...<|im_end|>``):
-1. the first turn with a ``match`` regex found in the last non-assistant message (user or tool result);
+1. the first turn with a ``match`` regex found in the last non-assistant message (user or tool result;
+   with ``skip_system: true`` the last non-assistant, non-system one, so system messages a harness puts
+   after a tool result, such as Claude Code's reminders, do not hide it);
 2. else the k-th turn without ``match`` (counting from 0), where k is the number of assistant turns
    already in the conversation, matched ones included (so concurrent conversations each advance
    through the script independently, and no state is kept between requests);
@@ -37,13 +39,14 @@ class Turn:
     match: re.Pattern[str] | None = None
 
 
-def parse_chatml(prompt: str) -> tuple[int, str]:
-    """(number of finished assistant turns, content of the last non-assistant message) of a prompt."""
+def parse_chatml(prompt: str, skip_system: bool = False) -> tuple[int, str]:
+    """(number of finished assistant turns, content of the last non-assistant message) of a prompt;
+    ``skip_system``: of the last message that is neither assistant nor system."""
     assistant_turns, last = 0, ""
     for role, content, end in _CHATML.findall(prompt):
         if role == "assistant":
             assistant_turns += bool(end)  # the open generation prompt is not a turn yet
-        else:
+        elif not (skip_system and role == "system"):
             last = content
     return assistant_turns, last
 
@@ -101,6 +104,7 @@ def _turn(tokenizer, raw: Any, where: str) -> Turn:
 class Script:
     turns: tuple[Turn, ...]
     fallback: Turn | None = None
+    skip_system: bool = False  # match in the last user/tool message, past any system message after it
 
     @classmethod
     def load(cls, path: str | Path, tokenizer) -> "Script":
@@ -123,9 +127,11 @@ class Script:
             data = {"turns": data}
         if not isinstance(data, dict) or not isinstance(data.get("turns"), list) or not data["turns"]:
             raise ScriptError(f"{path}: expected a non-empty 'turns' list")
-        unknown = set(data) - {"turns", "fallback"}
+        unknown = set(data) - {"turns", "fallback", "skip_system"}
         if unknown:
-            raise ScriptError(f"{path}: unknown keys {sorted(unknown)} (allowed: turns, fallback)")
+            raise ScriptError(f"{path}: unknown keys {sorted(unknown)} (allowed: turns, fallback, skip_system)")
+        if not isinstance(data.get("skip_system", False), bool):
+            raise ScriptError(f"{path}: skip_system must be true or false")
         return data
 
     @classmethod
@@ -133,11 +139,11 @@ class Script:
         """A script from ``read``'s contents, every turn rendered through ``tokenizer``."""
         turns = tuple(_turn(tokenizer, t, f"{path}: turns[{i}]") for i, t in enumerate(data["turns"]))
         fallback = _turn(tokenizer, data["fallback"], f"{path}: fallback") if data.get("fallback") else None
-        return cls(turns, fallback)
+        return cls(turns, fallback, bool(data.get("skip_system", False)))
 
     def choose(self, prompt_text: str) -> str | None:
         """The scripted output for a prompt (see the module docstring), or None to let the model sample."""
-        k, last = parse_chatml(prompt_text)
+        k, last = parse_chatml(prompt_text, self.skip_system)
         for t in self.turns:
             if t.match is not None and t.match.search(last):
                 return t.text

@@ -26,6 +26,23 @@ def test_parse_chatml_counts_finished_assistant_turns(tok):
     assert parse_chatml(tok.apply_chat_template(msgs[:1], add_generation_prompt=True, tokenize=False)) == (0, "make a file")
 
 
+def test_skip_system_matches_past_a_harness_reminder(tok, tmp_path):
+    # Claude Code puts system messages (agent lists, "file was modified" notes) after a tool result
+    prompt = ("<|im_start|>system\nYou are an agent.<|im_end|>\n<|im_start|>user\ngo<|im_end|>\n"
+              "<|im_start|>assistant\ncalling<|im_end|>\n<|im_start|>user\n<tool_response>\nstep01\n</tool_response><|im_end|>\n"
+              "<|im_start|>system\nNote: a file was modified.<|im_end|>\n<|im_start|>assistant\n")
+    assert parse_chatml(prompt) == (1, "Note: a file was modified.")
+    assert parse_chatml(prompt, skip_system=True) == (1, "<tool_response>\nstep01\n</tool_response>")
+    path = tmp_path / "s.yaml"
+    path.write_text("turns: [{match: step01, text: Two.}]\nfallback: {text: Other.}\n")
+    assert Script.load(path, tok).choose(prompt) == "Other."
+    path.write_text("skip_system: true\nturns: [{match: step01, text: Two.}]\nfallback: {text: Other.}\n")
+    assert Script.load(path, tok).choose(prompt) == "Two."
+    path.write_text("skip_system: 1\nturns: [Two.]\n")
+    with pytest.raises(ScriptError, match="skip_system"):
+        Script.load(path, tok)
+
+
 def test_render_turn_is_the_templates_own_markup(tok):
     body = render_turn(tok, "Writing it.", [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}])
     assert body == 'Writing it.\n<tool_call>\n{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}\n</tool_call>'
