@@ -1,7 +1,7 @@
 """One model call through the gateway, start to finish.
 
-    session lock ─▶ pause gate ─▶ prompt ids (token-in/token-out) ─▶ engine ─▶ decode + parse
-        ─▶ CallRecorded ─▶ durable publish ─▶ advance session state ─▶ ChatResponse
+    chain lock ─▶ pause gate ─▶ prompt ids (token-in/token-out) ─▶ engine ─▶ decode + parse
+        ─▶ CallRecorded ─▶ (publish lock: call_index) durable publish ─▶ advance session state ─▶ ChatResponse
 
 The session's state (call_index, chain tip, counters) advances only once its event is in Kafka (sync
 mode). A call the engine side fails (render error, context length, upstream timeout or transport
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from .config import GatewayConfig
 from .events import build_call_record, build_failed_record
 from .gate import Gate, GateClosed
 from .redact import Redactor, token_decoder
-from .sessions import SessionClaims, SessionClosed, SessionState, SessionStore, Turn
+from .sessions import ChainSlot, SessionClaims, SessionClosed, SessionState, SessionStore, Turn, tip_key
 from .template import ChatTemplate, TemplateError
 from .tokens import PromptPlan, plan_prompt
 from .toolparse import ParsedOutput, parse_completion, split_reasoning
@@ -93,11 +94,12 @@ class Gateway:
             err = errors.unauthorized(str(e))
             metrics.record_error(err.kind)
             raise err from None
+        key = tip_key(req)  # of the request as sent: scrubbing is deterministic per session
         try:
-            async with st.lock:
+            async with st.chain(key) as slot:
                 self._refuse_if_unrecordable(st)
                 async with self.gate.enter(self.config.hold_timeout_s):
-                    return await self._call_locked(st, req, harness)
+                    return await self._call_locked(st, key, slot, req, harness)
         except GateClosed as e:
             err = errors.unavailable(str(e), self.config.retry_after_s)
             metrics.record_error(err.kind)
@@ -119,14 +121,15 @@ class Gateway:
             raise errors.unavailable("event log unavailable: calls cannot be recorded; retry later",
                                      self.config.retry_after_s)
 
-    async def _call_locked(self, st: SessionState, req: ChatRequest, harness: str) -> ChatResponse:
+    async def _call_locked(self, st: SessionState, key: tuple, slot: ChainSlot, req: ChatRequest,
+                           harness: str) -> ChatResponse:
         received_at, t0 = time.time(), time.perf_counter()
         # Credentials are scrubbed before tokenizing: neither the engine nor any recorded id sees them.
-        req, scrubbed = self.redactor.scrub_request(req, st.scrub_memo)
+        req, scrubbed = self.redactor.scrub_request(req, slot.memo)
         if not req.side_call and st.main is not None and side_call_by_shape(req, st.main):
             req = dataclasses.replace(req, side_call=True)
         plan = PromptPlan([])
-        prev = None if req.side_call else st.tip_for(req)
+        prev = None if req.side_call else st.tip_for(key)
         try:
             try:  # in a worker thread: tokenizing a fresh 80 KB prompt must not stall other sessions' calls
                 plan = await asyncio.to_thread(plan_prompt, self.template, prev, req)
@@ -138,13 +141,12 @@ class Gateway:
             gen = await self._generate(st, req, plan, sampling)
         except RequestError as e:
             # The harness sees this error: record it (nothing sampled, never trained on) before answering.
-            await self._record_failure(st, req, plan, scrubbed, harness, e, received_at, t0)
+            await self._record_failure(st, prev, req, plan, scrubbed, harness, e, received_at, t0)
             raise
         parsed, finish, matched = self._interpret(req, gen)
         policy = gen.policy_version if gen.policy_version is not None else self.policy_version
-        call_index = st.next_call_index
-        record = build_call_record(
-            claims=st.claims, call_index=call_index, req=req, plan=plan, gen=gen, parsed=parsed, finish_reason=finish,
+        record = build_call_record(  # call_index is provisional: the real one is assigned at publish
+            claims=st.claims, call_index=st.next_call_index, req=req, plan=plan, gen=gen, parsed=parsed, finish_reason=finish,
             policy_version=policy, served_model=self.served_model, harness=harness, base=self._delta_base(st, plan, prev),
             received_at=received_at, total_ms=(time.perf_counter() - t0) * 1000, event_id=new_event_id(),
         )
@@ -153,7 +155,7 @@ class Gateway:
         # The tip remembers the turn as scrubbed: the harness's echo of it is scrubbed on the way in, so
         # a secret the model wrote itself must not make the echo differ (and break the chain).
         remembered = _as_recorded(parsed, record) if any(k.startswith("output.") for k in record.redactions) else parsed
-        await self._publish(st, record, lambda: _advance(st, req, plan, gen, remembered, call_index))
+        await self._publish(st, record, lambda i: _advance(st, key, req, plan, gen, remembered, i))
         self.counters["calls"] += 1
         metrics.record_call(req.provider, "ok", time.perf_counter() - t0 - gen.upstream_ms / 1000)
         if plan.break_reason:
@@ -176,24 +178,23 @@ class Gateway:
         else:
             self.redactor.finish_record(record, scrubbed, plan.prompt_ids, self._decode_one)
 
-    async def _record_failure(self, st: SessionState, req: ChatRequest, plan: PromptPlan, scrubbed: Any, harness: str,
-                              err: RequestError, received_at: float, t0: float) -> None:
+    async def _record_failure(self, st: SessionState, prev: Turn | None, req: ChatRequest, plan: PromptPlan,
+                              scrubbed: Any, harness: str, err: RequestError, received_at: float, t0: float) -> None:
         """Publish the CallRecorded of a call answered with ``err`` (``error`` set, nothing sampled).
 
         It takes the next call_index, so the session's count includes it and the streams wait for it,
         but it never becomes a chain tip or a delta base: the next call extends the last answered one.
         If the event log cannot take it either, ``_publish`` raises its 503 instead of ``err``.
         """
-        call_index = st.next_call_index
         record = build_failed_record(
-            claims=st.claims, call_index=call_index, req=req, plan=plan, error=f"{err.status} {err.kind}: {err.message}",
+            claims=st.claims, call_index=st.next_call_index, req=req, plan=plan, error=f"{err.status} {err.kind}: {err.message}",
             policy_version=self.policy_version, served_model=self.served_model, harness=harness,
-            base=self._delta_base(st, plan, None if req.side_call else st.tip_for(req)) if plan.prompt_ids else None,
+            base=self._delta_base(st, plan, prev) if plan.prompt_ids else None,
             received_at=received_at,
             total_ms=(time.perf_counter() - t0) * 1000, event_id=new_event_id(),
         )
         await self._finish_record(record, scrubbed, plan)
-        await self._publish(st, record, lambda: _advance_failed(st, call_index))
+        await self._publish(st, record, lambda i: _advance_failed(st, i))
         metrics.record_call(req.provider, "error", time.perf_counter() - t0)
 
     async def _generate(self, st: SessionState, req: ChatRequest, plan: PromptPlan,
@@ -212,8 +213,8 @@ class Gateway:
         params = GenerateParams(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
                                 top_k=sampling.top_k, seed=s.seed, stop=list(s.stop))
         try:
-            gen = await self.upstream.generate(plan.prompt_ids, params, request_id=f"{st.claims.session_id}-{st.next_call_index}",
-                                               affinity=st.claims.session_id)
+            rid, st.next_request = f"{st.claims.session_id}-{st.next_request}", st.next_request + 1
+            gen = await self.upstream.generate(plan.prompt_ids, params, request_id=rid, affinity=st.claims.session_id)
         except UpstreamError as e:
             raise errors.from_upstream(e) from None
         if gen.finish_reason == "abort":  # e.g. the engine was paused with mode=abort for a weight swap
@@ -238,7 +239,18 @@ class Gateway:
             finish = "tool_calls"
         return parsed, finish, matched
 
-    async def _publish(self, st: SessionState, record: CallRecorded, apply: Callable[[], None]) -> None:
+    async def _publish(self, st: SessionState, record: CallRecorded, advance: Callable[[int], None]) -> None:
+        """Give ``record`` the session's next call_index, publish it and, once it is in Kafka, ``advance``.
+
+        One publish per session at a time (``publish_lock``, held for the broker's ack only): indexes
+        follow publish order and a refused publish leaves no hole, while chains generate in parallel."""
+        async with st.publish_lock:
+            self._refuse_if_unrecordable(st)  # another chain's publish may have stalled meanwhile
+            record.call_index = st.next_call_index
+            apply = functools.partial(advance, record.call_index)
+            await self._publish_locked(st, record, apply)
+
+    async def _publish_locked(self, st: SessionState, record: CallRecorded, apply: Callable[[], None]) -> None:
         assert self.publisher is not None, "gateway used outside its lifespan"
         task = asyncio.ensure_future(self.publisher.publish(record))
         if self.config.publish_mode == "async":
@@ -315,7 +327,7 @@ def _advance_failed(st: SessionState, call_index: int) -> None:
     st.calls += 1
 
 
-def _advance(st: SessionState, req: ChatRequest, plan: PromptPlan, gen: Generation, parsed: ParsedOutput,
+def _advance(st: SessionState, key: tuple, req: ChatRequest, plan: PromptPlan, gen: Generation, parsed: ParsedOutput,
              call_index: int) -> None:
     """The session after a recorded call: next index, counters, and (main calls) the chain tip."""
     st.next_call_index = call_index + 1
@@ -330,6 +342,6 @@ def _advance(st: SessionState, req: ChatRequest, plan: PromptPlan, gen: Generati
         st.merged += 1
     elif plan.break_reason not in ("first_call", "retry"):
         st.breaks += 1
-    st.remember(req, Turn(call_index, list(plan.prompt_ids), list(gen.completion_ids), list(req.messages),
+    st.remember(key, Turn(call_index, list(plan.prompt_ids), list(gen.completion_ids), list(req.messages),
                           list(req.tools), parsed.text, list(parsed.tool_calls), plan.extends_call_index,
                           plan.break_reason, req.model))

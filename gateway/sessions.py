@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import re
@@ -160,12 +161,27 @@ def tip_key(req: Any) -> tuple:
 
 
 @dataclass
+class ChainSlot:
+    """One chain's lock and scrub memo: calls of one chain are sequential by nature, other chains' not."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    memo: ScrubMemo = field(default_factory=ScrubMemo)  # the chain's last request as sent and as scrubbed
+
+
+@dataclass
 class SessionState:
-    """Per-session state; mutated only while ``lock`` is held, so call_index order is causal order."""
+    """Per-session state.
+
+    A call holds its chain's lock (``chain``) from prompt to answer, so calls of different chains (a
+    main loop and its sub-agents) generate in parallel. It takes ``publish_lock`` only to get its
+    call_index, publish and advance the state: indexes are assigned in publish order, without holes.
+    """
 
     claims: SessionClaims
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    publish_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    slots: OrderedDict = field(default_factory=OrderedDict)  # chain key -> ChainSlot, least recent first
     next_call_index: int = 0
+    next_request: int = 0  # engine request ids: unique even for calls generating in parallel
     main: Turn | None = None  # the latest chain tip (of any key)
     tips: OrderedDict = field(default_factory=OrderedDict)  # tip_key -> Turn, least recent first
     last_call: tuple[int, list[int]] | None = None  # (call_index, full sequence) of the latest call of any kind
@@ -177,16 +193,40 @@ class SessionState:
     side_calls: int = 0
     failed: int = 0  # calls answered with an error and not recorded
     last_used: float = field(default_factory=time.monotonic)
-    scrub_memo: ScrubMemo = field(default_factory=ScrubMemo)  # the last request as sent and as scrubbed
 
-    def tip_for(self, req: Any) -> Turn | None:
-        """The tip ``req`` may extend: its own chain's, else the latest (which gives the break's reason)."""
-        tip = self.tips.get(tip_key(req)) if self.tips else None
+    @contextlib.asynccontextmanager
+    async def chain(self, key: tuple):
+        """Hold chain ``key``'s lock; yields its ChainSlot."""
+        slot = self.slots.get(key)
+        if slot is None:
+            slot = self.slots[key] = ChainSlot()
+            idle = [k for k, s in self.slots.items() if not s.lock.locked() and k != key]
+            for k in idle[: max(0, len(self.slots) - 2 * MAX_TIPS)]:  # bounded, never a busy one
+                del self.slots[k]
+        self.slots.move_to_end(key)
+        async with slot.lock:
+            yield slot
+
+    def busy(self) -> bool:
+        """A call of this session is in flight (generating or publishing)."""
+        return self.publish_lock.locked() or any(s.lock.locked() for s in self.slots.values())
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no call is in flight and no publish outcome is unknown; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.busy() or (self.pending is not None and not self.pending.done()):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    def tip_for(self, key: tuple) -> Turn | None:
+        """The tip a call of chain ``key`` may extend: its own, else the latest (which gives the break's reason)."""
+        tip = self.tips.get(key) if self.tips else None
         return tip if tip is not None else self.main
 
-    def remember(self, req: Any, turn: Turn) -> None:
-        """``turn`` is now the tip of ``req``'s chain, and the latest."""
-        key = tip_key(req)
+    def remember(self, key: tuple, turn: Turn) -> None:
+        """``turn`` is now the tip of chain ``key``, and the latest."""
         self.tips[key] = turn
         self.tips.move_to_end(key)
         while len(self.tips) > MAX_TIPS:
@@ -278,12 +318,12 @@ class SessionStore:
             st = self._states[sid]
             if excess <= 0:
                 break
-            if st.lock.locked() or st.pending is not None:
+            if st.busy() or st.pending is not None:
                 continue
             del self._states[sid]
             st.main, st.last_call, st.evicted = None, None, True
             st.tips.clear()
-            st.scrub_memo = ScrubMemo()
+            st.slots.clear()
             self._shed[sid] = st
             excess -= 1
         while len(self._shed) > 10 * self.max_sessions:

@@ -105,9 +105,7 @@ class Node:
         if st is None:
             gw.sessions.drop(session_id)  # closed all the same: its key must not start it later
             return 0  # the harness never called the model
-        deadline = time.monotonic() + self.cfg.settle_timeout_s
-        while time.monotonic() < deadline and (st.lock.locked() or (st.pending is not None and not st.pending.done())):
-            await asyncio.sleep(0.05)
+        await st.wait_idle(self.cfg.settle_timeout_s)
         n = st.calls
         gw.sessions.drop(session_id)
         return n

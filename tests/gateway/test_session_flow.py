@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.plugins.gateway import read_calls
+from gateway.server import ThreadedServer
+from tests.plugins.gateway import read_calls, slow_front
 
 TOOLS = [{"name": "write_file", "description": "Write a file", "input_schema": {
     "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}]
@@ -92,6 +93,45 @@ def test_a_sub_agent_and_the_main_loop_each_keep_merging_their_own_chain(polar_s
     assert [(c.chain.extends_call_index, c.chain.break_reason) for c in calls] == [
         (None, "first_call"), (None, "system_changed"), (1, ""), (0, "")]
     assert calls[3].prompt_delta.base_call_index == 0  # encoded against its own chain's tip
+
+
+def test_parallel_sub_agent_and_main_calls_overlap_and_both_chains_merge(polar_settings, scripted_engine,
+                                                                         gateway_factory):
+    # Claude Code runs Task sub-agents while the main loop waits on them, and several Tasks at once:
+    # calls of different chains must not queue behind each other (one lock per chain, not per session),
+    # and each still extends its own chain. call_index is assigned at publish: 0..n-1, no holes.
+    delay = 1.5
+    with ThreadedServer(slow_front(scripted_engine.url, delay)) as up:
+        gw = gateway_factory(polar_settings, up.url)
+        key = gw.key("cc-par")
+        agents = [[{"type": "text", "text": f"You are sub-agent {n}: do the one task you are given."}] for n in (1, 2)]
+
+        def turn(history, system):
+            answer = messages_call(gw.url, key, history, system=system)
+            (use,) = [b for b in answer["content"] if b["type"] == "tool_use"]
+            return [*history, {"role": "assistant", "content": [use]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "ok"}]}]
+
+        first = [{"role": "user", "content": [{"type": "text", "text": "Create hello.txt containing hi"}]}]
+        with ThreadPoolExecutor(3) as pool:
+            started = time.perf_counter()
+            histories = list(pool.map(turn, [first] * 3, [SYSTEM, *agents]))  # three chains start together
+            list(pool.map(lambda h, system: messages_call(gw.url, key, h, system=system), histories,
+                          [SYSTEM, *agents]))  # and each goes on
+            wall = time.perf_counter() - started
+    calls = sorted(read_calls(polar_settings, 6, session_id="cc-par"), key=lambda c: c.call_index)
+    assert [c.call_index for c in calls] == list(range(6))
+    # in flight at once: every call of a round overlaps the others (serialized, a round takes 3 x delay)
+    spans = [(c.timings.received_at, c.timings.received_at + c.timings.total_ms / 1000) for c in calls]
+    assert max(s for s, _ in spans[:3]) < min(e for _, e in spans[:3]), spans
+    assert wall < 4 * delay, wall  # two rounds of three calls, not six calls one after another
+    # the first round starts three chains; each call of the second extends its own chain's call
+    # (each planned before any chain had a tip: all three are first calls)
+    assert [(c.chain.extends_call_index, c.chain.break_reason) for c in calls[:3]] == [(None, "first_call")] * 3
+    assert sorted(c.chain.extends_call_index for c in calls[3:]) == [0, 1, 2]
+    for c in calls[3:]:
+        base = calls[c.chain.extends_call_index]
+        assert c.chain.break_reason == "" and c.prompt_delta.base_call_index == base.call_index
 
 
 def test_concurrent_calls_of_one_session_are_serialized(polar_settings, scripted_engine, gateway_factory):

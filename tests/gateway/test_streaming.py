@@ -1,39 +1,16 @@
 """Streaming answers: one body when the call is quick, a kept-alive stream when it is not, and Google's
 ``streamGenerateContent`` as a JSON array without ``alt=sse`` (as Google answers)."""
 
-import asyncio
 
 import httpx
 import orjson
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 import gateway.routes as routes
 from gateway.server import ThreadedServer
-from tests.plugins.gateway import read_calls
+from tests.plugins.gateway import read_calls, slow_front
 
 ASK = {"model": "claude-x", "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": "Create hello.txt"}]}
-
-
-def slow_front(engine_url: str, delay_s: float, fail: bool = False) -> Starlette:
-    """The real engine behind a front that answers ``delay_s`` late (or, with ``fail``, with a 500 then)."""
-
-    async def completions(request: Request) -> JSONResponse:
-        body = await request.json()
-        await asyncio.sleep(delay_s)
-        if fail:
-            return JSONResponse({"error": {"message": "engine fell over"}}, status_code=500)
-        async with httpx.AsyncClient(timeout=120) as c:
-            r = await c.post(engine_url + "/v1/completions", json=body)
-        return JSONResponse(r.json(), status_code=r.status_code)
-
-    async def models(request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{"id": "tiny", "max_model_len": 65536}]})
-
-    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models)])
 
 
 @pytest.fixture

@@ -9,14 +9,21 @@
 - ``CallsReader`` / ``read_calls``: read CallRecorded events back from the calls topic.
 - ``WRITE_FILE``, ``run_tool_session``, ``finished_events``: a recorded three-call tool session and its end.
 - ``dead_port`` / ``silent_port``: an engine URL's port that refuses connections / accepts and never answers.
+- ``slow_front``: the real engine behind a front that answers late (or fails late).
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 
+import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 _TEMPLATE = Path(__file__).parent.parent / "gateway" / "qwen_template.jinja"
 _SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -219,3 +226,21 @@ def finished_events(by_session: dict[str, list], group_id: str, task_id: str) ->
                          min_valid=n, kind="finished", status="ok", reward=float(i == 0), num_calls=len(calls),
                          created_at=max(c.created_at for c in calls) + 1)
             for i, (sid, calls) in enumerate(by_session.items())]
+
+
+def slow_front(engine_url: str, delay_s: float, fail: bool = False) -> Starlette:
+    """The real engine behind a front that answers ``delay_s`` late (or, with ``fail``, with a 500 then)."""
+
+    async def completions(request: Request) -> JSONResponse:
+        body = await request.json()
+        await asyncio.sleep(delay_s)
+        if fail:
+            return JSONResponse({"error": {"message": "engine fell over"}}, status_code=500)
+        async with httpx.AsyncClient(timeout=120) as c:
+            r = await c.post(engine_url + "/v1/completions", json=body)
+        return JSONResponse(r.json(), status_code=r.status_code)
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "tiny", "max_model_len": 65536}]})
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models)])
