@@ -10,9 +10,10 @@ CLIs in its bwrap sandbox, the rollout server, the real tiny CPU engine in scrip
 The script: each step's tool call is a real shell command, in the CLI's own shell tool, that ends by
 printing ``step<k>-by-<tool>`` (built by printf, so the command text itself never holds the marker);
 the next call's last user/tool message holds that marker and the engine answers with step k+1. Claude
-Code's step 3 is an ``Agent`` (Task) call instead: its sub-agent's own calls run two scripted shell
-steps (``sub<k>-by-Bash``) and answer with the step-3 marker, which reaches the main loop as the Agent
-tool's result. opencode's title request is a side call (answered with the script's fallback text).
+Code's step 3 is two ``Agent`` (Task) calls in one message instead: Claude Code runs both
+general-purpose sub-agents at once; each one's own calls run two scripted shell steps (``sub<k>-by-Bash``)
+and answer with the step-3 marker, which reaches the main loop as the Agent tools' results. The row
+counts the pairs of the sub-agents' calls that were in flight together (``sub_agent_overlapping_calls``). opencode's title request is a side call (answered with the script's fallback text).
 Claude Code puts system messages after tool results (its agent list, "file was modified" notes), so the
 script matches with ``skip_system`` (docs/engine.md).
 
@@ -24,9 +25,9 @@ loop, one per sub-agent), break reasons, trainer tokens (the sum of the traces' 
 sequences (traces) under each builder, their ratio, and the merge rate (main calls that extended a chain
 over main calls that were not the start of an agent's chain).
 
-A new main chain is *explained* when it starts a new agent: leading system messages, tool names and
-model (the gateway's chain key, gateway/sessions.py ``tip_key``) that no earlier chain of the session had
-(a sub-agent). Any other new main chain is an *unexplained break*: the same agent's next call did not
+A new main chain is *explained* when it starts a new agent: leading system messages, first other
+message (its task), tool names and model (the gateway's chain key, gateway/sessions.py ``tip_key``)
+that no earlier chain of the session had (a sub-agent). Any other new main chain is an *unexplained break*: the same agent's next call did not
 extend its previous one. Top level: ``min_token_ratio`` (the smallest per-row per_request/prefix_merging
 token ratio), ``unexplained_breaks`` (summed over rows), ``turns``, ``wall_s`` and ``load_avg``.
 
@@ -56,7 +57,8 @@ sys.path.insert(0, str(ROOT))
 from tests.harnesses.test_all_clis import HARNESSES, shell_call  # noqa: E402  (after the path insert)
 
 SUB_AGENT_STEP = 3  # Claude Code's step that is an Agent (Task) call
-SUB_AGENT_STEPS = 2  # shell steps the sub-agent runs itself before answering
+SUB_AGENT_STEPS = 2  # shell steps each sub-agent runs itself before answering
+SUB_AGENTS = ("a", "b")  # that step starts two general-purpose sub-agents at once (one message, two Agent calls)
 AGENT_TOOL = "Agent"  # Claude Code 2.x's name for the Task tool
 
 CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
@@ -106,10 +108,11 @@ def script(turns: int) -> dict:
         for k in range(turns, 0, -1):
             if k == turns:
                 out.append({"match": marker("step", k, tool), "text": f"All {turns} steps done; the tests pass."})
-            elif tool == "Bash" and k + 1 == SUB_AGENT_STEP:
-                prompt = (f"Sub-agent task subtask-for-{tool}: read the tests and run them with {tool}, then report.")
+            elif tool == "Bash" and k + 1 == SUB_AGENT_STEP:  # two sub-agents of one kind, in parallel
                 out.append({"match": marker("step", k, tool), "tool_calls": [{"name": AGENT_TOOL, "arguments": {
-                    "description": "check the tests", "prompt": prompt, "subagent_type": "general-purpose"}}]})
+                    "description": f"check the tests ({part})", "subagent_type": "general-purpose",
+                    "prompt": f"Sub-agent task subtask-{part}-for-{tool}: read the tests and run them with {tool}, "
+                              "then report."}} for part in SUB_AGENTS]})
             else:
                 out.append({"match": marker("step", k, tool),
                             "tool_calls": [shell_call(tool, step_command("step", k + 1, tool, STEPS[k]))]})
@@ -122,7 +125,7 @@ def script(turns: int) -> dict:
             for k in range(SUB_AGENT_STEPS - 1, 0, -1):
                 out.append({"match": marker("sub", k, tool),
                             "tool_calls": [shell_call(tool, step_command("sub", k + 1, tool, STEPS[2 + k]))]})
-            out.append({"match": f"subtask-for-{tool}",
+            out.append({"match": f"subtask-[{''.join(SUB_AGENTS)}]-for-{tool}",
                         "tool_calls": [shell_call(tool, step_command("sub", 1, tool, "cat test_calc.py"))]})
     # skip_system: Claude Code puts system messages (agent list, "file was modified") after tool results
     return {"turns": out, "fallback": {"text": "Done."}, "skip_system": True}  # fallback: titles, routers
@@ -132,11 +135,20 @@ def script(turns: int) -> dict:
 
 
 def agent_key(call) -> tuple:
-    """The recorded request's agent: leading system messages, tool names and model (gateway's tip_key)."""
+    """The recorded request's agent: leading system messages, the first other message (its task), tool
+    names and model (the gateway's chain key, ``tip_key``). Read from a chain's first call, whose
+    request holds the whole history."""
     msgs = call.request.get("messages", [])
     n = next((i for i, m in enumerate(msgs) if m.get("role") != "system"), len(msgs))
-    return (tuple(str(m.get("content")) for m in msgs[:n]), tuple(t.get("name") for t in call.request.get("tools", [])),
-            call.model)
+    task = (msgs[n].get("role"), str(msgs[n].get("content"))) if n < len(msgs) else None
+    return (tuple(str(m.get("content")) for m in msgs[:n]), task,
+            tuple(t.get("name") for t in call.request.get("tools", [])), call.model)
+
+
+def overlapping_pairs(chains: list[list]) -> int:
+    """Pairs of calls from different chains that were in flight at the same time (gateway timings)."""
+    spans = [[(c.timings.received_at, c.timings.received_at + c.timings.total_ms / 1000) for c in ch] for ch in chains]
+    return sum(a0 < b1 and b0 < a1 for i, xs in enumerate(spans) for ys in spans[i + 1:] for a0, a1 in xs for b0, b1 in ys)
 
 
 def session_row(calls: list) -> dict:
@@ -168,7 +180,10 @@ def session_row(calls: list) -> dict:
             else:
                 sub_agents += 1
         seen.add(key)
-    row.update(chains=len(main_chains), sub_agent_chains=sub_agents, breaks=dict(sorted(breaks.items())),
+    # calls of the sub-agents' chains (all but the first) in flight together: they generate in parallel
+    agents = [[by_index[m.call_index] for m in ch.members] for ch in main_chains[1:]]
+    row.update(chains=len(main_chains), sub_agent_chains=sub_agents, sub_agent_overlapping_calls=overlapping_pairs(agents),
+               breaks=dict(sorted(breaks.items())),
                unexplained_breaks=unexplained, dropped=dict(Counter(fold.dropped.values())))
     continuations = row["main_calls"] - len(main_chains) + unexplained
     row["merge_rate"] = round(fold.merged / continuations, 4) if continuations else None

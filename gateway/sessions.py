@@ -150,14 +150,17 @@ MAX_TIPS = 4  # chains a session keeps a tip for: the main loop and a few sub-ag
 
 
 def tip_key(req: Any) -> tuple:
-    """Which chain a request continues: its leading system messages, its tool names and its model.
+    """Which chain a request continues: its leading system messages, its first other message (the task
+    it was given), its tool names and its model.
 
-    A sub-agent (Claude Code's Task) shares the session's key but has its own system prompt and tools:
-    keyed apart, the main chain and each sub-agent's chain keep their own tip and both go on merging
-    instead of breaking each other at every switch."""
-    system = tuple(m.content for m in req.messages[: next((i for i, m in enumerate(req.messages) if m.role != "system"),
-                                                           len(req.messages))])
-    return system, tuple(t.name for t in req.tools), req.model
+    A sub-agent (Claude Code's Task) shares the session's key but has its own system prompt and tools,
+    and two sub-agents of one kind running at once differ in their task: keyed apart, the main chain
+    and each sub-agent's chain keep their own tip (and lock) and all go on merging, in parallel,
+    instead of breaking each other at every switch. A history is append-only, so a chain's key holds."""
+    msgs = req.messages
+    n = next((i for i, m in enumerate(msgs) if m.role != "system"), len(msgs))
+    task = (msgs[n].role, msgs[n].content) if n < len(msgs) else None
+    return tuple(m.content for m in msgs[:n]), task, tuple(t.name for t in req.tools), req.model
 
 
 @dataclass

@@ -104,7 +104,8 @@ def test_parallel_sub_agent_and_main_calls_overlap_and_both_chains_merge(polar_s
     with ThreadedServer(slow_front(scripted_engine.url, delay)) as up:
         gw = gateway_factory(polar_settings, up.url)
         key = gw.key("cc-par")
-        agents = [[{"type": "text", "text": f"You are sub-agent {n}: do the one task you are given."}] for n in (1, 2)]
+        # two sub-agents of one kind (same system prompt and tools) differ only in the task they were given
+        agent = [{"type": "text", "text": "You are a sub-agent: do the one task you are given."}]
 
         def turn(history, system):
             answer = messages_call(gw.url, key, history, system=system)
@@ -112,12 +113,14 @@ def test_parallel_sub_agent_and_main_calls_overlap_and_both_chains_merge(polar_s
             return [*history, {"role": "assistant", "content": [use]},
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "ok"}]}]
 
-        first = [{"role": "user", "content": [{"type": "text", "text": "Create hello.txt containing hi"}]}]
+        firsts = [[{"role": "user", "content": [{"type": "text", "text": f"Create {name}.txt containing hi"}]}]
+                  for name in ("hello", "a", "b")]
+        systems = [SYSTEM, agent, agent]
         with ThreadPoolExecutor(3) as pool:
             started = time.perf_counter()
-            histories = list(pool.map(turn, [first] * 3, [SYSTEM, *agents]))  # three chains start together
+            histories = list(pool.map(turn, firsts, systems))  # three chains start together
             list(pool.map(lambda h, system: messages_call(gw.url, key, h, system=system), histories,
-                          [SYSTEM, *agents]))  # and each goes on
+                          systems))  # and each goes on
             wall = time.perf_counter() - started
     calls = sorted(read_calls(polar_settings, 6, session_id="cc-par"), key=lambda c: c.call_index)
     assert [c.call_index for c in calls] == list(range(6))
