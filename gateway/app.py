@@ -21,7 +21,7 @@ from infra.settings import Settings
 
 from . import admin, metrics, routes
 from .config import GatewayConfig
-from .exposure import DEV_ADMIN_TOKEN, DEV_SESSION_SECRET
+from infra.settings import DEV_ADMIN_TOKEN, DEV_SESSION_SECRET
 from .openapi import openapi_document
 from .probe import LogprobsModeMismatch, TokenizerMismatch, check_logprobs_mode, check_tokenizer
 from .redact import redaction_key

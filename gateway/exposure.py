@@ -1,30 +1,18 @@
 """Refuse to serve beyond this machine with development credentials, or open mode, unless asked.
 
-The defaults (admin token ``polar-admin``, session secret ``polar-dev-session-secret``) are public: on
+The defaults (``infra.settings.DEV_ADMIN_TOKEN``, ``DEV_SESSION_SECRET``) are public: on
 a reachable address anyone could pause the gateway, mint keys for any session or write into one. Open
 mode records whatever any caller sends, so off loopback it needs an explicit ``--allow-open-remote``.
 """
 
 from __future__ import annotations
 
-import ipaddress
-
-DEV_ADMIN_TOKEN = "polar-admin"
-DEV_SESSION_SECRET = "polar-dev-session-secret"
+from infra.reach import is_loopback
+from infra.settings import DEV_ADMIN_TOKEN, DEV_SESSION_SECRET
 
 
 class UnsafeExposure(ValueError):
     """Serving on ``host`` with these settings would let anyone on the network in."""
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable from this machine only (``localhost``, 127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a hostname or 0.0.0.0: assume reachable
 
 
 def check_exposure(host: str, *, admin_token: str, session_secret: str, open_mode: bool = False,

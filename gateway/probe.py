@@ -9,10 +9,7 @@ text and to decode ids spread over the vocabulary, up to the last one, and compa
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-log = logging.getLogger("polarstream.gateway")
 
 # Code, prose, whitespace runs and several scripts: tokenizers that differ at all differ here.
 PROBE_TEXT = ("def add(a, b):\n    return a + b  # the sum\n\n\tcafé naïve — 日本語 и русский 🙂 ~/.polar $HOME "
@@ -40,7 +37,7 @@ def check_logprobs_mode(mode: str, policy: Any) -> None:
 
 
 def _probe_ids(vocab: int) -> list[int]:
-    return sorted({1, 2, vocab // 7, vocab // 3, vocab // 2, (2 * vocab) // 3, vocab - 2, vocab - 1} - {0} | {0})
+    return sorted({0, 1, 2, vocab // 7, vocab // 3, vocab // 2, (2 * vocab) // 3, vocab - 2, vocab - 1})
 
 
 async def check_tokenizer(tokenizer: Any, upstream: Any, served_model: str, gateway_model: str) -> str:

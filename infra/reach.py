@@ -8,6 +8,7 @@ Each check raises InfraError, which ``polarstream`` prints as one ``error: ...``
 
 from __future__ import annotations
 
+import ipaddress
 from urllib.parse import urlsplit
 
 from .errors import InfraError
@@ -65,3 +66,13 @@ def require_free_port(port: int, host: str = "127.0.0.1") -> None:
     """InfraError when a server could not listen on host:port now (IPv6 hosts are left to the server)."""
     if port and ":" not in host and port_in_use(port, host):
         raise InfraError(f"port {port} on {host} is already in use; stop what holds it or choose another with --port")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (``localhost``, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname or 0.0.0.0: assume reachable

@@ -46,6 +46,11 @@ class _YamlSource(PydanticBaseSettingsSource):
         return data
 
 
+# Development credentials: public defaults, refused off loopback (gateway/exposure.py, the viewer).
+DEV_ADMIN_TOKEN = "polar-admin"
+DEV_SESSION_SECRET = "polar-dev-session-secret"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="POLAR_", extra="forbid", validate_default=True)
 
@@ -83,8 +88,8 @@ class Settings(BaseSettings):
     engine_port: int = 8000
     gateway_port: int = 8100
     rollout_port: int = 8080
-    admin_token: str = Field("polar-admin", repr=False)
-    session_secret: str = Field("polar-dev-session-secret", repr=False)
+    admin_token: str = Field(DEV_ADMIN_TOKEN, repr=False)
+    session_secret: str = Field(DEV_SESSION_SECRET, repr=False)
     session_key_ttl_s: float = Field(7 * 24 * 3600, gt=0, description="how long a minted session key is valid")
 
     config: str | None = Field(None, description="optional YAML file with any of these settings")

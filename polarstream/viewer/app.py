@@ -23,10 +23,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from infra.reach import is_loopback
+
 from . import pages
 from .index import RunIndex
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 COOKIE = "polar_admin"
 STATIC = {"viewer.css": "text/css; charset=utf-8", "viewer.js": "text/javascript; charset=utf-8"}
 Handler = Callable[[Request], Awaitable[Response]]
@@ -34,7 +35,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 def needs_token(host: str) -> bool:
     """Whether a viewer bound to ``host`` must ask for the admin token (anything but loopback)."""
-    return host not in LOOPBACK and not host.startswith("127.")
+    return not is_loopback(host)
 
 
 def create_app(runs: Sequence[RunIndex], *, admin_token: str | None = None,

@@ -23,7 +23,7 @@ def ui_command(
     import uvicorn
 
     from infra.reach import require_free_port, require_kafka
-    from infra.settings import Settings
+    from infra.settings import DEV_ADMIN_TOKEN, Settings
 
     from .app import create_app, needs_token
     from .index import RunIndex
@@ -35,7 +35,7 @@ def ui_command(
     require_kafka(base)
     runs = [RunIndex(p) for p in dict.fromkeys(prefix or [base.topic_prefix])]
     token = base.admin_token if needs_token(host) else None
-    if token == "polar-admin":
+    if token == DEV_ADMIN_TOKEN:
         logging.getLogger("polarstream.viewer").warning(
             "the viewer is bound to %s with the development admin token: set POLAR_ADMIN_TOKEN", host)
     readers = [Reader(base.model_copy(update={"topic_prefix": r.prefix}), r) for r in runs]

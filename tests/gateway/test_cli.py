@@ -35,7 +35,8 @@ def test_gateway_refuses_a_public_address_with_development_credentials(monkeypat
 def test_exposure_rules():
     import pytest
 
-    from gateway.exposure import UnsafeExposure, check_exposure, is_loopback
+    from gateway.exposure import UnsafeExposure, check_exposure
+    from infra.reach import is_loopback
 
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1") and is_loopback("127.4.5.6")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.7") and not is_loopback("gw.internal")
