@@ -145,6 +145,8 @@ class HTTPUpstream:
         self.urls = [u.rstrip("/") for u in urls]
         self.served_model = served_model
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
+        # start-up questions (model, tokenizer probe): a silent engine must not hold the start for long
+        self._aux_timeout = aiohttp.ClientTimeout(total=min(10.0, timeout_s), sock_connect=connect_timeout_s)
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
@@ -186,7 +188,7 @@ class HTTPUpstream:
 
     async def model_info(self) -> ModelInfo:
         try:
-            async with self.session.get(self.urls[0] + "/v1/models", timeout=aiohttp.ClientTimeout(total=10.0)) as r:
+            async with self.session.get(self.urls[0] + "/v1/models", timeout=self._aux_timeout) as r:
                 first = (orjson.loads(await r.read()).get("data") or [{}])[0] if r.status == 200 else {}
         except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, IndexError):
             return ModelInfo()
@@ -210,7 +212,7 @@ class HTTPUpstream:
         try:
             async with self.session.post(self.urls[0] + path, data=orjson.dumps(body),
                                          headers={"content-type": "application/json"},
-                                         timeout=aiohttp.ClientTimeout(total=30.0)) as r:
+                                         timeout=self._aux_timeout) as r:
                 if r.status >= 400:
                     return None
                 data = orjson.loads(await r.read())

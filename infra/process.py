@@ -407,6 +407,11 @@ class JavaServer:
     def restart(self, timeout: float = 90.0, force: bool = False) -> None:
         """Stop (gracefully, or as a crash with ``force``) and start again on the same data."""
         self.stop(force=force)
+        # A killed process stops looking alive (its memory goes first) a moment before the kernel has
+        # closed its sockets: on a busy machine the start could find its own port still taken.
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and any(port_in_use(p) for p in self.ports().values()):
+            time.sleep(0.05)
         self.start(timeout)
 
     def log_tail(self, lines: int = 20) -> str:

@@ -183,15 +183,9 @@ def test_pause_reports_undrained_calls(polar_settings, silent_port_gateway):
 
 
 @pytest.fixture
-def silent_port_gateway(polar_settings, gateway_factory):
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(8)
-    yield gateway_factory(polar_settings, f"http://127.0.0.1:{s.getsockname()[1]}", served_model="tiny",
-                          max_model_len=4096, upstream_timeout_s=3)
-    s.close()
+def silent_port_gateway(polar_settings, gateway_factory, silent_port):
+    return gateway_factory(polar_settings, f"http://127.0.0.1:{silent_port}", served_model="tiny", max_model_len=4096,
+                           upstream_timeout_s=3)
 
 
 def test_admin_mints_keys_and_reports_sessions(polar_settings, scripted_engine, gateway_factory):
