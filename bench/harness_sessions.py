@@ -10,10 +10,12 @@ CLIs in its bwrap sandbox, the rollout server, the real tiny CPU engine in scrip
 The script: each step's tool call is a real shell command, in the CLI's own shell tool, that ends by
 printing ``step<k>-by-<tool>`` (built by printf, so the command text itself never holds the marker);
 the next call's last user/tool message holds that marker and the engine answers with step k+1. Claude
-Code's step 3 is two ``Agent`` (Task) calls in one message instead: Claude Code runs both
-general-purpose sub-agents at once; each one's own calls run two scripted shell steps (``sub<k>-by-Bash``)
-and answer with the step-3 marker, which reaches the main loop as the Agent tools' results. The row
-counts the pairs of the sub-agents' calls that were in flight together (``sub_agent_overlapping_calls``). opencode's title request is a side call (answered with the script's fallback text).
+Code's step 3 is an ``Agent`` (Task) call instead (``--sub-agents N``: N of them in one message, which
+Claude Code runs at once; tests/harnesses/test_sub_agents.py runs 2); each sub-agent's own calls run
+two scripted shell steps (``sub<k>-by-Bash``) and answer with the step-3 marker, which reaches the main
+loop as the Agent tool's result. The row counts the pairs of sub-agent calls that were in flight
+together (``sub_agent_overlapping_calls``). opencode's title request is a side call (answered with the
+script's fallback text).
 Claude Code puts system messages after tool results (its agent list, "file was modified" notes), so the
 script matches with ``skip_system`` (docs/engine.md).
 
@@ -58,7 +60,7 @@ from tests.harnesses.test_all_clis import HARNESSES, shell_call  # noqa: E402  (
 
 SUB_AGENT_STEP = 3  # Claude Code's step that is an Agent (Task) call
 SUB_AGENT_STEPS = 2  # shell steps each sub-agent runs itself before answering
-SUB_AGENTS = ("a", "b")  # that step starts two general-purpose sub-agents at once (one message, two Agent calls)
+SUB_AGENT_NAMES = "abcd"  # that step starts this many general-purpose sub-agents at once (one message, N Agent calls)
 AGENT_TOOL = "Agent"  # Claude Code 2.x's name for the Task tool
 
 CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
@@ -97,7 +99,7 @@ def step_command(kind: str, k: int, tool: str, command: str) -> str:
     return f"{command}; printf '{kind}%02d-by-%s\\n' {k} {tool}"
 
 
-def script(turns: int) -> dict:
+def script(turns: int, sub_agents: int = 1) -> dict:
     """The engine script for sessions of ``turns`` tool-using turns, for every CLI's shell tool at once."""
     if not 2 <= turns <= len(STEPS):
         raise SystemExit(f"--turns must be between 2 and {len(STEPS)}")
@@ -108,11 +110,11 @@ def script(turns: int) -> dict:
         for k in range(turns, 0, -1):
             if k == turns:
                 out.append({"match": marker("step", k, tool), "text": f"All {turns} steps done; the tests pass."})
-            elif tool == "Bash" and k + 1 == SUB_AGENT_STEP:  # two sub-agents of one kind, in parallel
+            elif tool == "Bash" and k + 1 == SUB_AGENT_STEP:  # sub-agents of one kind, in parallel
                 out.append({"match": marker("step", k, tool), "tool_calls": [{"name": AGENT_TOOL, "arguments": {
                     "description": f"check the tests ({part})", "subagent_type": "general-purpose",
                     "prompt": f"Sub-agent task subtask-{part}-for-{tool}: read the tests and run them with {tool}, "
-                              "then report."}} for part in SUB_AGENTS]})
+                              "then report."}} for part in SUB_AGENT_NAMES[:sub_agents]]})
             else:
                 out.append({"match": marker("step", k, tool),
                             "tool_calls": [shell_call(tool, step_command("step", k + 1, tool, STEPS[k]))]})
@@ -125,7 +127,7 @@ def script(turns: int) -> dict:
             for k in range(SUB_AGENT_STEPS - 1, 0, -1):
                 out.append({"match": marker("sub", k, tool),
                             "tool_calls": [shell_call(tool, step_command("sub", k + 1, tool, STEPS[2 + k]))]})
-            out.append({"match": f"subtask-[{''.join(SUB_AGENTS)}]-for-{tool}",
+            out.append({"match": f"subtask-[{SUB_AGENT_NAMES}]-for-{tool}",
                         "tool_calls": [shell_call(tool, step_command("sub", 1, tool, "cat test_calc.py"))]})
     # skip_system: Claude Code puts system messages (agent list, "file was modified") after tool results
     return {"turns": out, "fallback": {"text": "Done."}, "skip_system": True}  # fallback: titles, routers
@@ -223,7 +225,8 @@ def log(msg: str) -> None:
     print(f"[harness_sessions {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-async def run_sessions(settings, work: Path, turns: int, harnesses: list, agent_s: float) -> dict[str, dict]:
+async def run_sessions(settings, work: Path, turns: int, harnesses: list, agent_s: float,
+                       sub_agents: int = 1) -> dict[str, dict]:
     import httpx
     import yaml
 
@@ -236,7 +239,7 @@ async def run_sessions(settings, work: Path, turns: int, harnesses: list, agent_
     from tests.plugins.rollout import start_rollout_server
 
     model_dir = ensure_model("tiny")
-    (work / "script.yaml").write_text(yaml.safe_dump(script(turns)))
+    (work / "script.yaml").write_text(yaml.safe_dump(script(turns, sub_agents)))
     engine = start_engine_server(model_dir, script=work / "script.yaml", script_window=256)
     rollout = start_rollout_server(settings)
     cfg = NodeConfig(work_dir=work / "node", cache_dir=CACHE_DIR, runtime="bwrap", node_id="bench", run_workers=3,
@@ -283,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=0, help="tool-using turns per session (default 12, --quick 8)")
     ap.add_argument("--clis", default="", help="comma-separated harness names (default: all six)")
     ap.add_argument("--bootstrap", default="", help="a running Kafka (default: a broker of our own)")
+    ap.add_argument("--sub-agents", type=int, default=1, choices=range(1, len(SUB_AGENT_NAMES) + 1),
+                    help="Task sub-agents Claude Code's step 3 starts at once (1, as issue 20 specifies)")
     ap.add_argument("--agent-s", type=float, default=900, help="each session's agent timeout")
     ap.add_argument("--write-docs", action="store_true", help="also write docs/harness-merge-rates.json")
     ap.add_argument("--dump-calls", type=Path, help="write every recorded call as JSON lines here (debugging)")
@@ -298,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="polar-harness-sessions-"))
     settings, kafka = kafka_for_bench(args.bootstrap, work / "kafka", "hsess")
     try:
-        tasks = asyncio.run(run_sessions(settings, work, turns, harnesses, args.agent_s))
+        tasks = asyncio.run(run_sessions(settings, work, turns, harnesses, args.agent_s, args.sub_agents))
         calls = read_calls(settings)
     finally:
         if kafka is not None:
