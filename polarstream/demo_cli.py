@@ -11,22 +11,32 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
-        steps: Annotated[int, typer.Option(help="GRPO steps (one batch of task groups each)")] = 24,
-        tasks_per_step: Annotated[int, typer.Option(help="task groups per step")] = 4,
-        samples: Annotated[int, typer.Option(help="samples per task (group size)")] = 8,
-        harness: Annotated[str, typer.Option(help="builtin, or a real CLI: qwen_code, pi, claude_code, codex, gemini_cli, opencode")] = "builtin",
+        steps: Annotated[Optional[int], typer.Option(help="GRPO steps (one batch of task groups each) [default: 24; a real CLI: see --harness]")] = None,
+        tasks_per_step: Annotated[Optional[int], typer.Option(help="task groups per step [default: 4]")] = None,
+        samples: Annotated[Optional[int], typer.Option(help="samples per task (group size) [default: 8]")] = None,
+        harness: Annotated[str, typer.Option(help="builtin, or a real CLI run unmodified: pi (measured; sized to 15 min), "
+                                                  "qwen_code, claude_code, gemini_cli, opencode")] = "builtin",
+        api: Annotated[str, typer.Option(help="the API pi speaks: anthropic, chat, responses or google")] = "anthropic",
         runtime: Annotated[str, typer.Option(help="auto (bwrap when installed), bwrap or subprocess")] = "auto",
         seed: Annotated[int, typer.Option(help="fixes the model, the warm start and the task order")] = 0,
-        lr: Annotated[float, typer.Option(help="trainer learning rate")] = 5e-4,
+        lr: Annotated[Optional[float], typer.Option(help="trainer learning rate [default: 5e-4]")] = None,
         heldout: Annotated[int, typer.Option(help="problems kept out of RL and evaluated before and after it")] = 16,
         run_dir: Annotated[Optional[Path], typer.Option(help="where logs, the report and demo-summary.json go")] = None,
     ) -> None:
         """Train an agent end to end (Kafka, S3, engine, gateway node, Faust, trainer, rollout) and report."""
-        from .demo import DemoConfig, run
+        from .demo import DemoConfig, run, sized_for
         from .processes import ProcessFailed
+        from .shape import WRITE_TOOLS
 
-        cfg = DemoConfig(steps=steps, tasks_per_step=tasks_per_step, samples=samples, harness=harness,
-                         runtime=runtime, seed=seed, lr=lr, heldout=heldout)
+        if harness != "builtin" and harness not in WRITE_TOOLS:
+            typer.echo(f"demo: --harness {harness}: expected builtin or one of {', '.join(sorted(WRITE_TOOLS))}", err=True)
+            raise typer.Exit(2)
+        if api not in ("anthropic", "chat", "responses", "google"):
+            typer.echo(f"demo: --api {api}: expected anthropic, chat, responses or google", err=True)
+            raise typer.Exit(2)
+        given = {"steps": steps, "tasks_per_step": tasks_per_step, "samples": samples, "lr": lr}
+        cfg = sized_for(DemoConfig(harness=harness, api=api, runtime=runtime, seed=seed, heldout=heldout),
+                        **{k: v for k, v in given.items() if v is not None})
         if run_dir is not None:
             cfg.run_dir = run_dir
         try:

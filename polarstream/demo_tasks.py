@@ -16,8 +16,9 @@ from schemas import EvaluatorSpec, HarnessSpec, TaskRequest, Timeouts, Workspace
 ANSWER_FILE = "answer.txt"
 
 
-def instruction(question: str) -> str:
-    return f"Compute {question} and write only the result to {ANSWER_FILE} using the write_file tool."
+def instruction(question: str, tool: str = "write_file") -> str:
+    """The task as the harness is given it; ``tool`` names the harness's own file-writing tool."""
+    return f"Compute {question} and write only the result to {ANSWER_FILE} using the {tool} tool."
 
 
 def family() -> list[tuple[str, str]]:
@@ -41,12 +42,13 @@ def task_request(
     harness: HarnessSpec,
     agent_timeout_s: float = 60.0,
     task_set: str = "demo-arith",
+    tool: str = "write_file",
 ) -> TaskRequest:
     """A TaskRequest whose evaluator is a shell test of answer.txt."""
     test = f"test \"$(tr -d ' \\n' < {ANSWER_FILE} 2>/dev/null)\" = {shlex.quote(answer)}"
     return TaskRequest(
         task_id=task_id,
-        instruction=instruction(question),
+        instruction=instruction(question, tool),
         workspace=WorkspaceSpec(kind="files", files={"README.md": "Write your answer to answer.txt.\n"}),
         harness=harness,
         evaluator=EvaluatorSpec(kind="command", command=test, timeout_s=10.0),

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from . import demo_tasks
+from .shape import Shape
 
 
 def render_prompt(tokenizer, question: str, system: str, tools: list[dict]) -> list[int]:
@@ -87,19 +88,28 @@ def sequence_logprobs(model, prompt: list[int], completions: list[list[int]]) ->
     return [lp[i, :len(c)].tolist() for i, c in enumerate(completions)]
 
 
+def shape_prompt(tokenizer, question: str, shape: Shape) -> list[int]:
+    """Token ids of a real CLI's first call for ``question`` (its captured shape), generation prompt included."""
+    text = tokenizer.apply_chat_template(shape.messages(question), tools=shape.hf_tools(), tokenize=False,
+                                         add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def answer_rates(model, tokenizer, problems: Sequence[tuple[str, str]], samples: int, *, system: str,
-                 tools: list[dict], seed: int = 0, max_new_tokens: int = 48, temperature: float = 1.0) -> dict[str, float]:
+                 tools: list[dict], seed: int = 0, max_new_tokens: int = 48, temperature: float = 1.0,
+                 shape: Shape | None = None) -> dict[str, float]:
     """Over ``samples`` completions per problem: ``pass_rate``, the share that would pass, and
     ``working_correct``, the share whose working (``3 + 5 = 8.``) adds correctly, whichever way the
-    turn then ends. The second is the ceiling of the first once RL has taught the tool habit."""
+    turn then ends. The second is the ceiling of the first once RL has taught the tool habit. With
+    ``shape``, the prompts and the tool are a real CLI's."""
     gen = torch.Generator().manual_seed(seed)
     model.eval()
     passed = correct = 0.0
     for q, a in problems:
-        prompt = render_prompt(tokenizer, q, system, tools)
+        prompt = render_prompt(tokenizer, q, system, tools) if shape is None else shape_prompt(tokenizer, q, shape)
         for c in sample(model, tokenizer, prompt, samples, max_new_tokens, temperature, gen):
             text = tokenizer.decode(c)
-            passed += reward(text, a)
+            passed += reward(text, a) if shape is None else shape.reward(text, a)
             correct += text.startswith(f"{q} = {a}.")
     n = len(problems) * samples
     return {"pass_rate": passed / n, "working_correct": correct / n}
@@ -143,7 +153,7 @@ class RunLog:
 
 
 def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunConfig, *, system: str,
-           tools: list[dict], on_step=None) -> tuple[RunLog, torch.nn.Module]:
+           tools: list[dict], on_step=None, shape: Shape | None = None) -> tuple[RunLog, torch.nn.Module]:
     """On-policy GRPO on ``problems`` with the trainer's packing, loss, optimizer and no-signal rule."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -166,9 +176,9 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunC
         model.eval()
         batch, rewards = [], []
         for q, a in (rng.choice(list(problems)) for _ in range(cfg.tasks_per_step)):
-            prompt = render_prompt(tok, q, system, tools)
+            prompt = render_prompt(tok, q, system, tools) if shape is None else shape_prompt(tok, q, shape)
             comps = sample(model, tok, prompt, cfg.samples, cfg.max_new_tokens, cfg.temperature, gen)
-            rs = [reward(tok.decode(c), a) for c in comps]
+            rs = [reward(tok.decode(c), a) if shape is None else shape.reward(tok.decode(c), a) for c in comps]
             advs = compute_advantages(rs).values
             for c, adv, lp in zip(comps, advs, sequence_logprobs(model, prompt, comps)):
                 ids = prompt + c

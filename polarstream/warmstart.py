@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import demo_tasks
+from .shape import Shape
 
 
 def conversation(question: str, answer: str, system: str, tools: list[dict], use_tool: bool = True) -> list[dict]:
@@ -93,12 +94,16 @@ def _sft_loss(model, batch: list[tuple[list[int], list[int]]], pad: int):
     return torch.nn.functional.cross_entropy(logits, ids[mask])
 
 
-def drill(question: str, answer: str, use_tool: bool = False) -> list[dict]:
+def drill(question: str, answer: str, use_tool: bool = False, shape: Shape | None = None) -> list[dict]:
     """A short conversation with just the answer turn: no system prompt, no tools, about 35-70 tokens
     against the harness conversation's 550, so the sums (and the call's shape) are learned mostly here,
-    cheaply. The turn is the same as the harness conversation's first answer turn."""
-    turn = conversation(question, answer, "", [], use_tool)[2]
-    return [{"role": "user", "content": demo_tasks.instruction(question)}, turn]
+    cheaply. The turn is the same as the harness conversation's first answer turn (``shape``'s for a
+    real CLI)."""
+    if shape is None:
+        turn = conversation(question, answer, "", [], use_tool)[2]
+        return [{"role": "user", "content": demo_tasks.instruction(question)}, turn]
+    turn = shape.conversation(question, answer, use_tool)[len(shape.first)]
+    return [{"role": "user", "content": shape.instruction(question)}, turn]
 
 
 def warm_start(
@@ -115,11 +120,14 @@ def warm_start(
     p_tool: float = 0.3,
     seed: int = 0,
     progress: bool = True,
+    shape: Shape | None = None,
 ) -> Path:
     """Fine-tune ``model_dir`` on demo conversations and save an HF directory to ``out_dir``.
 
     Each step trains ``batch_size`` harness conversations (tool call with probability ``p_tool``, else
-    prose) and ``drills`` short drills of the sums, every problem of ``problems`` alike.
+    prose) and ``drills`` short drills of the sums, every problem of ``problems`` alike. With ``shape``
+    the conversations are a real CLI's (its system prompt, framing, tools and tool results) and
+    ``system``/``tools`` are ignored.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -133,15 +141,20 @@ def warm_start(
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     problems = list(problems)
     # Rendering a chat template is slow next to a step of this model: every example is rendered once.
-    full = {(q, t): tokenize_with_mask(tok, conversation(q, a, system, tools, use_tool=t), tools)
-            for q, a in problems for t in (False, True)}
-    short = {(q, t): tokenize_with_mask(tok, drill(q, a, t), None) for q, a in problems for t in (False, True)}
+    if shape is not None:
+        tools = shape.hf_tools()
+        full = {(q, t): tokenize_with_mask(tok, shape.conversation(q, a, use_tool=t), tools)
+                for q, a in problems for t in (False, True)}
+    else:
+        full = {(q, t): tokenize_with_mask(tok, conversation(q, a, system, tools, use_tool=t), tools)
+                for q, a in problems for t in (False, True)}
+    short = {(q, t): tokenize_with_mask(tok, drill(q, a, t, shape), None) for q, a in problems for t in (False, True)}
 
     bar = range(steps)
     if progress:
         from rich.progress import track
 
-        bar = track(bar, description="warm start (SFT)")
+        bar = track(bar, description="warm start (SFT)" if shape is None else f"warm start in {shape.harness}'s shape (SFT)")
     for _ in bar:
         batch = [full[rng.choice(problems)[0], rng.random() < p_tool] for _ in range(batch_size)]
         loss = _sft_loss(model, batch, pad)

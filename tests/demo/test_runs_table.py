@@ -3,7 +3,8 @@
 import json
 from pathlib import Path
 
-from polarstream.report import RUNS_END, RUNS_START, render_runs, runs_table
+from polarstream.report import (CLI_RUNS_END, CLI_RUNS_START, RUNS_END, RUNS_START, cli_runs_table, render_block,
+                                render_runs, runs_table)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,3 +30,20 @@ def test_readme_matches_the_committed_runs():
     summaries = [json.loads(p.read_text()) for p in runs]
     readme = (ROOT / "README.md").read_text()
     assert render_runs(readme, summaries) == readme, "README's demo table is stale: re-render it from docs/demo-runs"
+
+
+def test_readme_matches_the_committed_real_cli_runs():
+    runs = sorted((ROOT / "docs" / "demo-runs").glob("cli-*.json"))
+    assert runs, "docs/demo-runs/cli-*.json: no real-CLI demo run summaries committed"
+    table = cli_runs_table([json.loads(p.read_text()) for p in runs])
+    readme = (ROOT / "README.md").read_text()
+    assert render_block(readme, CLI_RUNS_START, CLI_RUNS_END, table) == readme, \
+        "README's real-CLI demo table is stale: re-render it from docs/demo-runs/cli-*.json"
+
+
+def test_real_cli_table_shows_size_merge_rate_and_missed_bars():
+    s = {**_summary(0, learned=False), "harness": "pi (anthropic)", "merge_rate": 0.4,
+         "config": {"steps": 16, "tasks_per_step": 3, "samples": 6}}
+    s["bars"] = {"reward_gain": False, "heldout_gain": True, "wall_time": True, "merge_rate": True}
+    row = cli_runs_table([s]).splitlines()[2]
+    assert row.startswith("| pi (anthropic) | 0 | 16 × 3 × 6 |") and "| 40% |" in row and row.endswith("| no: reward_gain |")

@@ -94,6 +94,15 @@ def test_pi_all_four_apis(fake_cache, api, pi_api, url):
     assert l.argv[1:5] == ["-p", "--provider", f"polar-{api}", "--model"] and l.env["PI_OFFLINE"] == "1"
 
 
+def test_pi_max_tokens_caps_every_answer(fake_cache):
+    models = json.loads(launch("pi", ctx(fake_cache, api="anthropic", max_tokens=48)).files[".pi/agent/models.json"])
+    assert {p["models"][0]["maxTokens"] for p in models["providers"].values()} == {48}
+    assert "maxTokens" not in json.loads(launch("pi", ctx(fake_cache)).files[".pi/agent/models.json"])["providers"]["polar-chat"]["models"][0]
+    for bad in (0, "48", True):
+        with pytest.raises(HarnessConfigError, match="harness.config.max_tokens"):
+            launch("pi", ctx(fake_cache, max_tokens=bad))
+
+
 def test_command_expands_placeholders_and_sets_provider_env(tmp_path):
     c = HarnessContext(base_url=BASE, session_key=KEY, model="m", instruction="do it", workspace="/w", home="/h",
                        command=("my-agent", "--task={instruction}", "{base_url}/v1", '{"json": 1}'), config={"env": {"X": 1}})
