@@ -17,11 +17,10 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
 from infra import metrics as prometheus
-from infra.settings import Settings
+from infra.settings import DEV_ADMIN_TOKEN, DEV_SESSION_SECRET, Settings
 
 from . import admin, metrics, routes
 from .config import GatewayConfig
-from infra.settings import DEV_ADMIN_TOKEN, DEV_SESSION_SECRET
 from .openapi import openapi_document
 from .probe import LogprobsModeMismatch, TokenizerMismatch, check_logprobs_mode, check_tokenizer
 from .redact import redaction_key

@@ -17,7 +17,6 @@ import shutil
 import signal
 import socket
 import tempfile
-import time
 from pathlib import Path
 
 from gateway.config import GatewayConfig
