@@ -74,6 +74,8 @@ CLI_BARS = {"reward_gain": 0.3, "heldout_gain": 0.2, "wall_time_s": 900.0, "merg
 
 def bars(harness: str) -> dict[str, float]:
     return BARS if harness == "builtin" else CLI_BARS
+
+
 HELDOUT_SET = "demo-heldout"
 
 
@@ -92,7 +94,12 @@ class StepResult:
 
     @property
     def merge_rate(self) -> float:
-        return 1.0 - self.traces / self.calls if self.calls else 0.0
+        return merge_rate(self.traces, self.calls)
+
+
+def merge_rate(traces: int, calls: int) -> float:
+    """Share of calls that needed no training sequence of their own (prefix-merged into an earlier one)."""
+    return 1.0 - traces / calls if calls else 0.0
 
 
 def demo_model(cfg: DemoConfig, settings: Settings, train: list[tuple[str, str]],

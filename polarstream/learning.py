@@ -36,8 +36,9 @@ def render_prompt(tokenizer, question: str, system: str, tools: list[dict]) -> l
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def reward(text: str, answer: str) -> float:
-    """1.0 when the completion writes exactly ``answer`` to answer.txt with write_file, else 0.0."""
+def reward(text: str, answer: str, tool: str = "write_file", path_key: str = "path", roots: tuple[str, ...] = ("./",)) -> float:
+    """1.0 when the completion writes exactly ``answer`` to answer.txt with ``tool`` (its path in
+    ``path_key``, relative or under one of ``roots``), else 0.0."""
     from gateway.toolparse import parse_tool_calls
 
     for call in parse_tool_calls(text).tool_calls:
@@ -45,9 +46,12 @@ def reward(text: str, answer: str) -> float:
             args = json.loads(call.arguments) if isinstance(call.arguments, str) else call.arguments
         except ValueError:
             continue
-        if (call.name == "write_file" and isinstance(args, dict)
-                and str(args.get("path", "")).removeprefix("./") == demo_tasks.ANSWER_FILE
-                and str(args.get("content", "")).strip() == answer):
+        if call.name != tool or not isinstance(args, dict):
+            continue
+        path = str(args.get(path_key, ""))
+        for root in roots:
+            path = path.removeprefix(root)
+        if path == demo_tasks.ANSWER_FILE and str(args.get("content", "")).strip() == answer:
             return 1.0
     return 0.0
 

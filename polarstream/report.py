@@ -75,8 +75,9 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
     heldout = heldout or {}
     rewards = [r.reward for r in results]
     first, last = quarter_means(rewards) if rewards else (0.0, 0.0)
-    calls = sum(r.calls for r in results)
-    merge_rate = 1.0 - sum(r.traces for r in results) / calls if calls else 0.0
+    from .demo import merge_rate as rate
+
+    merge_rate = rate(sum(r.traces for r in results), sum(r.calls for r in results))
     bars = bars_met(first, last, heldout, wall_s, cfg.harness, merge_rate)
     plot_rewards(rewards, run_dir / "reward.png", heldout)
     env = f"POLAR_KAFKA_BOOTSTRAP={settings.kafka_bootstrap} POLAR_TOPIC_PREFIX={shlex.quote(settings.topic_prefix)}"

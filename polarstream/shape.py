@@ -105,19 +105,10 @@ class Shape:
 
     def reward(self, text: str, answer: str) -> float:
         """1.0 when a completion writes exactly ``answer`` to answer.txt with this CLI's tool."""
-        from gateway.toolparse import parse_tool_calls
+        from .learning import reward
 
         name, path_key = write_tool(self.harness)
-        for call in parse_tool_calls(text).tool_calls:
-            try:
-                args = json.loads(call.arguments) if isinstance(call.arguments, str) else call.arguments
-            except ValueError:
-                continue
-            path = str(args.get(path_key, "")) if isinstance(args, dict) else ""
-            if (call.name == name and path.removeprefix("/workspace/").removeprefix("./") == demo_tasks.ANSWER_FILE
-                    and str(args.get("content", "")).strip() == answer):
-                return 1.0
-        return 0.0
+        return reward(text, answer, name, path_key, roots=("/workspace/", "./"))
 
     def to_json(self) -> dict[str, Any]:
         return {"harness": self.harness, "api": self.api, "version": self.version, "first": self.first,
