@@ -79,3 +79,16 @@ def test_the_built_in_demo_keeps_its_write_file_instruction():
     assert demo_tasks.instruction("1 + 2").endswith("using the write_file tool.")
     assert demo_tasks.task_request("1 + 2", "3", task_id="t", num_samples=2, harness={"name": "pi"},
                                    tool="write").instruction.endswith("using the write tool.")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--harness", "codex"], "demo: --harness codex: expected builtin or one of claude_code, gemini_cli, opencode, pi, qwen_code"),
+    (["--harness", "pi", "--api", "grpc"], "demo: --api grpc: expected anthropic, chat, responses or google"),
+])
+def test_demo_refuses_a_harness_or_api_it_cannot_run_in_one_line(args, message):
+    from typer.testing import CliRunner
+
+    from polarstream.cli import app
+
+    result = CliRunner().invoke(app, ["demo", *args])
+    assert result.exit_code == 2 and message in result.output, result.output
