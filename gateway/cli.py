@@ -62,6 +62,8 @@ def serve(
     max_sessions_per_key: int = typer.Option(256, help="sessions one API key may have calls in flight in (429 beyond)"),
     max_inflight_per_session: int = typer.Option(32, help="calls of one session in flight at once (429 beyond)"),
     body_timeout: float = typer.Option(120.0, help="seconds a request body may take to arrive (408 beyond)"),
+    tombstones: Optional[Path] = typer.Option(None, help="file of closed sessions whose keys a restart still refuses "
+                                                        "(default <data_dir>/gateway/tombstones.jsonl)"),
     config: Optional[Path] = typer.Option(None, help="settings YAML (Kafka, topics, tokens)"),
     log_level: str = typer.Option("warning", help="uvicorn log level"),
     processes: int = typer.Option(1, "--processes", min=1,
@@ -106,7 +108,7 @@ def serve(
         open_mode=open_mode, publish_mode=publish_mode, sampling=policy,  # type: ignore[arg-type]
         publish_timeout_s=publish_timeout, max_body_bytes=int(max_body_mb * 1024 * 1024),
         upstream_timeout_s=upstream_timeout, default_max_tokens=max_tokens, max_model_len=max_model_len,
-        policy_version=policy_version,
+        policy_version=policy_version, tombstones=str(tombstones or settings.data_dir / "gateway" / "tombstones.jsonl"),
         limits=Limits(max_json_depth=max_json_depth, max_messages=max_messages, max_tools=max_tools,
                       max_output_tokens=max_output_tokens, max_sessions_per_key=max_sessions_per_key,
                       max_inflight_per_session=max_inflight_per_session, body_timeout_s=body_timeout),

@@ -34,6 +34,7 @@ class GatewayConfig:
     drain_timeout_s: float = 300.0  # admin pause: how long to wait for in-flight calls to finish
     hold_timeout_s: float = 600.0  # while paused, how long a new call waits before a 503
     pause_deadline_s: float = 900.0  # admin pause: the gateway resumes by itself after this long (logged)
+    tombstones: str = ""  # file of closed sessions that a restart keeps refusing (gateway/tombstones.py); '' = memory only
     max_sessions: int = 10_000  # each holds its last request's history (tens of KB); nodes DELETE finished ones
     template_kwargs: dict[str, object] = field(default_factory=dict)  # extra chat-template variables
     limits: Limits = field(default_factory=Limits)  # request, session and key limits (gateway/limits.py)

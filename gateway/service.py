@@ -35,6 +35,7 @@ from .redact import Redactor, token_decoder
 from .sessions import ChainSlot, SessionClaims, SessionClosed, SessionState, SessionStore, Turn, tip_key
 from .template import ChatTemplate, TemplateError
 from .tokens import PromptPlan, plan_prompt
+from .tombstones import TombstoneFile
 from .toolparse import ParsedOutput, parse_completion, split_reasoning
 from .upstream import GenerateParams, Generation, Upstream, UpstreamError
 
@@ -63,7 +64,7 @@ class Gateway:
     def __init__(self, config: GatewayConfig, template: ChatTemplate):
         self.config = config
         self.template = template
-        self.sessions = SessionStore(config.max_sessions)
+        self.sessions = SessionStore(config.max_sessions, tombstones=TombstoneFile(config.tombstones) if config.tombstones else None)
         self.gate = Gate()
         self.policy_version = config.policy_version
         self.upstream: Upstream | None = None  # set in the app's lifespan
@@ -246,7 +247,7 @@ class Gateway:
         follow publish order and a refused publish leaves no hole, while chains generate in parallel."""
         async with st.publish_lock:
             self._refuse_if_unrecordable(st)  # another chain's publish may have stalled meanwhile
-            record.call_index = st.next_call_index
+            record.call_index, record.boot_id = st.next_call_index, self.sessions.boot_id
             apply = functools.partial(advance, record.call_index)
             await self._publish_locked(st, record, apply)
 

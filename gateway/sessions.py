@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import re
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,10 +31,12 @@ import orjson
 
 from .canonical import Message, Tool, ToolCall
 from .redact import ScrubMemo
+from .tombstones import TombstoneFile
 
 KEY_PREFIX = "sk-polar-"
 OPEN_PREFIX = "open:"  # ad-hoc sessions (open mode); a minted key can never name one
 DEFAULT_KEY_TTL_S = 7 * 24 * 3600  # settings.session_key_ttl_s: longer than any rollout session waits and runs
+BOOT_EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: keeps the call indices of a restarted gateway short
 
 
 class InvalidSessionKey(ValueError):
@@ -55,10 +58,11 @@ class SessionClaims:
     attempt: int = 0
     harness: str = ""  # the harness the node runs in this session ('' = tell by User-Agent)
     expires_at: int = field(default=0, compare=False)  # unix seconds; 0 = an open-mode session (no key)
+    minted_at: int = field(default=0, compare=False)  # unix milliseconds; 0 = unknown (open mode, older keys)
 
 
 _CLAIM_KEYS = (("s", "session_id"), ("g", "group_id"), ("t", "task_id"), ("i", "sample_index"), ("a", "attempt"),
-               ("h", "harness"), ("e", "expires_at"))
+               ("h", "harness"), ("e", "expires_at"), ("m", "minted_at"))
 
 
 def _b64(data: bytes) -> str:
@@ -83,8 +87,8 @@ def mint_session_key(session_id: str, secret: str, *, group_id: str = "", task_i
         raise ValueError(f"session_id: {OPEN_PREFIX!r} is the namespace of open-mode sessions")
     if ttl_s <= 0:
         raise ValueError("ttl_s: must be positive")
-    expires_at = int((time.time() if now is None else now) + ttl_s)
-    claims = SessionClaims(session_id, group_id, task_id, sample_index, attempt, harness, expires_at)
+    now = time.time() if now is None else now
+    claims = SessionClaims(session_id, group_id, task_id, sample_index, attempt, harness, int(now + ttl_s), int(now * 1000))
     raw = {short: getattr(claims, name) for short, name in _CLAIM_KEYS if getattr(claims, name) not in ("", 0)}
     payload = _b64(orjson.dumps(raw))
     return f"{KEY_PREFIX}{payload}.{_sign(payload, secret)}"
@@ -260,15 +264,30 @@ class SessionStore:
 
     A dropped or forgotten session leaves a *tombstone* until its key expires: a later call with its key
     is refused (``SessionClosed``) instead of starting the session again at call_index 0, which would
-    collide with the calls already recorded under that index.
+    collide with the calls already recorded under that index. With a ``TombstoneFile`` that holds across
+    restarts too.
+
+    A restart loses every state, so a session may come back to a gateway that has never seen it but whose
+    predecessor recorded some of its calls. Each process has a ``boot_id`` (on every record) and a
+    ``boot_base``: its start time in milliseconds since 2026. A session whose key was minted before this
+    process started (or carries no mint time: open mode, older keys) numbers its calls from
+    ``boot_base``, above any index an earlier process could have given it (that would take more than
+    one call per millisecond), so they sort after them and never collide. Sessions minted while this
+    process runs, which is every rollout session of a healthy gateway, start at 0.
     """
 
-    def __init__(self, max_sessions: int = 10_000, tombstone_ttl_s: float = DEFAULT_KEY_TTL_S):
+    def __init__(self, max_sessions: int = 10_000, tombstone_ttl_s: float = DEFAULT_KEY_TTL_S,
+                 tombstones: TombstoneFile | None = None, boot_at: float | None = None):
         self.max_sessions = max_sessions
         self.tombstone_ttl_s = tombstone_ttl_s  # for sessions whose key expiry is unknown (open mode)
+        self.boot_at_ms = int((time.time() if boot_at is None else boot_at) * 1000)
+        self.boot_base = self.boot_at_ms - BOOT_EPOCH_MS
+        self.boot_id = f"{self.boot_at_ms:x}-{uuid.uuid4().hex[:8]}"
         self._states: OrderedDict[str, SessionState] = OrderedDict()  # full states, least recent first
         self._shed: OrderedDict[str, SessionState] = OrderedDict()
-        self._tombstones: OrderedDict[str, float] = OrderedDict()  # session id -> unix time it may be forgotten
+        self._file = tombstones
+        loaded = sorted(tombstones.load().items(), key=lambda kv: kv[1]) if tombstones else []
+        self._tombstones: OrderedDict[str, float] = OrderedDict(loaded)  # session id -> unix time it may be forgotten
 
     def get(self, claims: SessionClaims) -> SessionState:
         """The state for ``claims.session_id``, created on first use; SessionClosed after ``drop``."""
@@ -281,7 +300,11 @@ class SessionStore:
         if st is not None:
             self._states.move_to_end(sid)
         else:
-            st = self._shed.pop(sid, None) or SessionState(claims)
+            st = self._shed.pop(sid, None)
+            if st is None:
+                st = SessionState(claims)
+                if claims.minted_at < self.boot_at_ms:  # an earlier process may have recorded some of its calls
+                    st.next_call_index = self.boot_base
             self._states[sid] = st
             self._shed_idle()
         st.last_used = time.monotonic()
@@ -304,6 +327,8 @@ class SessionStore:
         expires = st.claims.expires_at if st is not None and st.claims.expires_at else now + self.tombstone_ttl_s
         self._tombstones[session_id] = expires
         self._tombstones.move_to_end(session_id)
+        if self._file is not None:
+            self._file.append(session_id, expires)
         while self._tombstones:  # roughly expiry order (keys share one TTL): drop the expired from the front
             first = next(iter(self._tombstones))
             if self._tombstones[first] > now:

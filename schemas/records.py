@@ -193,7 +193,8 @@ class CallRecorded(Record):
     task_id: str = ""
     sample_index: int = 0
     attempt: int = 0
-    call_index: int = Field(ge=0)
+    call_index: int = Field(ge=0)  # a restarted gateway numbers an earlier session's calls on from its boot base
+    boot_id: str = ""  # the gateway process that recorded the call (a new one at every start)
     provider: Provider
     model: str = ""  # what the harness asked for
     served_model: str = ""

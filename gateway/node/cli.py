@@ -128,7 +128,7 @@ def node(
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--temperature") from None
     gw = GatewayConfig(engine_urls=list(engine_url), model=model_dir, upstream=upstream,  # type: ignore[arg-type]
-                       sampling=policy)
+                       sampling=policy, tombstones=str(settings.data_dir / "gateway" / "tombstones.jsonl"))
     asyncio.run(Node(settings, cfg, gw, session_timeout_ms=session_timeout_ms).serve())
 
 

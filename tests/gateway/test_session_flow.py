@@ -205,6 +205,27 @@ def test_admin_mints_keys_and_reports_sessions(polar_settings, scripted_engine, 
     assert admin(gw, "POST", "/admin/sessions", json={"session_id": ""}).status_code == 422
 
 
+def test_a_restarted_gateway_keeps_closed_sessions_closed_and_never_reuses_a_call_index(
+        polar_settings, scripted_engine, gateway_factory, tmp_path):
+    tombstones = str(tmp_path / "tombstones.jsonl")
+    first = gateway_factory(polar_settings, scripted_engine.url, tombstones=tombstones)
+    done, going_on = first.key("done-1"), first.key("going-on-1")
+    msgs = [{"role": "user", "content": "hi"}]
+    messages_call(first.url, done, msgs)
+    messages_call(first.url, going_on, msgs)
+    assert admin(first, "DELETE", "/admin/sessions/done-1").status_code == 200
+    first.stop()  # the process is gone, and every session state with it
+    again = gateway_factory(polar_settings, scripted_engine.url, tombstones=tombstones)
+    late = httpx.post(again.url + "/v1/messages", headers={"x-api-key": done}, timeout=60,
+                      json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "again"}]})
+    assert late.status_code == 401 and "closed" in late.json()["error"]["message"]
+    messages_call(again.url, going_on, msgs)  # its key predates this process: numbered from the boot base
+    c0, c1 = read_calls(polar_settings, 2, session_id="going-on-1")
+    assert (c0.call_index, c0.boot_id) == (0, first.gw.sessions.boot_id)
+    assert (c1.call_index, c1.boot_id) == (again.gw.sessions.boot_base, again.gw.sessions.boot_id)
+    assert c1.call_index > c0.call_index and c1.boot_id != c0.boot_id
+
+
 def test_open_mode_records_ad_hoc_sessions(polar_settings, scripted_engine, gateway_factory):
     gw = gateway_factory(polar_settings, scripted_engine.url, open_mode=True, publish_mode="async")
     msgs = [{"role": "user", "content": "hi"}]

@@ -23,7 +23,7 @@ def test_key_round_trips_its_claims():
 
 def test_key_with_defaults_is_short_and_header_safe():
     key = mint_session_key("s", SECRET)
-    assert len(key) < 80 and all(c.isalnum() or c in "-_." for c in key)
+    assert len(key) < 96 and all(c.isalnum() or c in "-_." for c in key)  # expiry and mint time included
     assert verify_session_key(key, SECRET) == SessionClaims("s")
 
 
@@ -115,4 +115,49 @@ def test_a_dropped_session_is_closed_until_its_key_expires():
     import time
 
     time.sleep(0.02)
-    assert expired.get(SessionClaims("x")).next_call_index == 0  # the tombstone ends with the key's validity
+    assert not expired.closed("x") and expired.get(SessionClaims("x"))  # the tombstone ends with the key's validity
+
+
+def test_a_restarted_store_numbers_an_earlier_sessions_calls_above_its_predecessors(tmp_path):
+    before = SessionStore(boot_at=1_790_000_000.0)
+    old = verify_session_key(mint_session_key("old", SECRET, now=1_790_000_000.5), SECRET, now=1_790_000_001)
+    st = before.get(old)
+    assert st.next_call_index == 0  # minted while this process ran: a new session, numbered from 0
+    st.next_call_index = 5_000  # calls recorded before the crash
+    after = SessionStore(boot_at=1_790_000_003.0)  # a restart 2.5 s later: the state is gone
+    assert after.get(old).next_call_index == after.boot_base > 5_000  # never a collision with indexes 0..4999
+    assert after.boot_base - before.boot_base == 3_000 and after.boot_id != before.boot_id
+    assert after.get(SessionClaims("open:adhoc")).next_call_index == after.boot_base  # no mint time: may be old
+    new = verify_session_key(mint_session_key("new", SECRET, now=1_790_000_004.0), SECRET, now=1_790_000_005)
+    assert after.get(new).next_call_index == 0
+
+
+def test_closed_sessions_stay_closed_across_a_restart(tmp_path):
+    from gateway.tombstones import TombstoneFile
+
+    path = tmp_path / "gateway" / "tombstones.jsonl"
+    claims = verify_session_key(mint_session_key("done", SECRET), SECRET)
+    first = SessionStore(tombstones=TombstoneFile(path))
+    first.get(claims)
+    first.drop("done")
+    first.drop("forgotten")
+    restarted = SessionStore(tombstones=TombstoneFile(path))
+    with pytest.raises(SessionClosed, match="closed"):
+        restarted.get(claims)
+    assert restarted.closed("forgotten") and not restarted.closed("other")
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_the_tombstone_file_forgets_expired_lines_and_skips_torn_ones(tmp_path):
+    from gateway.tombstones import TombstoneFile
+
+    f = TombstoneFile(tmp_path / "t.jsonl")
+    for i in range(100):
+        f.append(f"old{i}", 1_000.0)  # long expired
+    f.append("live", 5_000.0)
+    with open(f.path, "ab") as out:
+        out.write(b'["torn", 50')  # a machine crash cut the last write short
+    assert f.load(now=2_000.0) == {"live": 5_000.0}
+    assert f.path.read_bytes() == b'["live",5000.0]\n'  # mostly expired: rewritten with only what is live
+    f.append("next", 6_000.0)
+    assert f.load(now=2_000.0) == {"live": 5_000.0, "next": 6_000.0}
