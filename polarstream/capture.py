@@ -22,7 +22,7 @@ from schemas import CallRecorded, HarnessSpec
 
 from . import demo_tasks
 from .processes import Processes, ProcessFailed, free_port
-from .shape import CAPTURE_CONTENT, CAPTURE_QUESTION, Shape, write_tool
+from .shape import APIS, CAPTURE_CONTENT, CAPTURE_QUESTION, Shape, write_tool
 
 
 def cli_version(harness: str, settings: Settings) -> str:
@@ -64,7 +64,7 @@ def capture(harness: str, api: str, settings: Settings, env: dict[str, str], run
         rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))
         procs.wait_http(rollout, f"{urls['rollout']}/health")
         task = demo_tasks.task_request(CAPTURE_QUESTION, CAPTURE_CONTENT, task_id=f"capture-{harness}-{api}", num_samples=1,
-                                       harness=HarnessSpec(name=harness, config={"api": api} if harness == "pi" else {}),
+                                       harness=HarnessSpec(name=harness, config={"api": api} if len(APIS[harness]) > 1 else {}),
                                        task_set="demo-capture", tool=tool)
         httpx.post(f"{urls['rollout']}/tasks", json=[task.model_dump(mode="json")], timeout=60).raise_for_status()
         deadline = time.monotonic() + 180

@@ -25,7 +25,7 @@ from schemas import HarnessSpec, PolicyVersion, TrainingGroup
 
 from . import demo_tasks
 from .processes import Processes, ProcessFailed, free_port
-from .shape import Shape
+from .shape import Shape, harness_config
 
 
 @dataclass
@@ -36,7 +36,7 @@ class DemoConfig:
     heldout: int = 16  # problems of the family kept out of RL, evaluated before and after training
     heldout_samples: int = 4  # samples per held-out problem (pass@1 is their mean)
     harness: str = "builtin"
-    api: str = "anthropic"  # for pi: which of its four APIs it speaks (chat, responses, anthropic, google)
+    api: str = "anthropic"  # the API a real CLI speaks where it has a choice (shape.APIS)
     shape_sft_steps: int = 150  # a real CLI's warm start: steps in its shape, on top of the built-in one
     runtime: str = "auto"  # bwrap when it works here, else subprocess
     seed: int = 0
@@ -90,6 +90,7 @@ class StepResult:
     sampled_tokens: int
     wall_s: float
     policy_version: int
+    trace_tokens: int = 0  # what the trainer runs through: every token of every training sequence
     group_ids: list[str] = field(default_factory=list)  # report.md links each to its viewer page
 
     @property
@@ -237,6 +238,7 @@ def _step_result(step: int, groups: list[TrainingGroup], wall_s: float, version:
         sampled_tokens=sum(sum(tr.loss_mask) for t in trajs for tr in t.traces),
         wall_s=wall_s,
         policy_version=version,
+        trace_tokens=sum(len(tr.loss_mask) for t in trajs for tr in t.traces),
         group_ids=[g.group_id for g in groups],
     )
 
@@ -376,7 +378,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         if shape is None:
             harness = HarnessSpec(name=cfg.harness, config={"temperature": cfg.temperature, "max_tokens": 48, "max_turns": 3})
         else:  # a real CLI sends its own settings; the node pins the run's temperature on every call
-            harness = HarnessSpec(name=cfg.harness, config={"api": cfg.api, "max_tokens": 48} if cfg.harness == "pi" else {})
+            harness = HarnessSpec(name=cfg.harness, config=harness_config(cfg.harness, cfg.api))
         tool = shape.tool if shape is not None else "write_file"
         order = random.Random(cfg.seed)
         lag: dict[str, int] = {}

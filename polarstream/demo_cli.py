@@ -16,7 +16,9 @@ def register(app: typer.Typer) -> None:
         samples: Annotated[Optional[int], typer.Option(help="samples per task (group size) [default: 8]")] = None,
         harness: Annotated[str, typer.Option(help="builtin, or a real CLI run unmodified: pi (measured; sized to 15 min), "
                                                   "qwen_code, claude_code, gemini_cli, opencode")] = "builtin",
-        api: Annotated[str, typer.Option(help="the API pi speaks: anthropic, chat, responses or google")] = "anthropic",
+        api: Annotated[Optional[str], typer.Option(help="the API the CLI speaks where it has a choice: pi anthropic, chat, "
+                                                        "responses or google; opencode chat, anthropic or responses "
+                                                        "[default: the first]")] = None,
         runtime: Annotated[str, typer.Option(help="auto (bwrap when installed), bwrap or subprocess")] = "auto",
         seed: Annotated[int, typer.Option(help="fixes the model, the warm start and the task order")] = 0,
         lr: Annotated[Optional[float], typer.Option(help="trainer learning rate [default: 5e-4]")] = None,
@@ -26,14 +28,17 @@ def register(app: typer.Typer) -> None:
         """Train an agent end to end (Kafka, S3, engine, gateway node, Faust, trainer, rollout) and report."""
         from .demo import DemoConfig, run, sized_for
         from .processes import ProcessFailed
-        from .shape import WRITE_TOOLS
+        from .shape import APIS
 
-        if harness != "builtin" and harness not in WRITE_TOOLS:
-            typer.echo(f"demo: --harness {harness}: expected builtin or one of {', '.join(sorted(WRITE_TOOLS))}", err=True)
+        if harness != "builtin" and harness not in APIS:
+            typer.echo(f"demo: --harness {harness}: expected builtin or one of {', '.join(sorted(APIS))}", err=True)
             raise typer.Exit(2)
-        if api not in ("anthropic", "chat", "responses", "google"):
-            typer.echo(f"demo: --api {api}: expected anthropic, chat, responses or google", err=True)
+        apis = APIS.get(harness, ("anthropic",))  # builtin: its own harness; --api does not apply
+        if api is not None and api not in apis:
+            spoken = f"{', '.join(apis[:-1])} or {apis[-1]}" if len(apis) > 1 else apis[0]
+            typer.echo(f"demo: --api {api}: {harness} speaks {spoken} here", err=True)
             raise typer.Exit(2)
+        api = api or apis[0]
         given = {"steps": steps, "tasks_per_step": tasks_per_step, "samples": samples, "lr": lr}
         cfg = sized_for(DemoConfig(harness=harness, api=api, runtime=runtime, seed=seed, heldout=heldout),
                         **{k: v for k, v in given.items() if v is not None})

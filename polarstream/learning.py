@@ -99,6 +99,13 @@ def shape_prompt(tokenizer, question: str, shape: Shape) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def task_io(tokenizer, system: str, tools: list[dict], shape: Shape | None = None):
+    """(question -> prompt ids, (text, answer) -> reward): the built-in harness's, or a real CLI's (``shape``)."""
+    if shape is None:
+        return (lambda q: render_prompt(tokenizer, q, system, tools)), reward
+    return (lambda q: shape_prompt(tokenizer, q, shape)), shape.reward
+
+
 def answer_rates(model, tokenizer, problems: Sequence[tuple[str, str]], samples: int, *, system: str,
                  tools: list[dict], seed: int = 0, max_new_tokens: int = 48, temperature: float = 1.0,
                  shape: Shape | None = None) -> dict[str, float]:
@@ -108,12 +115,12 @@ def answer_rates(model, tokenizer, problems: Sequence[tuple[str, str]], samples:
     ``shape``, the prompts and the tool are a real CLI's."""
     gen = torch.Generator().manual_seed(seed)
     model.eval()
+    prompt_of, score = task_io(tokenizer, system, tools, shape)
     passed = correct = 0.0
     for q, a in problems:
-        prompt = render_prompt(tokenizer, q, system, tools) if shape is None else shape_prompt(tokenizer, q, shape)
-        for c in sample(model, tokenizer, prompt, samples, max_new_tokens, temperature, gen):
+        for c in sample(model, tokenizer, prompt_of(q), samples, max_new_tokens, temperature, gen):
             text = tokenizer.decode(c)
-            passed += reward(text, a) if shape is None else shape.reward(text, a)
+            passed += score(text, a)
             correct += text.startswith(f"{q} = {a}.")
     n = len(problems) * samples
     return {"pass_rate": passed / n, "working_correct": correct / n}
@@ -176,13 +183,14 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunC
     tcfg = TrainConfig(lr=cfg.lr, weight_decay=0.0, loss_norm=cfg.loss_norm, temperature=cfg.temperature)
     optimizer = torch.optim.AdamW(param_groups(model, tcfg.weight_decay), lr=tcfg.lr)
     log = RunLog()
+    prompt_of, score = task_io(tok, system, tools, shape)
     for step in range(cfg.steps):
         model.eval()
         batch, rewards = [], []
         for q, a in (rng.choice(list(problems)) for _ in range(cfg.tasks_per_step)):
-            prompt = render_prompt(tok, q, system, tools) if shape is None else shape_prompt(tok, q, shape)
+            prompt = prompt_of(q)
             comps = sample(model, tok, prompt, cfg.samples, cfg.max_new_tokens, cfg.temperature, gen)
-            rs = [reward(tok.decode(c), a) if shape is None else shape.reward(tok.decode(c), a) for c in comps]
+            rs = [score(tok.decode(c), a) for c in comps]
             advs = compute_advantages(rs).values
             for c, adv, lp in zip(comps, advs, sequence_logprobs(model, prompt, comps)):
                 ids = prompt + c

@@ -193,6 +193,22 @@ def cli_runs_table(summaries: list[dict]) -> str:
     return "\n".join(rows)
 
 
+CLI_STEPS_START, CLI_STEPS_END = "<!-- demo:cli-steps -->", "<!-- /demo:cli-steps -->"
+
+
+def cli_steps_table(summaries: list[dict]) -> str:
+    """One row per timing run of a real CLI (one GRPO step of one group): what a step costs with its prompt."""
+    rows = ["| harness (API) | CLI | sessions | calls | training tokens per session | sampled tokens | step wall time |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    for s in sorted(summaries, key=lambda s: s["harness"]):
+        (step,) = s["per_step"]
+        version = s["warm_start"].get("shape", "").split(" over ")[0]
+        rows.append(f"| {s['harness']} | {version} | {step['samples']} | {step['calls']} | "
+                    f"{step['trace_tokens'] / max(step['samples'], 1):,.0f} | {step['sampled_tokens']} | "
+                    f"{step['wall_s']:.0f} s |")
+    return "\n".join(rows)
+
+
 def render_block(text: str, start: str, end: str, table: str) -> str:
     """``text`` with the block between ``start`` and ``end`` replaced by ``table``."""
     head, sep, rest = text.partition(start)

@@ -31,6 +31,24 @@ WRITE_TOOLS = {
     "gemini_cli": ("write_file", "file_path"),
     "qwen_code": ("write_file", "file_path"),
 }
+# harness -> the APIs the demo can run it over, its default first (pi and opencode take an ``api`` option).
+APIS = {
+    "pi": ("anthropic", "chat", "responses", "google"),
+    "opencode": ("chat", "anthropic", "responses"),
+    "claude_code": ("anthropic",),
+    "gemini_cli": ("google",),
+    "qwen_code": ("chat",),
+}
+
+
+def harness_config(harness: str, api: str) -> dict[str, Any]:
+    """The harness options a demo session runs with: its API where it has a choice, and pi's answer cap."""
+    config: dict[str, Any] = {"api": api} if len(APIS[harness]) > 1 else {}
+    if harness == "pi":  # 48 tokens, as the built-in harness's (why: README, demo.run)
+        config["max_tokens"] = 48
+    return config
+
+
 # What the scripted capture session writes: distinctive, so the tool result's mention of it (and of its
 # length) can be found and replaced.
 CAPTURE_QUESTION, CAPTURE_CONTENT = "4 + 3", "31415926"

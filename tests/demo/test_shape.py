@@ -83,7 +83,8 @@ def test_the_built_in_demo_keeps_its_write_file_instruction():
 
 @pytest.mark.parametrize("args,message", [
     (["--harness", "codex"], "demo: --harness codex: expected builtin or one of claude_code, gemini_cli, opencode, pi, qwen_code"),
-    (["--harness", "pi", "--api", "grpc"], "demo: --api grpc: expected anthropic, chat, responses or google"),
+    (["--harness", "pi", "--api", "grpc"], "demo: --api grpc: pi speaks anthropic, chat, responses or google here"),
+    (["--harness", "qwen_code", "--api", "google"], "demo: --api google: qwen_code speaks chat here"),
 ])
 def test_demo_refuses_a_harness_or_api_it_cannot_run_in_one_line(args, message):
     from typer.testing import CliRunner
@@ -92,3 +93,13 @@ def test_demo_refuses_a_harness_or_api_it_cannot_run_in_one_line(args, message):
 
     result = CliRunner().invoke(app, ["demo", *args])
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_each_cli_runs_over_its_own_api_and_only_pi_is_capped():
+    from polarstream.shape import APIS, harness_config
+
+    assert harness_config("pi", "responses") == {"api": "responses", "max_tokens": 48}
+    assert harness_config("opencode", "anthropic") == {"api": "anthropic"}
+    assert harness_config("qwen_code", "chat") == {}  # one API: the CLI's adapter takes no api option
+    assert all(APIS[h][0] == d for h, d in {"pi": "anthropic", "qwen_code": "chat", "gemini_cli": "google",
+                                             "claude_code": "anthropic"}.items())
