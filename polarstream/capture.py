@@ -83,14 +83,15 @@ def capture(harness: str, api: str, settings: Settings, env: dict[str, str], run
 
 
 def _calls(settings: Settings, task_id: str, timeout: float = 30.0) -> list[CallRecorded]:
-    """The task's main-loop calls (side calls such as titles left out), by call index."""
+    """The task's main-loop calls (side calls such as titles left out), by call index, up to the first
+    that carries a tool result."""
     from producers.consumer import RecordConsumer
 
     consumer = RecordConsumer(settings, topics=["calls"], group_id=f"polar-capture-{time.monotonic_ns()}")
     found: dict[int, CallRecorded] = {}
     try:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and len(found) < 2:
+        while time.monotonic() < deadline and not any(map(_has_tool_result, found.values())):
             for item in consumer.poll(1.0):
                 rec = item.record
                 if isinstance(rec, CallRecorded) and rec.task_id == task_id and not rec.side_call:
@@ -100,14 +101,21 @@ def _calls(settings: Settings, task_id: str, timeout: float = 30.0) -> list[Call
     return [found[i] for i in sorted(found)]
 
 
+def _has_tool_result(call: CallRecorded) -> bool:
+    return any(m["role"] == "tool" for m in call.request.get("messages", []))
+
+
 def _shape(harness: str, api: str, version: str, calls: list[CallRecorded], logs: Path) -> Shape:
-    if len(calls) < 2:
-        raise ProcessFailed(f"capturing {harness}: expected two calls (write answer.txt, then the answer after its "
-                            f"result), recorded {len(calls)}; logs in {logs}")
-    first, second = calls[0].request, calls[1].request
+    # The first call, and the first one after the write's result: a CLI may re-send its first request
+    # before that (Gemini CLI retries it), which adds nothing.
+    after = next((c for c in calls[1:] if _has_tool_result(c)), None)
+    if not calls or after is None:
+        raise ProcessFailed(f"capturing {harness}: expected a call that writes answer.txt, then one after its result; "
+                            f"recorded {len(calls)} without the second; logs in {logs}")
+    first, second = calls[0].request, after.request
     full = first["messages"][: second.get("messages_offset", 0)] + second["messages"]
-    last_assistant = max(i for i, m in enumerate(full) if m["role"] == "assistant")
-    write = full[last_assistant]
+    last_assistant = max((i for i, m in enumerate(full) if m["role"] == "assistant"), default=len(full))
+    write = full[last_assistant] if last_assistant < len(full) else {}
     if not write.get("tool_calls") or not any(m["role"] == "tool" for m in full[last_assistant + 1:]):
         raise ProcessFailed(f"capturing {harness}: its second call did not carry the write call's result; logs in {logs}")
     return Shape(harness=harness, api=api, version=version, first=first["messages"],

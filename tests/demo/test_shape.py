@@ -53,11 +53,18 @@ def test_capture_records_become_a_shape_whose_conversations_swap_in_the_problem(
 
 def test_a_capture_without_the_write_result_is_refused():
     calls = _captured_calls()
-    with pytest.raises(ProcessFailed, match="expected two calls"):
+    with pytest.raises(ProcessFailed, match="expected a call that writes answer.txt, then one after its result"):
         _shape("pi", "anthropic", "0.73.1", calls[:1], logs=None)
-    calls[1].request["messages"] = calls[1].request["messages"][:1]
+    calls[1].request["messages"] = calls[1].request["messages"][1:]  # a tool result without the write call
     with pytest.raises(ProcessFailed, match="did not carry the write call's result"):
         _shape("pi", "anthropic", "0.73.1", calls, logs=None)
+
+
+def test_a_cli_that_re_sends_its_first_request_is_captured_from_the_call_after_the_result():
+    first, after = _captured_calls()
+    retry = first.model_copy(update={"call_index": 1})  # Gemini CLI sent its first request twice
+    after = after.model_copy(update={"call_index": 2})
+    assert _shape("gemini_cli", "google", "0.1", [first, retry, after], logs=None).write_call_id == "toolu_1"
 
 
 @pytest.mark.parametrize("text,expected", [
