@@ -11,6 +11,7 @@ capture is part of the warm-start cache key).
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -48,9 +49,12 @@ def capture(harness: str, api: str, settings: Settings, env: dict[str, str], run
     prefix = f"{settings.topic_prefix}capture."
     Stack(settings.model_copy(update={"topic_prefix": prefix})).up()
     script = run_dir / "capture-script.yaml"
+    # The write answers the task's own message, wherever the CLI puts it: counting turns would not do, as
+    # Qwen Code opens with a scripted exchange of its own ("Got it. Thanks for the context!").
     script.write_text(yaml.safe_dump({"turns": [
-        {"tool_calls": [{"name": tool, "arguments": {path_key: demo_tasks.ANSWER_FILE, "content": CAPTURE_CONTENT}}]},
-        {"text": "Done."}], "fallback": {"text": "Done."}, "skip_system": True}))
+        {"match": re.escape(demo_tasks.instruction(CAPTURE_QUESTION, tool)),
+         "tool_calls": [{"name": tool, "arguments": {path_key: demo_tasks.ANSWER_FILE, "content": CAPTURE_CONTENT}}]}],
+        "fallback": {"text": "Done."}, "skip_system": True}))
     procs = Processes(run_dir / "logs" / "capture", {**env, "POLAR_TOPIC_PREFIX": prefix})
     ports = {name: free_port() for name in ("engine", "gateway", "rollout")}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
