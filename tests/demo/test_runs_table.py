@@ -3,8 +3,10 @@
 import json
 from pathlib import Path
 
-from polarstream.report import (CLI_RUNS_END, CLI_RUNS_START, RUNS_END, RUNS_START, cli_runs_table, render_block,
-                                render_runs, runs_table)
+import pytest
+
+from polarstream.report import (CLI_RUNS_END, CLI_RUNS_START, CLI_STEPS_END, CLI_STEPS_START, RUNS_END, RUNS_START,
+                                cli_runs_table, cli_steps_table, render_block, render_runs, runs_table)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,13 +34,16 @@ def test_readme_matches_the_committed_runs():
     assert render_runs(readme, summaries) == readme, "README's demo table is stale: re-render it from docs/demo-runs"
 
 
-def test_readme_matches_the_committed_real_cli_runs():
-    runs = sorted((ROOT / "docs" / "demo-runs").glob("cli-*.json"))
-    assert runs, "docs/demo-runs/cli-*.json: no real-CLI demo run summaries committed"
-    table = cli_runs_table([json.loads(p.read_text()) for p in runs])
+@pytest.mark.parametrize("pattern,table,start,end", [
+    ("cli-*.json", cli_runs_table, CLI_RUNS_START, CLI_RUNS_END),  # real-CLI demo runs
+    ("step-*.json", cli_steps_table, CLI_STEPS_START, CLI_STEPS_END),  # real-CLI step timings
+], ids=["cli-runs", "cli-steps"])
+def test_readme_matches_the_committed_real_cli_summaries(pattern, table, start, end):
+    runs = sorted((ROOT / "docs" / "demo-runs").glob(pattern))
+    assert runs, f"docs/demo-runs/{pattern}: none committed"
     readme = (ROOT / "README.md").read_text()
-    assert render_block(readme, CLI_RUNS_START, CLI_RUNS_END, table) == readme, \
-        "README's real-CLI demo table is stale: re-render it from docs/demo-runs/cli-*.json"
+    assert render_block(readme, start, end, table([json.loads(p.read_text()) for p in runs])) == readme, \
+        f"README's table of docs/demo-runs/{pattern} is stale: re-render it"
 
 
 def test_real_cli_table_shows_size_merge_rate_and_missed_bars():
@@ -47,3 +52,10 @@ def test_real_cli_table_shows_size_merge_rate_and_missed_bars():
     s["bars"] = {"reward_gain": False, "heldout_gain": True, "wall_time": True, "merge_rate": True}
     row = cli_runs_table([s]).splitlines()[2]
     assert row.startswith("| pi (anthropic) | 0 | 16 × 3 × 6 |") and "| 40% |" in row and row.endswith("| no: reward_gain |")
+
+
+def test_cli_step_table_shows_tokens_per_session_and_wall_time():
+    step = {"samples": 6, "calls": 9, "trace_tokens": 60_000, "sampled_tokens": 300, "wall_s": 123.4}
+    s = {"harness": "qwen_code (chat)", "warm_start": {"shape": "qwen_code 0.9.1 over chat"}, "per_step": [step]}
+    row = cli_steps_table([s]).splitlines()[2]
+    assert row == "| qwen_code (chat) | qwen_code 0.9.1 | 6 | 9 | 10,000 | 300 | 123 s |"
