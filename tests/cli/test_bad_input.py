@@ -37,6 +37,7 @@ KINDS = {
     "out": ("under_file",),
     "run_dir": ("under_file",),
     "work_dir": ("under_file",),
+    "tombstones": ("under_file",),
 }
 URL_ARGS = ("engine", "gateway")  # besides every *url argument
 # Valid values of required arguments ({...}: filled from the Env), and extra arguments some commands need.
