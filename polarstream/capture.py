@@ -1,9 +1,9 @@
 """Capture a real CLI's conversation shape through the gateway: one scripted session, then its records.
 
-The engine runs in scripted mode (docs/engine.md): its first answer writes answer.txt with the CLI's
-file tool, its second says "Done.". The session runs like any other (rollout server, gateway node,
-sandbox) on topics of its own, so nothing of it reaches the run's streams or trainer; its two
-``CallRecorded`` events hold the CLI's normalized requests. The result is cached by CLI, API and the
+The engine runs in scripted mode (docs/engine.md): it answers the task's message by writing answer.txt
+with the CLI's file tool, and anything else with "Done.". The session runs like any other (rollout server,
+gateway node, sandbox) on topics of its own, so nothing of it reaches the run's streams or trainer; its
+first ``CallRecorded`` and the first one carrying the write's result hold the CLI's normalized requests. The result is cached by CLI, API and the
 CLI's installed version, so an upgraded CLI is captured again (and so gets a new warm start: the
 capture is part of the warm-start cache key).
 """
@@ -23,7 +23,7 @@ from schemas import CallRecorded, HarnessSpec
 
 from . import demo_tasks
 from .processes import Processes, ProcessFailed, free_port
-from .shape import APIS, CAPTURE_CONTENT, CAPTURE_QUESTION, Shape, write_tool
+from .shape import CAPTURE_CONTENT, CAPTURE_QUESTION, Shape, api_option, write_tool
 
 
 def cli_version(harness: str, settings: Settings) -> str:
@@ -68,7 +68,7 @@ def capture(harness: str, api: str, settings: Settings, env: dict[str, str], run
         rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))
         procs.wait_http(rollout, f"{urls['rollout']}/health")
         task = demo_tasks.task_request(CAPTURE_QUESTION, CAPTURE_CONTENT, task_id=f"capture-{harness}-{api}", num_samples=1,
-                                       harness=HarnessSpec(name=harness, config={"api": api} if len(APIS[harness]) > 1 else {}),
+                                       harness=HarnessSpec(name=harness, config=api_option(harness, api)),
                                        task_set="demo-capture", tool=tool)
         httpx.post(f"{urls['rollout']}/tasks", json=[task.model_dump(mode="json")], timeout=60).raise_for_status()
         deadline = time.monotonic() + 180

@@ -41,9 +41,14 @@ APIS = {
 }
 
 
+def api_option(harness: str, api: str) -> dict[str, Any]:
+    """The ``api`` harness option, for a CLI that has a choice (the others' adapters take none)."""
+    return {"api": api} if len(APIS[harness]) > 1 else {}
+
+
 def harness_config(harness: str, api: str) -> dict[str, Any]:
     """The harness options a demo session runs with: its API where it has a choice, and pi's answer cap."""
-    config: dict[str, Any] = {"api": api} if len(APIS[harness]) > 1 else {}
+    config = api_option(harness, api)
     if harness == "pi":  # 48 tokens, as the built-in harness's (why: README, demo.run)
         config["max_tokens"] = 48
     return config
