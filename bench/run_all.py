@@ -20,7 +20,7 @@ tree was dirty (bench/_provenance.py), and gives each benchmark a time budget so
 Which files are benchmarks: every ``bench/*.py`` except this file, ``render.py``, names starting with
 ``_``, and helpers that take no ``--quick`` flag (``trl_peer.py`` runs inside a peer venv, called by
 ``trainer.py``). EXPECTED names the benchmarks the issues ask for, so a missing one shows up as missing.
-OPT_IN ones run only when their flag is given (``--cluster``: broker_loss; ``--harnesses``:
+OPT_IN ones run only when their flag is given (``--cluster``: broker_loss and chaos; ``--harnesses``:
 harness_sessions) or with ``--only NAME``.
 
 The convention a benchmark script follows (the first two are required, the rest optional):
@@ -74,15 +74,17 @@ STDERR_TAIL = 3000  # characters of a failed benchmark's stderr kept in the resu
 # fresh-call scenarios; quick can grow only 5 s before the quick budgets pass 8 minutes in all.
 BUDGET_S = {"broker_loss": (90, 180), "publisher": (35, 120), "engine": (30, 90), "gateway": (110, 390), "streams": (55, 150),
             "trainer": (70, 330), "rollout": (60, 220), "mirror": (40, 150), "script_window": (50, 150),
-            "fuzz": (30, 150), "harness_sessions": (240, 480)}
+            "fuzz": (30, 150), "harness_sessions": (240, 480), "chaos": (240, 1200)}
 DEFAULT_BUDGET_S = (30, 60)  # a new benchmark must claim its time in BUDGET_S
 # Extra arguments in a full run. fuzz's default 10,000 requests per API is a 22-minute soak (docs/fuzzing.md),
 # a correctness run of its own, not a speed figure: inside make bench it runs a shape-keeping 600.
 FULL_ARGS = {"fuzz": ["--per-api", "600"]}
 # Benchmarks run only when asked for (their flag here, or --only NAME), outside both budgets above:
 # broker_loss starts a 3-broker cluster and kills brokers (issue 25), about a minute even with --quick;
-# harness_sessions runs the six real agent CLIs through a node (issue 20; installed CLIs and bwrap needed).
-OPT_IN = {"broker_loss": "--cluster", "harness_sessions": "--harnesses"}
+# harness_sessions runs the six real agent CLIs through a node (issue 20; installed CLIs and bwrap needed);
+# chaos kills 30 random components of a whole pipeline on a 3-broker cluster, then reruns it unharmed (issue
+# 25), about 10 minutes.
+OPT_IN = {"broker_loss": "--cluster", "harness_sessions": "--harnesses", "chaos": "--cluster"}
 
 
 def discover(bench_dir: Path, opt_in: bool = False) -> dict[str, Path]:
@@ -286,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--staleness", action="store_true",
                     help="list measured code changed since --out's commit; exit 1 when anything changed")
     ap.add_argument("--strict", action="store_true", help="exit 1 unless every benchmark succeeded")
-    ap.add_argument("--cluster", action="store_true", help="also run broker_loss (a 3-broker cluster, brokers killed)")
+    ap.add_argument("--cluster", action="store_true", help="also run broker_loss and chaos (a 3-broker cluster; brokers, or anything, killed)")
     ap.add_argument("--harnesses", action="store_true",
                     help="also run harness_sessions (every real CLI, scripted multi-turn sessions through a node)")
     args = ap.parse_args(argv)

@@ -1,0 +1,36 @@
+"""bench/chaos.py --quick with a fixed seed: one SIGKILL of each kind of component (a gateway node, the
+streams worker, the trainer, the Kafka broker, the S3 server) while tasks run through the real pipeline,
+and the run then checked against an uninterrupted one. It starts its own broker, S3 server, engine and
+pipelines, so it needs nothing from the test session but Java and the cached jars."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.run_all import last_json_object
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_chaos_run_loses_nothing_and_trains_what_an_uninterrupted_run_trains(tmp_path):
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), "--quick", "--seed", "0"],
+                       capture_output=True, text=True, timeout=480, cwd=tmp_path)
+    out = last_json_object(p.stdout)
+    assert p.returncode == 0 and out is not None, p.stderr[-3000:]
+    chaos, ref = out["runs"]["chaos"], out["runs"]["reference"]
+
+    assert out["kills"] == 5 and set(out["kills_by_component"]) == {"node", "worker", "trainer", "broker", "s3"}, out["kill_log"]
+    assert all(k["recover_s"] is not None for k in out["kill_log"]), out["kill_log"]  # each one came back
+    assert chaos["acked_calls"] > 0 and out["acked_calls_lost"] == 0 and chaos["acked_calls_duplicated"] == 0
+    assert out["groups_trained_twice"] == 0 and out["groups_skipped"] == 0 and chaos["tasks_with_two_groups"] == 0
+    assert out["hashes_equal"] and out["tasks_hash_differs"] == [] and ref["tasks"] == chaos["tasks"] >= 3
+    assert chaos["consumed_to_end"] and ref["consumed_to_end"]
+    assert chaos["trainer_starts"] >= 2  # the trainer was killed and resumed from its S3 checkpoint
+    print("\nchaos:", json.dumps({k: out[k] for k in ("kills_by_component", "recovery_s", "restarts_unplanned", "wall_s")}))
