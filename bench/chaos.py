@@ -19,6 +19,7 @@ and keeps a ledger of the answers it received. At the end, per run:
 
 - every acknowledged call (a ledger id, ``chatcmpl-<event_id>``) is on polar.calls exactly once, and
   the calls of attempts that died with their node are recorded but never trained (their re-runs are);
+- every trained session's traces hold exactly its answered calls (``trained_sessions_with_holes``: 0);
 - each task's group is trained exactly once (the trainer's effective steps, after its restarts);
 - the trained groups hash equal to the reference's (sha256 over each member's sample index, token ids,
   loss mask, logprobs and advantage), and the trainer's last checkpoint has consumed polar.groups to
@@ -435,7 +436,14 @@ def audit(pipe: Pipeline) -> dict:
     for event_id, n in trained.items():
         trained_by_task[groups[event_id].task_id if event_id in groups else f"?{event_id}"] += n
     hashes = {groups[e].task_id: group_hash(groups[e]) for e in trained if e in groups}
-    trained_sessions = {t.session_id for e in trained if e in groups for t in groups[e].trajectories}
+    trained_members = [t for e in trained if e in groups for t in groups[e].trajectories]
+    trained_sessions = {t.session_id for t in trained_members}
+    answered = collections.defaultdict(set)  # session -> call indices it was answered (failed calls are not)
+    for c in recorded:
+        if not c.error:
+            answered[c.session_id].add(c.call_index)
+    # A hole: a trained session whose traces leave out one of its answered calls, or hold one it never had.
+    holes = sum(1 for t in trained_members if set().union(*(tr.call_indices for tr in t.traces)) != answered[t.session_id])
     info = checkpoint.latest(pipe.settings.storage_url, pipe.settings)
     consumed = checkpoint.read_state(info, pipe.settings)["offsets"].get("groups", {}) if info else {}
     ends = collections.Counter()
@@ -453,6 +461,7 @@ def audit(pipe: Pipeline) -> dict:
         "masked_samples": sum(len(groups[e].masked) for e in trained if e in groups),
         # calls of attempts that died with their node: recorded, never trained (their re-runs were)
         "calls_of_lost_attempts": sum(1 for c in recorded if c.session_id not in trained_sessions),
+        "trained_sessions_with_holes": holes,
         "reruns": sum(1 for e in trained if e in groups for t in groups[e].trajectories if t.attempt > 0),
         "trainer_starts": pipe.trainer_starts(),
         "consumed_to_end": {int(p): o for p, o in consumed.items()} == {p: o for p, o in ends.items()} if info else False,
@@ -525,6 +534,7 @@ def main() -> None:
         "restarts_unplanned": dict(chaos.restarts),
         "recovery_s": recovery(chaos.kills),
         "masked_samples": got["masked_samples"],
+        "trained_sessions_with_holes": got["trained_sessions_with_holes"],
         "runs": {"chaos": {**got, "wall_s": round(chaos_s, 1)}, "reference": {**want, "wall_s": round(ref_s, 1)}},
         "kill_log": [k.__dict__ for k in chaos.kills],
         "wall_s": round(time.monotonic() - t_start, 1),

@@ -32,5 +32,6 @@ def test_quick_chaos_run_loses_nothing_and_trains_what_an_uninterrupted_run_trai
     assert out["groups_trained_twice"] == 0 and out["groups_skipped"] == 0 and chaos["tasks_with_two_groups"] == 0
     assert out["hashes_equal"] and out["tasks_hash_differs"] == [] and ref["tasks"] == chaos["tasks"] >= 3
     assert chaos["consumed_to_end"] and ref["consumed_to_end"]
+    assert out["trained_sessions_with_holes"] == 0 == ref["trained_sessions_with_holes"]
     assert chaos["trainer_starts"] >= 2  # the trainer was killed and resumed from its S3 checkpoint
     print("\nchaos:", json.dumps({k: out[k] for k in ("kills_by_component", "recovery_s", "restarts_unplanned", "wall_s")}))
