@@ -72,7 +72,7 @@ def same_message(a: Message, b: Message) -> bool:
     """Equality of two echoes of one history message (what two consecutive requests both sent)."""
     return (
         a.role == b.role
-        and a.content.strip() == b.content.strip()
+        and (a.content == b.content or a.content.strip() == b.content.strip())
         and a.tool_call_id == b.tool_call_id
         and _same_calls(a.tool_calls, b.tool_calls)
     )
