@@ -14,7 +14,11 @@ holds for any encoding of the ids), and prints one JSON object:
   librdkafka's threads, and the broker;
 - fixed_rate: 4 KB events offered at 5,000/s by a timer, one ``publish`` task per event, for a few
   seconds per round; publish-to-acknowledgement latency from each event's scheduled time (a late timer
-  counts against the publisher) and the rate achieved. ``latency_p99_ms_at_5k`` is the median round's p99;
+  counts against the publisher) and the rate achieved. ``latency_p99_ms_at_5k`` is the median round's p99.
+  In the same interleaved rounds, ``rate_5000_gc_frozen`` runs it after ``gc.freeze()``: its p99 is
+  ``latency_p99_ms_at_5k_gc_frozen``. The event pools this script keeps (thousands of tracked objects)
+  make each full collection of the cyclic GC a pause of tens of ms on the timer and the publisher alike,
+  and frozen they are out of its walk; the gap between the two is what collections cost, not Kafka;
 - pipelined: 64 publishes in flight at any time (a busy gateway); events/s, MB/s and each event's
   publish-to-acknowledgement latency under that load;
 - sequential: one publish awaited at a time (one harness waiting on its call); latency only. It runs in
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -56,6 +61,7 @@ from schemas import CallRecorded, encode  # noqa: E402
 SIZES = (4096, 65536)
 CONCURRENCY = 64  # calls in flight at once, e.g. 64 harnesses waiting on their model calls
 RATE = 5000  # events/s offered in the fixed-rate run
+FROZEN = "_gc_frozen"  # the fixed-rate target run with gc.freeze() (see fixed_rate)
 UNCOMPRESSED = "publish_many_uncompressed"  # publish_many on a publisher with compression.type=none
 ROUNDS = 3
 # (unbounded events per pass, pipelined events, sequential events) by size; fixed-rate seconds per round
@@ -134,8 +140,21 @@ async def unbounded(pub: Publisher, events: list[CallRecorded], api: str, broker
             "mb_per_s": round(sent_bytes / elapsed / 1e6, 2), "queue_full_waits": waits, **per_event}
 
 
-async def fixed_rate(pub: Publisher, events: list[CallRecorded], rate: float, seconds: float) -> dict:
-    """``rate`` events/s by a timer, one ``publish`` task per event; latency from each scheduled time."""
+async def fixed_rate(pub: Publisher, events: list[CallRecorded], rate: float, seconds: float, frozen: bool = False) -> dict:
+    """``rate`` events/s by a timer, one ``publish`` task per event; latency from each scheduled time.
+
+    ``frozen``: with everything alive beforehand moved out of the collector's reach (``gc.freeze``), so
+    a full collection walks only what the run itself allocates."""
+    if frozen:
+        gc.collect()
+        gc.freeze()
+    try:
+        return await _fixed_rate(pub, events, rate, seconds)
+    finally:
+        gc.unfreeze()
+
+
+async def _fixed_rate(pub: Publisher, events: list[CallRecorded], rate: float, seconds: float) -> dict:
     n = int(rate * seconds)
     latencies: list[float] = []
     lag = 0.0
@@ -267,11 +286,12 @@ def _run(go, pub: Publisher, pub0: Publisher, uncompressed: Publisher, quick: bo
                            "wrap_future_latency_p99_ms": _stat(s, "wrap_future", "latency_p99_ms")["median"]},
         })
     fixed = rounds["fixed_rate_4kb"] = interleaved(
-        {f"rate_{RATE}": lambda: go(fixed_rate(pub, pools[4096], RATE, FIXED_RATE_S[quick]))}, ROUNDS, **cpu)
+        {f"rate_{RATE}{tag}": lambda frozen=frozen: go(fixed_rate(pub, pools[4096], RATE, FIXED_RATE_S[quick], frozen))
+         for tag, frozen in (("", False), (FROZEN, True))}, ROUNDS, **cpu)
     log("fixed rate done")
     passes = fixed["targets"][f"rate_{RATE}"]["passes"]
     fixed_summary = {"offered_per_s": RATE, "seconds_per_round": FIXED_RATE_S[quick], "size_bytes": 4096,
-                     **{k: _stat(fixed, f"rate_{RATE}", k) for k in
+                     **{k + tag: _stat(fixed, f"rate_{RATE}{tag}", k) for tag in ("", FROZEN) for k in
                         ("achieved_per_s", "latency_p50_ms", "latency_p99_ms", "latency_max_ms", "timer_lag_max_ms")}}
     four, big = results[0]["unbounded"], results[1]["unbounded"]
     best = max(("publish", "publish_many"), key=lambda api: four[api]["events_per_s"]["median"])  # default config
@@ -280,6 +300,8 @@ def _run(go, pub: Publisher, pub0: Publisher, uncompressed: Publisher, quick: bo
             "events_per_s_4kb_uncompressed": four[UNCOMPRESSED]["events_per_s"]["median"],
             "events_per_s_64kb": max(big[api]["events_per_s"]["median"] for api in ("publish", "publish_many")),
             "latency_p99_ms_at_5k": statistics.median(p["latency_p99_ms"] for p in passes),
+            "latency_p99_ms_at_5k_gc_frozen": statistics.median(
+                p["latency_p99_ms"] for p in fixed["targets"][f"rate_{RATE}{FROZEN}"]["passes"]),
             "fixed_rate": fixed_summary, "results": results, "rounds": rounds}
 
 
