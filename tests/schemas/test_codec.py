@@ -58,6 +58,31 @@ def test_malformed_payload_names_the_field(data, field, problem):
     assert str(e.value).startswith(f"CallRecorded.{field}:" if field else "CallRecorded:")
 
 
+def _nested(depth: int) -> object:
+    value: object = 1
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+def test_nesting_deeper_than_the_limit_is_refused_and_many_shallow_containers_are_not():
+    from schemas.codec import MAX_DEPTH
+
+    task = next(r for r in sample_records() if r.TOPIC == "tasks")
+    # the record and its metadata are two levels: MAX_DEPTH - 2 more reach the limit exactly
+    at_limit = _payload(task, metadata={"deep": _nested(MAX_DEPTH - 2)})
+    assert decode(at_limit, type(task)).metadata["deep"] == _nested(MAX_DEPTH - 2)
+    with pytest.raises(RecordDecodeError) as e:
+        decode(_payload(task, metadata={"deep": _nested(MAX_DEPTH - 1)}), type(task))
+    assert "nested deeper than" in e.value.problem
+    # more brackets than the limit, all shallow (and a bracket inside a string): the walk runs and passes
+    wide = _payload(task, metadata={f"k{i}": [[i], {"s": "[{"}] for i in range(200)})
+    assert len(decode(wide, type(task)).metadata) == 200
+    # text input is checked the same way as bytes
+    with pytest.raises(RecordDecodeError):
+        decode(_payload(task, metadata={"deep": _nested(MAX_DEPTH)}).decode(), type(task))
+
+
 def test_nested_field_is_named_with_its_path():
     obj = orjson.loads(encode(call()))
     obj["output"]["tool_calls"][0]["name"] = 7
