@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson  # noqa: E402
 
-from bench._rounds import interleaved  # noqa: E402
+from bench._rounds import interleaved, proc_cpu_s  # noqa: E402
 from infra.process import free_port  # noqa: E402
 from infra.settings import Settings  # noqa: E402
 from infra.topics import ensure_topics  # noqa: E402
@@ -136,11 +136,11 @@ def bench_worker(settings: Settings, burst: list[list[Recorded]], paced: list[li
         publish(settings, [r for s in warm for r in s.records])
         read_topic(settings, "groups", until=lambda m: len(m) >= 1, timeout=120)
 
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), proc_cpu_s([worker.proc.pid])
         publish(settings, [r for g in burst for s in g for r in s.records])
         total = 1 + len(burst)
         read_topic(settings, "groups", until=lambda m: len({x.key for x in m}) >= total, timeout=600)
-        burst_s = time.perf_counter() - start
+        burst_s, burst_cpu_s = time.perf_counter() - start, proc_cpu_s([worker.proc.pid]) - cpu_start
 
         for g in paced:  # groups finish one by one, each session's calls before its finished event
             publish(settings, [r for s in g for r in s.records])
@@ -159,7 +159,8 @@ def bench_worker(settings: Settings, burst: list[list[Recorded]], paced: list[li
             finished_ts[gid] = max(finished_ts.get(gid, 0), m.timestamp_ms)
     latencies = [float(done_ts[g] - t) for g, t in finished_ts.items() if g in done_ts]
     return {"burst": {"groups": len(burst), "calls": n_calls, "seconds": round(burst_s, 2),
-                      "calls_per_s": round(n_calls / burst_s, 1)},
+                      "calls_per_s": round(n_calls / burst_s, 1), "worker_cpu_s": round(burst_cpu_s, 2),
+                      "calls_per_worker_cpu_s": round(n_calls / burst_cpu_s, 1)},
             "latency_finished_to_group_ms": {"groups": len(latencies), "p50": pct(latencies, 0.5),
                                              "p99": pct(latencies, 0.99), "max": max(latencies)}}
 

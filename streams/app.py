@@ -73,6 +73,10 @@ def create_app(
         consumer_max_fetch_size=max_out,
         producer_max_request_size=max_out,
         producer_acks=-1,
+        # The worker writes each session's tokens four times (call changelog, trajectory, member
+        # changelog, group) as JSON text, which zstd shrinks 3x (random ids) to 7x (the bench's sessions)
+        # on the wire and on the brokers' disks; the worker's CPU per call did not change measurably.
+        producer_compression_type="zstd",
         key_serializer="raw",
         value_serializer="raw",
         broker_session_timeout=session_timeout_s,
