@@ -74,6 +74,7 @@ def serve(
 
     from infra.settings import Settings
 
+    from infra.heap import freeze_startup_heap
     from infra.reach import require_free_port
 
     from .app import create_app
@@ -118,6 +119,7 @@ def serve(
 
         return serve_processes(settings, cfg, host, port or settings.gateway_port, processes, log_level)
     app = create_app(settings, cfg)
+    freeze_startup_heap()  # the tokenizer and imports stay out of every later full collection (infra/heap.py)
     # uvicorn closes idle keep-alive connections after 5 s by default; a client reusing one just then
     # reads a reset (httpx.ReadError). Harnesses idle longer than that while tools run, and under 64
     # concurrent clients bench/gateway.py hit it in 2 of 3 runs; 75 s (nginx's default) did not.

@@ -38,9 +38,13 @@ def run_worker(settings: Any, config: Any, socket_path: str, log_level: str, par
         return
     import uvicorn
 
+    from infra.heap import freeze_startup_heap
+
     from .app import create_app
 
-    uvicorn.run(create_app(settings, config), uds=socket_path, log_level=log_level, timeout_keep_alive=WORKER_KEEP_ALIVE_S)
+    app = create_app(settings, config)
+    freeze_startup_heap()  # see infra/heap.py
+    uvicorn.run(app, uds=socket_path, log_level=log_level, timeout_keep_alive=WORKER_KEEP_ALIVE_S)
 
 
 class WorkerProcesses:

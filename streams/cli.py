@@ -31,6 +31,7 @@ def worker(
     """Run one worker; start several (same POLAR_TOPIC_PREFIX) to split the partitions."""
     from pydantic import ValidationError
 
+    from infra.heap import freeze_startup_heap
     from infra.reach import require_kafka
     from infra.settings import Settings
 
@@ -63,6 +64,7 @@ def worker(
     except TopologyError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    freeze_startup_heap()  # see infra/heap.py
     Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
 
 

@@ -23,6 +23,7 @@ from gateway.config import GatewayConfig
 from gateway.redact import scrub_session_event
 from gateway.runtimes import make_runtime
 from gateway.runtimes.tunnel import serve_unix_to_tcp
+from infra.heap import freeze_startup_heap
 from infra.settings import Settings
 
 from . import metrics
@@ -134,6 +135,7 @@ class Node:
     async def serve(self) -> None:
         """Run until SIGTERM/SIGINT; then drain the admitted sessions and leave the group."""
         await self.start()
+        freeze_startup_heap()  # the node's own process: see infra/heap.py
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
