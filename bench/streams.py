@@ -14,7 +14,15 @@ fifth). Prints one JSON object:
 - worker: one `polarstream streams worker` process on a real broker (started here unless --bootstrap):
   calls/s end to end for a burst of sessions published at once, then p50/p99 latency from a group's
   last finished event to its TrainingGroup on polar.groups (broker timestamps) with groups arriving
-  one by one.
+  one by one; also the worker's CPU seconds during the burst (it shares the cores with the broker and
+  this process);
+- bytes: Kafka bytes per session (the broker's log segments, as stored: compressed) of every topic a
+  pass writes, at three session lengths, over the raw int32 bytes of the session's distinct tokens. These
+  sessions take their ids uniformly from a 151k vocabulary (``incompressible_tokenize``), a worst case
+  for compression, instead of the 16-word stand-in the other parts use.
+
+Top level, for issue 21: ``worker_calls_per_s``, ``worker_calls_per_cpu_s``, ``group_latency_p99_ms``,
+``bytes_per_session_over_raw`` (the middle length: 24 turns, 8 with --quick).
 
     .venv/bin/python bench/streams.py [--quick] [--bootstrap HOST:PORT]
 """
@@ -22,8 +30,10 @@ fifth). Prints one JSON object:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -49,7 +59,7 @@ from streams.testing import WorkerProcess, publish, read_topic  # noqa: E402
 SAMPLES = 4
 
 
-def sessions(groups: int, turns: int, words: dict, tag: str, seed: int = 0) -> list[list[Recorded]]:
+def sessions(groups: int, turns: int, words: dict, tag: str, seed: int = 0, tokenize=None) -> list[list[Recorded]]:
     """``groups`` groups of SAMPLES sessions each."""
     out = []
     for g in range(groups):
@@ -58,7 +68,7 @@ def sessions(groups: int, turns: int, words: dict, tag: str, seed: int = 0) -> l
             record_session(SessionSpec(
                 f"{gid}-s{i}", gid, i, num_samples=SAMPLES, min_valid=2, reward=float((g + i) % 2), turns=turns,
                 side_call_at=1, compaction_at=turns // 2 if (g * SAMPLES + i) % 5 == 0 else None, **words,
-            ), seed + g)
+            ), seed + g, tokenize)
             for i in range(SAMPLES)
         ])
     return out
@@ -165,6 +175,59 @@ def bench_worker(settings: Settings, burst: list[list[Recorded]], paced: list[li
                                              "p99": pct(latencies, 0.99), "max": max(latencies)}}
 
 
+VOCAB = 151_643  # Qwen2.5's vocabulary
+
+
+def incompressible_tokenize(text: str) -> list[int]:
+    """One id per word, drawn uniformly over VOCAB from the text's hash: a stand-in whose ids are as
+    hard to compress as ids get (real text reuses frequent ids), so Kafka's compression is not flattered
+    by the synthetic sessions' 16-word vocabulary."""
+    words = text.split()
+    rnd = random.Random(hashlib.sha256(text.encode()).digest())
+    return [rnd.randrange(VOCAB) for _ in words]
+
+
+def log_bytes(log_dir: Path, prefix: str) -> dict[str, int]:
+    """Bytes of the broker's log segments per topic whose name starts with ``prefix`` (partitions summed)."""
+    out: dict[str, int] = {}
+    for part in log_dir.iterdir():
+        topic = part.name.rsplit("-", 1)[0]
+        if part.is_dir() and topic.startswith(prefix):
+            out[topic[len(prefix):]] = out.get(topic[len(prefix):], 0) + sum(f.stat().st_size for f in part.glob("*.log"))
+    return out
+
+
+def bench_bytes(settings: Settings, log_dir: Path, turns_list: list[int], groups: int, words: dict, tmp: Path) -> dict:
+    """Kafka bytes per session, at each number of turns, over the raw int32 bytes of the session's
+    distinct tokens (what prefix merging trains on: every token position of the session once).
+
+    Each pass has its own topic prefix and worker; bytes are the broker's log segments (compressed as
+    stored) of every topic of that prefix: calls, session events, trajectories, groups, the worker's
+    changelogs and ticks."""
+    out = {}
+    for turns in turns_list:
+        pass_settings = settings.model_copy(update={"topic_prefix": f"bytes{uuid.uuid4().hex[:6]}."})
+        ensure_topics(pass_settings)
+        recorded = sessions(groups, turns, words, f"t{turns}-", seed=7, tokenize=incompressible_tokenize)
+        flat = [s for g in recorded for s in g]
+        worker = WorkerProcess(pass_settings, tmp / f"bytes-{turns}.log", ["--tick-interval", "1"]).start()
+        try:
+            publish(pass_settings, [r for s in flat for r in s.records])
+            read_topic(pass_settings, "groups", until=lambda m: len({x.key for x in m}) >= groups, timeout=300)
+            time.sleep(2)  # the changelog writes of the last group's clean-up
+        finally:
+            worker.stop()
+        by_topic = log_bytes(log_dir, pass_settings.topic_prefix)
+        raw = 4 * sum(len(t.token_ids) for s in flat
+                      for t in assemble([CallTokens.from_record(c) for c in s.calls], "prefix_merging").traces)
+        total = sum(by_topic.values())
+        out[str(turns)] = {"sessions": len(flat), "raw_int32_bytes_per_session": round(raw / len(flat)),
+                           "kafka_bytes_per_session": round(total / len(flat)),
+                           "over_raw": round(total / raw, 2),
+                           "by_topic_per_session": {k: round(v / len(flat)) for k, v in sorted(by_topic.items())}}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sessions and fewer groups: under a minute")
@@ -205,6 +268,13 @@ def main() -> None:
             result["worker_calls_per_s"] = worker["burst"]["calls_per_s"]
             result["worker_calls_per_cpu_s"] = worker["burst"]["calls_per_worker_cpu_s"]
             result["group_latency_p99_ms"] = worker["latency_finished_to_group_ms"]["p99"]
+            if broker is None:
+                result["bytes_per_session_over_raw"] = None
+                result["bytes_per_session_over_raw_reason"] = "--bootstrap: the broker's log segments are not on this machine"
+            else:
+                turns_list = [4, 8, 16] if args.quick else [12, 24, 48]
+                result["bytes"] = bench_bytes(settings, broker.log_dir, turns_list, 2 if args.quick else 4, words, Path(tmp))
+                result["bytes_per_session_over_raw"] = result["bytes"][str(turns_list[1])]["over_raw"]
         finally:
             if broker is not None:
                 broker.stop()
