@@ -273,7 +273,7 @@ def main() -> None:
                 result["bytes_per_session_over_raw_reason"] = "--bootstrap: the broker's log segments are not on this machine"
             else:
                 turns_list = [4, 8, 16] if args.quick else [12, 24, 48]
-                result["bytes"] = bench_bytes(settings, broker.log_dir, turns_list, 2 if args.quick else 4, words, Path(tmp))
+                result["bytes"] = bench_bytes(settings, broker.log_dir, turns_list, 1 if args.quick else 4, words, Path(tmp))
                 result["bytes_per_session_over_raw"] = result["bytes"][str(turns_list[1])]["over_raw"]
         finally:
             if broker is not None:
