@@ -18,7 +18,8 @@ def test_tools_act_in_the_current_directory(tmp_path, monkeypatch):
     assert "exit code 0\n7" in builtin.call_tool("run_python", '{"code": "print(3 + 4)"}')
 
 
-def test_tool_problems_come_back_as_text():
+def test_tool_problems_come_back_as_text(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # write_file's relative paths land here, not in the checkout
     assert builtin.call_tool("write_file", "{not json").startswith("error: arguments are not valid JSON")
     assert builtin.call_tool("write_file", '{"path": "x"}') == "error: missing argument 'content'"
     assert builtin.call_tool("launch_rockets", "{}") == "error: unknown tool 'launch_rockets'"
