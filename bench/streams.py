@@ -7,8 +7,9 @@ fifth). Prints one JSON object:
 - assembly: calls/s of the pure fold + builder + verification, per builder (no Kafka), the builders run in
   interleaved rounds (bench/_rounds.py: per_request, prefix_merging, per_request, ...), one thread;
   calls/s is the median over rounds, ``rounds`` the full record (min, spread, CPU/wall, flagged passes);
-- state: bytes a session occupies in the worker's tables at its peak (delta-encoded calls + bookkeeping)
-  and in the fold's memory, next to the bytes of its calls on polar.calls;
+- state: bytes a session occupies at its peak in the worker's tables (bookkeeping and a reference per
+  call), in its cache of recent calls (delta-encoded token data, memory only) and in the fold's memory,
+  next to the bytes of its calls on polar.calls;
 - builders: on the same sessions, sequences, trainable tokens and trainer-side tokens (what a trainer
   runs forward/backward over) for per_request vs prefix_merging;
 - worker: one `polarstream streams worker` process on a real broker (started here unless --bootstrap):
@@ -53,6 +54,7 @@ from schemas import encode  # noqa: E402
 from streams.assembly import CallTokens, fold_calls, state_bytes  # noqa: E402
 from streams.builders import assemble  # noqa: E402
 from streams.sessions import add_call, add_finished, new_session  # noqa: E402
+from streams.source_log import ref  # noqa: E402
 from streams.synthetic import Recorded, SessionSpec, record_session  # noqa: E402
 from streams.testing import WorkerProcess, publish, read_topic  # noqa: E402
 
@@ -108,18 +110,23 @@ def bench_assembly(recs: list[Recorded], repeat: int, rounds: int = 3) -> dict:
 
 
 def bench_state(recs: list[Recorded]) -> dict:
-    table, fold, wire = [], [], []
+    """Bytes a session holds at its peak: in the tables (changelogged: a reference per call, offsets of
+    ten digits), in the worker's cache of recent calls (memory only), in the fold."""
+    table, cache, fold, wire = [], [], [], []
     for r in recs:
         st = new_session(r.finished.session_id, 0.0, 0)
-        stored = 0
+        stored = cached = 0
         for c in r.calls:
             add_call(st, c.call_index, c.event_id, 0.0)
-            stored += len(orjson.dumps(CallTokens.from_record(c).to_json()))
+            stored += len(ref(c.event_id, 0, 10**10 - 1))
+            cached += len(orjson.dumps(CallTokens.from_record(c).to_json()))
         add_finished(st, r.finished, 0.0)
         table.append(stored + len(orjson.dumps(st.to_json())))
+        cache.append(cached)
         fold.append(state_bytes(fold_calls([CallTokens.from_record(c) for c in r.calls])))
         wire.append(sum(len(encode(c)) for c in r.calls))
     return {"table_bytes_per_session_mean": round(statistics.fmean(table)), "table_bytes_per_session_max": max(table),
+            "cache_bytes_per_session_mean": round(statistics.fmean(cache)),
             "fold_bytes_per_session_mean": round(statistics.fmean(fold)),
             "calls_topic_bytes_per_session_mean": round(statistics.fmean(wire))}
 
@@ -193,7 +200,8 @@ def log_bytes(log_dir: Path, prefix: str) -> dict[str, int]:
     for part in log_dir.iterdir():
         topic = part.name.rsplit("-", 1)[0]
         if part.is_dir() and topic.startswith(prefix):
-            out[topic[len(prefix):]] = out.get(topic[len(prefix):], 0) + sum(f.stat().st_size for f in part.glob("*.log"))
+            name = topic[len(prefix):]
+            out[name] = out.get(name, 0) + sum(f.stat().st_size for f in part.glob("*.log"))
     return out
 
 

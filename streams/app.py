@@ -12,7 +12,8 @@ Choices, and why:
   the kill test it lost data, and even with the fixes below it still let duplicates through to
   read_committed consumers (docs/streams.md).
 - ``memory://`` store: state is rebuilt from the changelog topics on start. No native RocksDB binding
-  is needed, and the state is small (token ids of in-flight sessions, references for groups).
+  is needed, and the state is small: bookkeeping, and references to the inputs on their topics
+  (streams/source_log.py), whose data a bounded cache holds.
 - A crashing agent crashes the worker (CrashingSupervisor) and exceptions are not acked, so an event
   that hit a bug is re-processed after restart instead of being skipped silently.
 - Deadlines need events in a stream's context (tables may only change there), so each worker sends a
@@ -33,6 +34,7 @@ from infra.settings import Settings
 from . import group_agent, metrics, session_agent
 from .config import StreamsConfig
 from .runtime import Runtime
+from .source_log import SourceLog
 from .topology import STATE_MAX_BYTES, Topology, discover, ensure_internal_topics
 
 log = logging.getLogger("streams")
@@ -73,9 +75,9 @@ def create_app(
         consumer_max_fetch_size=max_out,
         producer_max_request_size=max_out,
         producer_acks=-1,
-        # The worker writes each session's tokens four times (call changelog, trajectory, member
-        # changelog, group) as JSON text, which zstd shrinks 3x (random ids) to 7x (the bench's sessions)
-        # on the wire and on the brokers' disks; the worker's CPU per call did not change measurably.
+        # The worker writes each session's tokens twice (trajectory, group; its tables keep references)
+        # as JSON text, which zstd shrinks 3x (random ids) to 7x (the bench's sessions) on the wire and
+        # on the brokers' disks; the worker's CPU per call did not change measurably.
         producer_compression_type="zstd",
         key_serializer="raw",
         value_serializer="raw",
@@ -103,7 +105,7 @@ def create_app(
         topo.group_ticks: app.topic(topo.group_ticks, **send),
     }
     stats_path = settings.data_dir / "streams" / f"{topo.app_id}.stats.json"
-    rt = Runtime(app, topo, config, tables, topics, stats_path)
+    rt = Runtime(app, topo, config, tables, topics, stats_path, source=SourceLog(settings))
     for table in tables.values():
         table.on_recover(rt.recovered)  # in-memory deadlines are rebuilt from the recovered tables
     session_agent.register(rt)

@@ -47,6 +47,10 @@ class StreamsConfig(BaseModel):
     # A call whose token data is larger cannot be kept in state: left out (counted, logged), its session
     # masked. Outputs are bounded by their topics' max.message.bytes instead.
     max_record_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    # Tables keep references to their inputs; the inputs themselves are cached in memory up to these
+    # sizes (encoded bytes) and read back from their topics on a miss (streams/source_log.py).
+    call_cache_bytes: int = Field(256 * 1024 * 1024, ge=0)
+    member_cache_bytes: int = Field(16 * 1024 * 1024, ge=0)  # decoded, a member takes ~5x its bytes
 
     @property
     def baseline(self) -> Literal["mean", "leave_one_out"]:

@@ -3,10 +3,12 @@
 Reads polar.trajectories (keyed by group) and this stage's tick topic. State:
 
 - ``groups``: group_id -> GroupState (one reference per sample, emitted marker)
-- ``group-members``: "<group_id>/<sample_index>" -> the member Trajectory's bytes as received
+- ``group-members``: "<group_id>/<sample_index>" -> where the member sits on polar.trajectories, with
+  its event id (values written before references are the member's bytes, and still read)
 
-The members decoded on arrival are also kept in memory (``Decoded``, bounded), so emitting a group does
-not decode them again: that second decode was a tenth of the worker's CPU.
+The members decoded on arrival are kept in memory (bounded), so emitting a group neither decodes them
+again (that was a tenth of the worker's CPU) nor reads them back; a miss reads the member from
+polar.trajectories (streams/source_log.py).
 
 Deadlines (emit or drop at the group's deadline, forget the emitted marker) are kept in memory per
 partition (streams/deadlines.py): a tick touches only the groups that are due.
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 
 import orjson
 
@@ -29,6 +30,7 @@ from . import metrics
 from .deadlines import Wakeups
 from .groups import GroupState, add_member, build_group, decide, due, new_group
 from .runtime import Runtime
+from .source_log import Recent, ref
 
 log = logging.getLogger("streams.groups")
 
@@ -49,40 +51,9 @@ def register(rt: Runtime) -> None:
     rt.agent(STAGE, [topo.trajectories, topo.group_ticks], handle)
 
 
-class Decoded:
-    """Members decoded on arrival, by table key, with the bytes they came from: LRU, bounded by those
-    bytes (decoded token lists take about ten times more memory). A miss only costs a decode."""
-
-    def __init__(self, max_bytes: int = 16 * 1024 * 1024):
-        self.max_bytes, self.bytes = max_bytes, 0
-        self.items: OrderedDict[str, tuple[bytes, Trajectory]] = OrderedDict()
-
-    def put(self, key: str, raw: bytes, traj: Trajectory) -> None:
-        self.pop(key)
-        if len(raw) > self.max_bytes:
-            return
-        self.items[key] = (raw, traj)
-        self.bytes += len(raw)
-        while self.bytes > self.max_bytes:
-            _, (old, _t) = self.items.popitem(last=False)
-            self.bytes -= len(old)
-
-    def get(self, key: str, raw: bytes) -> Trajectory | None:
-        """The decoded member if it was decoded from exactly ``raw``."""
-        hit = self.items.get(key)
-        if hit is None or (hit[0] is not raw and hit[0] != raw):
-            return None
-        self.items.move_to_end(key)
-        return hit[1]
-
-    def pop(self, key: str) -> None:
-        hit = self.items.pop(key, None)
-        if hit is not None:
-            self.bytes -= len(hit[0])
-
-
-def _decoded(rt: Runtime) -> Decoded:
-    return rt.index("group-members-decoded", Decoded)  # dropped with the tables' generation, like deadlines
+def _decoded(rt: Runtime) -> Recent[Trajectory]:
+    """Members decoded on arrival, by table key, counted at their encoded size."""
+    return rt.cache(MEMBERS, rt.config.member_cache_bytes)
 
 
 def _load(rt: Runtime, group_id: str) -> GroupState | None:
@@ -107,11 +78,12 @@ async def on_trajectory(rt: Runtime, value: bytes, partition: int, offset: int) 
     # As in the session stage: after a crash the state can be ahead of the members table, and the
     # replayed trajectory puts its bytes back.
     key = f"{traj.group_id}/{traj.sample_index}"
-    if outcome != "duplicate" or rt.tables[MEMBERS].get(key) != value:
-        rt.put(MEMBERS, key, value)
-        _decoded(rt).put(key, value, traj)
+    stored = rt.get(MEMBERS, key)
+    if stored is None or stored.get("e", stored.get("event_id")) != traj.event_id:
+        rt.put(MEMBERS, key, ref(traj.event_id, partition, offset))
         if outcome == "duplicate":
             rt.count("members.restored")
+    _decoded(rt).put(key, traj.event_id, traj, len(value))
     if outcome != "duplicate":
         _save(rt, state)
     await advance(rt, state, now)
@@ -172,7 +144,7 @@ async def advance(rt: Runtime, state: GroupState, now: float) -> None:
         _schedule(rt, state)
         return
     if action == "emit":
-        members = _stored_members(rt, state)
+        members = await _stored_members(rt, state)
         if members is None:
             rt.count("groups.awaiting_replayed_member")
             _schedule(rt, state)  # due at once: retried at every tick until the bytes are back
@@ -202,17 +174,42 @@ def _close(rt: Runtime, state: GroupState, emitted: str, now: float) -> None:
     _delete_members(rt, state)
 
 
-def _stored_members(rt: Runtime, state: GroupState) -> list[Trajectory] | None:
-    """The members the state lists, or None while any is missing or is another attempt than listed."""
+async def _stored_members(rt: Runtime, state: GroupState) -> list[Trajectory] | None:
+    """The members the state lists, or None while any is missing, is another attempt than listed, or
+    could not be read back yet."""
     members, decoded = [], _decoded(rt)
-    for i, ref in sorted(state.members.items()):
+    for i, member in sorted(state.members.items()):
         key = f"{state.group_id}/{i}"
         raw = rt.tables[MEMBERS].get(key)
-        traj = None if raw is None else decoded.get(key, raw) or decode(raw, Trajectory)
-        if traj is None or traj.event_id != ref.event_id:
+        if raw is None:
+            return None
+        held = orjson.loads(raw)
+        if "at" not in held:  # written before references: the member itself
+            traj = decode(raw, Trajectory)
+        else:
+            traj = decoded.get(key, held["e"]) or await _read_back(rt, held)
+        if traj is None or traj.event_id != member.event_id:
             return None
         members.append(traj)
     return members
+
+
+async def _read_back(rt: Runtime, held: dict) -> Trajectory | None:
+    """A member read from polar.trajectories by its reference (None: not readable now)."""
+    topic, (partition, offset) = rt.topo.trajectories, held["at"]
+    try:
+        value = await rt.source.read(topic, partition, offset)
+    except TimeoutError as e:
+        rt.count("members.read_back_timeout")
+        log.warning("%s: retried at the next tick", e)
+        return None
+    traj = None if value is None else rt.decode(value, Trajectory, topic, partition, offset)
+    if traj is None or traj.event_id != held["e"]:
+        rt.count("members.gone")
+        log.error("trajectory %s is no longer at %s[%d]@%d", held["e"], topic, partition, offset)
+        return None
+    rt.count("members.read_back")
+    return traj
 
 
 def _delete_members(rt: Runtime, state: GroupState) -> None:

@@ -29,6 +29,7 @@ import orjson
 from schemas import Record, RecordDecodeError, decode, encode
 
 from .config import StreamsConfig
+from .source_log import Recent
 from .topology import Topology
 
 log = logging.getLogger("streams")
@@ -58,6 +59,10 @@ class Runtime:
     # what a stage keeps in memory about its tables (its deadlines) is then rebuilt from them, once.
     generation: int = 0
     _indexes: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    # Inputs read back by offset (streams/source_log.py): the tables hold references to them, and
+    # ``caches`` the recently seen ones by table key (kept across rebalances: a hit needs the event id).
+    source: Any = None
+    caches: dict[str, Recent] = field(default_factory=dict)
 
     async def recovered(self) -> None:
         """Tables are recovered (Faust calls this after each rebalance, before any event is handled)."""
@@ -72,6 +77,12 @@ class Runtime:
             self._indexes[name] = held
             self.count(f"{name}.index_rebuilt")
         return held[1]
+
+    def cache(self, name: str, max_bytes: int) -> Recent:
+        held = self.caches.get(name)
+        if held is None:
+            held = self.caches[name] = Recent(max_bytes)
+        return held
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] += n

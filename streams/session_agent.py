@@ -6,8 +6,10 @@ session and co-partitioned), so a session's events are handled one at a time by 
 - ``sessions``: session_id -> SessionState (which call indices arrived, as ranges: a constant size per
   session however many calls it has, so rewriting it on each call is O(1); the finished event; done
   marker)
-- ``session-calls``: "<session_id>/<call_index>" -> the call's token data (CallTokens JSON, with its
-  event id, which tells a duplicate from a conflict)
+- ``session-calls``: "<session_id>/<call_index>" -> where the call sits on polar.calls, with its event id
+  (which tells a duplicate from a conflict). Its token data is cached in memory as it arrives and read
+  back from polar.calls on a miss (streams/source_log.py): the changelog carries no second copy of
+  every token. (Values written before that are the data itself, CallTokens JSON, and still read.)
 
 Deadlines (assemble a session still missing calls, drop one that never finished, forget a done marker)
 are kept in memory per partition (streams/deadlines.py): a tick touches only the sessions that are due.
@@ -31,6 +33,7 @@ from schemas import CallRecorded, SessionEvent
 from .assembly import CallTokens
 from .deadlines import Wakeups
 from .runtime import Runtime
+from .source_log import Recent, ref
 from .sessions import SessionState, add_call, add_finished, decide, due, new_session
 from .trajectory import build_trajectory
 
@@ -55,6 +58,11 @@ def register(rt: Runtime) -> None:
     rt.agent(STAGE, [topo.calls, topo.session_events, topo.session_ticks], handle)
 
 
+def _recent(rt: Runtime) -> Recent[bytes]:
+    """Token data (CallTokens JSON) of the calls seen lately, by table key."""
+    return rt.cache(CALLS, rt.config.call_cache_bytes)
+
+
 def _load(rt: Runtime, session_id: str) -> SessionState | None:
     raw = rt.get(SESSIONS, session_id)
     return None if raw is None else SessionState.from_json(raw)
@@ -77,9 +85,8 @@ async def on_call(rt: Runtime, value: bytes, partition: int, offset: int) -> Non
                   call.call_index, call.session_id, len(data))
         return
     key = f"{call.session_id}/{call.call_index}"
-    stored = rt.tables[CALLS].get(key)
-    outcome = add_call(state, call.call_index, call.event_id, now,
-                       lambda _: None if stored is None else call.event_id if stored == data else orjson.loads(stored)["e"])
+    stored = rt.get(CALLS, key)
+    outcome = add_call(state, call.call_index, call.event_id, now, lambda _: None if stored is None else stored["e"])
     rt.count(f"calls.{outcome}")
     if outcome == "conflict":
         log.warning("session %s call %s: a second, different event %s; kept the first",
@@ -88,13 +95,14 @@ async def on_call(rt: Runtime, value: bytes, partition: int, offset: int) -> Non
         return
     # The two tables' changelogs are written independently, so after a crash one can be ahead of the
     # other; the replay of the call (not committed, hence re-delivered) reconciles them. The state may
-    # list a call whose data was lost: the duplicate puts the data back. The data may be there while
-    # the state does not list it: the call is added again (a set, so nothing counts twice) with the
-    # same bytes. Either way the session assembles from exactly the calls the state lists.
-    if stored != data:
-        rt.put(CALLS, key, data)
+    # list a call whose reference was lost: the duplicate puts it back. The reference may be there while
+    # the state does not list it: the call is added again (a set, so nothing counts twice). Either way
+    # the session assembles from exactly the calls the state lists.
+    if stored is None or stored["e"] != call.event_id:
+        rt.put(CALLS, key, ref(call.event_id, partition, offset))
         if outcome == "duplicate":
             rt.count("calls.restored")
+    _recent(rt).put(key, call.event_id, data, len(data))
     if outcome == "added" or loaded is None:
         _save(rt, state)
     await advance(rt, state, now)
@@ -192,11 +200,12 @@ async def advance(rt: Runtime, state: SessionState, now: float) -> None:
         _wakeups(rt)[1].discard(sid)
         return
     if action == "assemble":
-        calls = _stored_calls(rt, state)
-        if calls is None:
+        stored = await _stored_calls(rt, state)
+        if stored is None:
             _schedule(rt, state)  # due at once: retried at every tick until the data is back
-            return  # a call's data is still being replayed after a restart
-        traj = _build(rt, state, calls)
+            return  # a call's reference is still being replayed after a restart, or the broker is slow
+        calls, gone = stored
+        traj = _build(rt, state, calls, gone)
         fut = await rt.send("trajectories", traj, rt.topo.trajectory_max_bytes)
         if fut is None:
             _close(rt, state, "dropped:oversized", now)
@@ -218,25 +227,62 @@ def _close(rt: Runtime, state: SessionState, done: str, now: float) -> None:
 
 
 def _delete_calls(rt: Runtime, state: SessionState) -> None:
+    recent = _recent(rt)
     for idx in state.calls:
         rt.delete(CALLS, f"{state.session_id}/{idx}")
+        recent.pop(f"{state.session_id}/{idx}")
 
 
-def _stored_calls(rt: Runtime, state: SessionState) -> list[CallTokens] | None:
-    calls = []
+async def _stored_calls(rt: Runtime, state: SessionState) -> tuple[list[CallTokens], int] | None:
+    """The calls the state lists (ascending), and how many of them are gone from polar.calls; None
+    while a reference is missing (replayed after a restart) or the broker did not answer."""
+    calls, gone, recent = [], 0, _recent(rt)
     for idx in state.calls:  # ascending
-        raw = rt.get(CALLS, f"{state.session_id}/{idx}")
-        if raw is None:
+        key = f"{state.session_id}/{idx}"
+        held = rt.get(CALLS, key)
+        if held is None:
             rt.count("sessions.awaiting_replayed_call")
             return None
-        calls.append(CallTokens.from_json(raw))
-    return calls
+        if "at" not in held:  # written before references: the data itself
+            calls.append(CallTokens.from_json(held))
+            continue
+        data = recent.get(key, held["e"])
+        if data is not None:
+            calls.append(CallTokens.from_json(orjson.loads(data)))
+            continue
+        call = await _read_back(rt, held)
+        if call is False:
+            return None
+        if call is None:
+            gone += 1
+            continue
+        calls.append(CallTokens.from_record(call))
+    return calls, gone
 
 
-def _build(rt: Runtime, state: SessionState, calls: list[CallTokens]):
+async def _read_back(rt: Runtime, held: dict) -> CallRecorded | None | bool:
+    """A call read from polar.calls by its reference: the record, None when it is gone (or another
+    record is at its offset), False when the broker did not answer in time."""
+    topic, (partition, offset) = rt.topo.calls, held["at"]
+    try:
+        value = await rt.source.read(topic, partition, offset)
+    except TimeoutError as e:
+        rt.count("calls.read_back_timeout")
+        log.warning("%s: retried at the next tick", e)
+        return False
+    call = None if value is None else rt.decode(value, CallRecorded, topic, partition, offset)
+    if call is None or call.event_id != held["e"]:
+        rt.count("calls.gone")
+        log.error("call %s is no longer at %s[%d]@%d: its session is masked", held["e"], topic, partition, offset)
+        return None
+    rt.count("calls.read_back")
+    return call
+
+
+def _build(rt: Runtime, state: SessionState, calls: list[CallTokens], gone: int = 0):
     finished = state.finished_event()
     assert finished is not None
-    missing = state.missing_calls
+    missing = state.missing_calls + gone
     if missing:
         rt.count("sessions.missing_calls")
         log.warning("session %s assembled with %d calls missing: masked out of its group", state.session_id, missing)

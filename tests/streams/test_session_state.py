@@ -107,20 +107,38 @@ class _Topic:
         return fut
 
 
+class _Log:
+    """The input topics by (topic, partition, offset), as the stages read them back (the real reads are
+    tested on the broker in test_source_log.py)."""
+
+    def __init__(self):
+        self.records: dict[tuple[str, int, int], bytes] = {}
+
+    def append(self, topic: str, partition: int, value: bytes) -> int:
+        offset = sum(1 for t, p, _ in self.records if (t, p) == (topic, partition))
+        self.records[(topic, partition, offset)] = value
+        return offset
+
+    async def read(self, topic: str, partition: int, offset: int) -> bytes | None:
+        return self.records.get((topic, partition, offset))
+
+
 def _runtime(config: StreamsConfig) -> Runtime:
     topo = Topology("t", "calls", "session-events", "trajectories", "groups", "session-ticks", "group-ticks",
                     4, 4, 1, 8 << 20, 8 << 20)
     tables = {n: {} for n in (session_agent.SESSIONS, session_agent.CALLS, group_agent.GROUPS, group_agent.MEMBERS)}
-    return Runtime(None, topo, config, tables, {"trajectories": _Topic(), "groups": _Topic()})
+    return Runtime(None, topo, config, tables, {"trajectories": _Topic(), "groups": _Topic()}, source=_Log())
 
 
 async def _feed(rt: Runtime, records, partition: int = 0) -> None:
     for r in records:
         rt.settle(session_agent.STAGE, partition)
+        value = encode(r)
+        offset = rt.source.append(r.TOPIC, partition, value)
         if r.TOPIC == "calls":
-            await session_agent.on_call(rt, encode(r), partition, 0)
+            await session_agent.on_call(rt, value, partition, offset)
         else:
-            await session_agent.on_session_event(rt, encode(r), partition, 0)
+            await session_agent.on_session_event(rt, value, partition, offset)
 
 
 async def _tick(rt: Runtime, partition: int = 0) -> None:
@@ -241,3 +259,83 @@ def test_a_tick_reads_only_the_due_sessions(monkeypatch):
     assert "m" in second and len(second) <= 3
     assert list(_sent(rt).values()) == [_expected(rec, config, missing=1)]
     assert lost.event_id not in str(rt.tables[session_agent.CALLS].keys())
+
+
+@pytest.mark.parametrize("gone", [0, 1])
+def test_calls_are_read_back_from_their_topic_after_a_restart(gone):
+    """The table holds references; with the cache lost (a restart) the calls come back from polar.calls
+    by offset, and the trajectory is the same bytes. A call no longer at its offset masks the session."""
+    config = StreamsConfig()
+    rec = record_session(SessionSpec("s", "g", turns=5), 5)
+    rt = _runtime(config)
+
+    async def run():
+        await _feed(rt, rec.calls)
+        held = orjson.loads(rt.tables[session_agent.CALLS]["s/1"])
+        assert set(held) == {"e", "at"}  # a reference, not the tokens
+        rt.caches.clear()
+        if gone:
+            del rt.source.records[("calls", 0, 2)]
+        await _feed(rt, [rec.finished])
+
+    asyncio.run(run())
+    if gone:
+        (sent,) = _sent(rt).values()
+        assert decode(sent, Trajectory).usable is False and rt.counters["calls.gone"] == 1
+        assert rt.counters["calls.read_back"] == len(rec.calls) - 1
+    else:
+        assert list(_sent(rt).values()) == [_expected(rec, config)]
+        assert rt.counters["calls.read_back"] == len(rec.calls)
+
+
+def test_calls_kept_as_data_by_the_previous_version_still_assemble():
+    config = StreamsConfig()
+    rec = record_session(SessionSpec("s", "g", turns=4), 6)
+    rt = _runtime(config)
+
+    async def run():
+        await _feed(rt, rec.calls)
+        for c in rec.calls:  # as the previous version wrote the table
+            rt.tables[session_agent.CALLS][f"s/{c.call_index}"] = orjson.dumps(CallTokens.from_record(c).to_json())
+        rt.caches.clear()
+        rt.source.records.clear()
+        await _feed(rt, [rec.finished])
+
+    asyncio.run(run())
+    assert list(_sent(rt).values()) == [_expected(rec, config)]
+    assert rt.counters["calls.read_back"] == 0
+
+
+async def _feed_members(rt: Runtime, trajs, partition: int = 0) -> None:
+    for t in trajs:
+        rt.settle(group_agent.STAGE, partition)
+        value = encode(t)
+        await group_agent.on_trajectory(rt, value, partition, rt.source.append("trajectories", partition, value))
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_group_members_are_read_back_after_a_restart(legacy):
+    """The members table holds references; a group emitted after the cache is lost is the same bytes,
+    and so is one whose members were stored as bytes by the previous version."""
+    from streams.groups import build_group
+
+    config = StreamsConfig()
+    recs = [record_session(SessionSpec(f"s{i}", "g", sample_index=i, num_samples=3, reward=float(i), turns=2), 7 + i)
+            for i in range(3)]
+    trajs = [build_trajectory(r.finished, [CallTokens.from_record(c) for c in r.calls], config) for r in recs]
+    rt = _runtime(config)
+
+    async def run():
+        await _feed_members(rt, trajs[:2])
+        assert set(orjson.loads(rt.tables[group_agent.MEMBERS]["g/0"])) == {"e", "at"}
+        if legacy:
+            for t in trajs[:2]:
+                rt.tables[group_agent.MEMBERS][f"g/{t.sample_index}"] = encode(t)
+            rt.source.records.clear()
+        rt.caches.clear()
+        await _feed_members(rt, trajs[2:])
+
+    asyncio.run(run())
+    (sent,) = [v for _, v in rt.topics["groups"].sent]
+    assert sent == encode(build_group("g", [decode(encode(t), Trajectory) for t in trajs], config))
+    assert rt.counters["members.read_back"] == (0 if legacy else 2)

@@ -1,0 +1,116 @@
+"""Records a stage already consumed, read back by offset: state keeps a reference, not a copy.
+
+A stage's tables used to hold each input's bytes until its session or group was done, so every token
+went to Kafka twice more (the input topic, then the table's changelog). Now a table holds a reference,
+``{"e": event id, "at": [partition, offset]}`` on the input topic, which is kept far longer than any
+session or group stays open (polar.calls forever, polar.trajectories 30 days: infra/topics.yaml). The
+data itself is served from ``Recent``, an in-memory cache filled as inputs arrive, and read back from
+the topic only on a miss: after a restart, or when the cache overflowed.
+
+The reference carries the event id, so a record that is no longer at its offset (a topic rewritten by
+``polarstream forget``, or expired) is reported as gone, never mistaken for another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from typing import Any, Generic, TypeVar
+
+import orjson
+
+V = TypeVar("V")
+
+
+def ref(event_id: str, partition: int, offset: int) -> bytes:
+    """A table value that points at an input record (no copy of a record has an ``at`` key)."""
+    return orjson.dumps({"e": event_id, "at": [partition, offset]})
+
+
+class Recent(Generic[V]):
+    """An LRU of values by key, each tagged with its event id and counted at a size the caller gives;
+    a hit needs the same event id (another attempt under the same key is a miss)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.bytes = max_bytes, 0
+        self.items: OrderedDict[str, tuple[str, V, int]] = OrderedDict()
+
+    def put(self, key: str, event_id: str, value: V, size: int) -> None:
+        self.pop(key)
+        if size > self.max_bytes:
+            return
+        self.items[key] = (event_id, value, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (_e, _v, old) = self.items.popitem(last=False)
+            self.bytes -= old
+
+    def get(self, key: str, event_id: str) -> V | None:
+        hit = self.items.get(key)
+        if hit is None or hit[0] != event_id:
+            return None
+        self.items.move_to_end(key)
+        return hit[1]
+
+    def pop(self, key: str) -> None:
+        hit = self.items.pop(key, None)
+        if hit is not None:
+            self.bytes -= hit[2]
+
+
+class SourceLog:
+    """Reads single records of this worker's input topics by (topic, partition, offset).
+
+    One librdkafka consumer, assigned to one offset at a time, in a thread so the event loop (and the
+    worker's heartbeats) go on while the broker answers. It commits nothing and joins no group."""
+
+    def __init__(self, settings: Any, timeout_s: float = 10.0, max_bytes: int = 64 * 1024 * 1024):
+        self.settings, self.timeout_s, self.max_bytes = settings, timeout_s, max_bytes
+        self._consumer: Any = None
+        self._lock = threading.Lock()
+
+    async def read(self, topic: str, partition: int, offset: int) -> bytes | None:
+        """The record's value, or None when the offset holds no record any more; TimeoutError when the
+        broker did not answer in time (worth retrying)."""
+        return await asyncio.to_thread(self._read, topic, partition, offset)
+
+    def _read(self, topic: str, partition: int, offset: int) -> bytes | None:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        with self._lock:
+            c = self._client()
+            c.assign([TopicPartition(topic, partition, offset)])
+            try:
+                msg = c.poll(self.timeout_s)
+                if msg is None:
+                    raise TimeoutError(f"no answer for {topic}[{partition}]@{offset} in {self.timeout_s}s")
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._AUTO_OFFSET_RESET:  # below the log start: deleted
+                        return None
+                    raise TimeoutError(f"reading {topic}[{partition}]@{offset}: {err}")
+                return msg.value() if msg.offset() == offset else None  # a later record: this one is gone
+            finally:
+                c.unassign()
+
+    def _client(self) -> Any:
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer(self.settings.kafka_config(**{
+                "group.id": "polarstream-source-log",  # required by the client; nothing is committed
+                "enable.auto.commit": False,
+                "auto.offset.reset": "error",  # an offset that is gone is an error, not a silent jump
+                "fetch.max.bytes": self.max_bytes,
+                "max.partition.fetch.bytes": self.max_bytes,
+                "queued.max.messages.kbytes": 65536,
+                "enable.partition.eof": False,
+            }))
+        return self._consumer
+
+    def close(self) -> None:
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None

@@ -1,0 +1,58 @@
+"""State keeps references to its inputs: the cache of recent inputs, and reading one back by offset."""
+
+from __future__ import annotations
+
+import asyncio
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from schemas import CallRecorded, decode, encode
+from streams.source_log import Recent, SourceLog
+from streams.testing import publish, read_topic
+
+
+def test_a_hit_needs_the_same_event_id():
+    cache: Recent[str] = Recent(100)
+    cache.put("g/0", "e1", "first", 10)
+    assert cache.get("g/0", "e1") == "first"
+    assert cache.get("g/0", "e2") is None  # another attempt under the same key
+    assert cache.get("g/1", "e1") is None
+
+
+def test_bounded_by_size_least_recently_used_first():
+    cache: Recent[str] = Recent(25)  # room for two of 10
+    cache.put("a", "ea", "A", 10)
+    cache.put("b", "eb", "B", 10)
+    assert cache.get("a", "ea") == "A"  # a is now the most recent
+    cache.put("c", "ec", "C", 10)
+    assert cache.get("b", "eb") is None  # evicted
+    assert cache.get("a", "ea") == "A" and cache.get("c", "ec") == "C" and cache.bytes == 20
+    cache.pop("a")
+    cache.pop("a")  # twice is harmless
+    assert cache.bytes == 10
+    cache.put("c", "ec", "C", 10)  # replacing does not count twice
+    assert cache.bytes == 10
+    cache.put("big", "e", "X", 26)  # larger than the whole budget: not kept, nothing evicted
+    assert cache.get("big", "e") is None and cache.get("c", "ec") == "C"
+
+
+def test_reads_a_record_back_by_offset_and_knows_when_it_is_gone(polar_settings):
+    s = polar_settings
+    calls = [CallRecorded(session_id=f"src-{i}", call_index=0, provider="engine", prompt_ids=[i, i + 1]) for i in range(6)]
+    publish(s, calls)
+    msgs = read_topic(s, "calls", until=lambda m: len({decode(x.value, CallRecorded).event_id for x in m} & {c.event_id for c in calls}) == 6)
+    mine = {decode(m.value, CallRecorded).event_id: m for m in msgs}
+    log = SourceLog(s, timeout_s=10)
+    try:
+        for c in calls:
+            m = mine[c.event_id]
+            assert asyncio.run(log.read(s.topic("calls"), m.partition, m.offset)) == m.value == encode(c)
+        # Records deleted below an offset (what `polarstream forget` does before it re-publishes) are gone.
+        m = mine[calls[0].event_id]
+        tp = TopicPartition(s.topic("calls"), m.partition, m.offset + 1)
+        admin = AdminClient(s.kafka_config())  # held: a collected client never completes its futures
+        admin.delete_records([tp], request_timeout=10)[tp].result(30)
+        assert asyncio.run(log.read(s.topic("calls"), m.partition, m.offset)) is None
+    finally:
+        log.close()
