@@ -8,8 +8,9 @@ holds for any encoding of the ids), and prints one JSON object:
   awaited: ``publish`` once per event (one coroutine each, as many callers do) and ``publish_many``
   (the batch form), in interleaved rounds; events/s and MB/s, min and median. ``events_per_s_4kb`` is
   the better of the two medians for 4 KB events (``events_per_s_4kb_api`` says which). A third target,
-  ``publish_many_uncompressed``, is the same with compression off (the default is lz4):
-  ``events_per_s_4kb_uncompressed``. Where the CPU
+  ``publish_many_uncompressed``, is the same with compression off (the default is zstd at level 1):
+  ``events_per_s_4kb_uncompressed``; a fourth, ``publish_many_lz4``, with lz4 (the default until the
+  bytes on polar.calls were measured): ``events_per_s_4kb_lz4``. Where the CPU
   went, in µs per event (medians): Python threads (the loop and the poll thread, sharing the GIL),
   librdkafka's threads, and the broker;
 - fixed_rate: 4 KB events offered at 5,000/s by a timer, one ``publish`` task per event, for a few
@@ -63,12 +64,14 @@ CONCURRENCY = 64  # calls in flight at once, e.g. 64 harnesses waiting on their 
 RATE = 5000  # events/s offered in the fixed-rate run
 FROZEN = "_gc_frozen"  # the fixed-rate target run with gc.freeze() (see fixed_rate)
 UNCOMPRESSED = "publish_many_uncompressed"  # publish_many on a publisher with compression.type=none
+LZ4 = "publish_many_lz4"  # ... with compression.type=lz4
 ROUNDS = 3
 # (unbounded events per pass, pipelined events, sequential events) by size; fixed-rate seconds per round
 COUNTS = {True: {4096: (3_000, 2_000, 150), 65536: (300, 400, 60)},
           False: {4096: (10_000, 20_000, 1_000), 65536: (1_000, 3_000, 500)}}
 FIXED_RATE_S = {True: 0.6, False: 3.0}
-# Distinct events per size, cycled: repeats are 8 MB apart, far beyond lz4's 64 KB window.
+# Distinct events per size, cycled: repeats are 8 MB apart, far beyond the compressors' windows (lz4 64 KB,
+# zstd level 1 512 KB).
 POOL = {True: {4096: 2_000, 65536: 120}, False: {4096: 2_000, 65536: 200}}
 
 
@@ -151,7 +154,8 @@ async def fixed_rate(pub: Publisher, events: list[CallRecorded], rate: float, se
     try:
         return await _fixed_rate(pub, events, rate, seconds)
     finally:
-        gc.unfreeze()
+        if frozen:
+            gc.unfreeze()
 
 
 async def _fixed_rate(pub: Publisher, events: list[CallRecorded], rate: float, seconds: float) -> dict:
@@ -233,21 +237,23 @@ def run(settings: Settings, quick: bool, broker_pid) -> dict:
     the default one (linger 5 ms) and the gateway's (linger 0, a caller waits on each acknowledgement)."""
     loop = asyncio.new_event_loop()
     pub, pub0 = Publisher(settings), Publisher(settings, linger_ms=0)
-    uncompressed = Publisher(settings, compression="none")  # the compression lever, beside the lz4 default
+    # the compression lever, beside the zstd default: off, and lz4
+    uncompressed, lz4 = Publisher(settings, compression="none"), Publisher(settings, compression="lz4")
     try:
-        return _run(loop.run_until_complete, pub, pub0, uncompressed, quick, broker_pid)
+        return _run(loop.run_until_complete, pub, pub0, {UNCOMPRESSED: uncompressed, LZ4: lz4}, quick, broker_pid)
     finally:
-        for p in (pub, pub0, uncompressed):
+        for p in (pub, pub0, uncompressed, lz4):
             p.close()
         loop.close()
 
 
-def _run(go, pub: Publisher, pub0: Publisher, uncompressed: Publisher, quick: bool, broker_pid) -> dict:
+def _run(go, pub: Publisher, pub0: Publisher, others: dict[str, Publisher], quick: bool, broker_pid) -> dict:
     rng = random.Random(0)
     counts = COUNTS[quick]
     go(pipelined(pub, [make_call(4096, rng, i) for i in range(300)]))  # warm up broker JIT, topics, connections
     go(pub0.publish(make_call(4096, rng, 0)))
-    go(uncompressed.publish(make_call(4096, rng, 0)))
+    for other in others.values():
+        go(other.publish(make_call(4096, rng, 0)))
     log("warmed up")
     pools = {size: [make_call(size, rng, i) for i in range(POOL[quick][size])] for size in SIZES}
     log("events built")
@@ -261,7 +267,7 @@ def _run(go, pub: Publisher, pub0: Publisher, uncompressed: Publisher, quick: bo
         # process + the broker) was starved by other load and is flagged (not re-run: the budget is 120 s).
         rounds[f"unbounded_{label}"] = interleaved(
             {**{api: (lambda api=api: go(unbounded(pub, unb, api, broker_pid))) for api in ("publish", "publish_many")},
-             UNCOMPRESSED: lambda: go(unbounded(uncompressed, unb, "publish_many", broker_pid))},
+             **{name: (lambda p=p: go(unbounded(p, unb, "publish_many", broker_pid))) for name, p in others.items()}},
             ROUNDS, cpu_floor=1.0, retries=0, **cpu)
         log(f"unbounded {label} done")
         seq = cycle(pools[size], n_seq)
@@ -276,7 +282,7 @@ def _run(go, pub: Publisher, pub0: Publisher, uncompressed: Publisher, quick: bo
                                 "cpu_us_per_event": {k.removeprefix("cpu_us_per_event_"): _stat(u, api, k)["median"]
                                                      for k in ("cpu_us_per_event_python", "cpu_us_per_event_librdkafka",
                                                                "cpu_us_per_event_broker")}}
-                          for api in ("publish", "publish_many", UNCOMPRESSED)},
+                          for api in ("publish", "publish_many", *others)},
             "pipelined": go(pipelined(pub, cycle(pools[size], n_pipe))),
             "sequential": {"events": n_seq, "latency_p50_ms": _stat(s, "publish", "latency_p50_ms")["median"],
                            "latency_p99_ms": _stat(s, "publish", "latency_p99_ms")["median"],
@@ -298,6 +304,7 @@ def _run(go, pub: Publisher, pub0: Publisher, uncompressed: Publisher, quick: bo
     return {"events_per_s_4kb": four[best]["events_per_s"]["median"], "events_per_s_4kb_api": best,
             "events_per_s_4kb_publish": four["publish"]["events_per_s"]["median"],
             "events_per_s_4kb_uncompressed": four[UNCOMPRESSED]["events_per_s"]["median"],
+            "events_per_s_4kb_lz4": four[LZ4]["events_per_s"]["median"],
             "events_per_s_64kb": max(big[api]["events_per_s"]["median"] for api in ("publish", "publish_many")),
             "latency_p99_ms_at_5k": statistics.median(p["latency_p99_ms"] for p in passes),
             "latency_p99_ms_at_5k_gc_frozen": statistics.median(
@@ -326,7 +333,7 @@ def main() -> None:
             broker.stop()
     print(json.dumps({
         "bench": "publisher", "quick": args.quick, "kafka": pom_property("kafka.version"),
-        "acks": "all", "idempotence": True, "compression": "lz4", "partitions": 4,
+        "acks": "all", "idempotence": True, "compression": "zstd", "partitions": 4,
         "broker_jit": "c1" if args.quick else "tiered", "broker_startup_s": round(startup_s, 2), "cpus": os.cpu_count(),
         "load_avg": {"before": load_before, "after": load_avg()}, **measured,
     }, indent=2))

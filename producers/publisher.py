@@ -172,6 +172,9 @@ def producer_config(settings: Settings, *, delivery_timeout_s: float, max_in_fli
         "enable.idempotence": True,  # retries never duplicate or reorder within a partition
         "acks": "all",
         "compression.type": compression,
+        # zstd at level 1: as fast as lz4 on 64 KB calls of random ids (173 vs 184 MB/s) and 0.45 of the
+        # bytes instead of 0.79 (level 3 halves the speed for nothing more); polar.calls is kept forever.
+        **({"compression.level": 1} if compression == "zstd" else {}),
         "linger.ms": linger_ms,
         "socket.nagle.disable": True,  # a caller waits on each ack: measured 0.87 -> 0.55 ms p50 for 8 KB records
         "message.timeout.ms": int(delivery_timeout_s * 1000),  # past this, delivery fails: PublishError
@@ -189,7 +192,7 @@ class Publisher:
     """Durable, asyncio-friendly Kafka publisher for schema records."""
 
     def __init__(self, settings: Settings, *, delivery_timeout_s: float = 30.0, max_in_flight: int = 10_000,
-                 linger_ms: float = 5.0, compression: str = "lz4", client_id: str = "polarstream",
+                 linger_ms: float = 5.0, compression: str = "zstd", client_id: str = "polarstream",
                  config: dict[str, Any] | None = None):
         self.settings = settings
         self.delivery_timeout_s = delivery_timeout_s

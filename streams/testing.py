@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def publish(settings, records: list[Record]) -> None:
-    """Publish records with the project's durable Publisher (lz4, idempotent, acks=all), in order."""
+    """Publish records with the project's durable Publisher (zstd, idempotent, acks=all), in order."""
     from producers.publisher import Publisher
 
     with Publisher(settings) as pub:
