@@ -59,12 +59,12 @@ def call_tool(name: str, arguments: str) -> str:
         return f"error: arguments are not valid JSON ({e})"
     try:
         if name == "write_file":
-            path = str(args["path"])
+            path, content = str(args["path"]), str(args["content"])  # both read before the file is touched
             if os.path.dirname(path):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w") as f:
-                f.write(str(args["content"]))
-            return f"wrote {len(str(args['content']))} characters to {path}"
+                f.write(content)
+            return f"wrote {len(content)} characters to {path}"
         if name == "read_file":
             with open(str(args["path"])) as f:
                 return f.read()[:MAX_TOOL_OUTPUT]

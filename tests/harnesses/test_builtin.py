@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import json
 
-import pytest
-
 from gateway.harnesses import builtin
 
 
@@ -28,7 +26,6 @@ def test_tool_problems_come_back_as_text(tmp_path, monkeypatch):
     assert builtin.call_tool("read_file", '{"path": "/nonexistent/file"}').startswith("error:")
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: write_file opens (truncates) the file before it reads 'content'")
 def test_write_file_without_content_leaves_the_file_alone(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "kept.txt").write_text("before")
