@@ -72,10 +72,9 @@ def serve(
     """Serve the gateway: harnesses point their base URL here; every call is recorded in Kafka."""
     import uvicorn
 
-    from infra.settings import Settings
-
     from infra.heap import freeze_startup_heap
     from infra.reach import require_free_port
+    from infra.settings import Settings
 
     from .app import create_app
     from .config import GatewayConfig
