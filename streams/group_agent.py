@@ -177,39 +177,54 @@ def _close(rt: Runtime, state: GroupState, emitted: str, now: float) -> None:
 async def _stored_members(rt: Runtime, state: GroupState) -> list[Trajectory] | None:
     """The members the state lists, or None while any is missing, is another attempt than listed, or
     could not be read back yet."""
-    members, decoded = [], _decoded(rt)
-    for i, member in sorted(state.members.items()):
+    found: dict[int, Trajectory] = {}
+    refs: dict[int, dict] = {}  # sample index -> reference, for the members not in the cache
+    decoded = _decoded(rt)
+    for i in state.members:
         key = f"{state.group_id}/{i}"
         raw = rt.tables[MEMBERS].get(key)
         if raw is None:
             return None
         held = orjson.loads(raw)
         if "at" not in held:  # written before references: the member itself
-            traj = decode(raw, Trajectory)
+            found[i] = decode(raw, Trajectory)
+            continue
+        traj = decoded.get(key, held["e"])
+        if traj is None:
+            refs[i] = held
         else:
-            traj = decoded.get(key, held["e"]) or await _read_back(rt, held)
-        if traj is None or traj.event_id != member.event_id:
-            return None
-        members.append(traj)
-    return members
+            found[i] = traj
+    if refs:
+        found.update(await _read_back(rt, refs))
+    if any(i not in found or found[i].event_id != member.event_id for i, member in state.members.items()):
+        return None
+    return [found[i] for i in sorted(found)]
 
 
-async def _read_back(rt: Runtime, held: dict) -> Trajectory | None:
-    """A member read from polar.trajectories by its reference (None: not readable now)."""
-    topic, (partition, offset) = rt.topo.trajectories, held["at"]
-    try:
-        value = await rt.source.read(topic, partition, offset)
-    except TimeoutError as e:
-        rt.count("members.read_back_timeout")
-        log.warning("%s: retried at the next tick", e)
-        return None
-    traj = None if value is None else rt.decode(value, Trajectory, topic, partition, offset)
-    if traj is None or traj.event_id != held["e"]:
-        rt.count("members.gone")
-        log.error("trajectory %s is no longer at %s[%d]@%d", held["e"], topic, partition, offset)
-        return None
-    rt.count("members.read_back")
-    return traj
+async def _read_back(rt: Runtime, refs: dict[int, dict]) -> dict[int, Trajectory]:
+    """The referenced members read from polar.trajectories (one pass per partition: a group's members
+    share one), leaving out those not readable now (gone, counted and logged; or the broker was slow)."""
+    topic, out = rt.topo.trajectories, {}
+    by_partition: dict[int, dict[int, tuple[int, dict]]] = {}
+    for i, held in refs.items():
+        by_partition.setdefault(held["at"][0], {})[held["at"][1]] = (i, held)
+    for partition, wanted in by_partition.items():
+        try:
+            values = await rt.source.read(topic, partition, list(wanted))
+        except TimeoutError as e:
+            rt.count("members.read_back_timeout")
+            log.warning("%s: retried at the next tick", e)
+            continue
+        for offset, (i, held) in wanted.items():
+            value = values.get(offset)
+            traj = None if value is None else rt.decode(value, Trajectory, topic, partition, offset)
+            if traj is None or traj.event_id != held["e"]:
+                rt.count("members.gone")
+                log.error("trajectory %s is no longer at %s[%d]@%d", held["e"], topic, partition, offset)
+                continue
+            rt.count("members.read_back")
+            out[i] = traj
+    return out
 
 
 def _delete_members(rt: Runtime, state: GroupState) -> None:

@@ -236,47 +236,54 @@ def _delete_calls(rt: Runtime, state: SessionState) -> None:
 async def _stored_calls(rt: Runtime, state: SessionState) -> tuple[list[CallTokens], int] | None:
     """The calls the state lists (ascending), and how many of them are gone from polar.calls; None
     while a reference is missing (replayed after a restart) or the broker did not answer."""
-    calls, gone, recent = [], 0, _recent(rt)
-    for idx in state.calls:  # ascending
+    found: dict[int, CallTokens] = {}
+    refs: dict[int, dict] = {}  # call index -> reference, for the calls not in the cache
+    recent = _recent(rt)
+    for idx in state.calls:
         key = f"{state.session_id}/{idx}"
         held = rt.get(CALLS, key)
         if held is None:
             rt.count("sessions.awaiting_replayed_call")
             return None
         if "at" not in held:  # written before references: the data itself
-            calls.append(CallTokens.from_json(held))
+            found[idx] = CallTokens.from_json(held)
             continue
         data = recent.get(key, held["e"])
-        if data is not None:
-            calls.append(CallTokens.from_json(orjson.loads(data)))
-            continue
-        call = await _read_back(rt, held)
-        if call is False:
-            return None
-        if call is None:
-            gone += 1
-            continue
-        calls.append(CallTokens.from_record(call))
-    return calls, gone
-
-
-async def _read_back(rt: Runtime, held: dict) -> CallRecorded | None | bool:
-    """A call read from polar.calls by its reference: the record, None when it is gone (or another
-    record is at its offset), False when the broker did not answer in time."""
-    topic, (partition, offset) = rt.topo.calls, held["at"]
-    try:
-        value = await rt.source.read(topic, partition, offset)
-    except TimeoutError as e:
-        rt.count("calls.read_back_timeout")
-        log.warning("%s: retried at the next tick", e)
-        return False
-    call = None if value is None else rt.decode(value, CallRecorded, topic, partition, offset)
-    if call is None or call.event_id != held["e"]:
-        rt.count("calls.gone")
-        log.error("call %s is no longer at %s[%d]@%d: its session is masked", held["e"], topic, partition, offset)
+        if data is None:
+            refs[idx] = held
+        else:
+            found[idx] = CallTokens.from_json(orjson.loads(data))
+    read = await _read_back(rt, refs) if refs else {}
+    if read is None:
         return None
-    rt.count("calls.read_back")
-    return call
+    found.update(read)
+    return [found[i] for i in sorted(found)], len(refs) - len(read)
+
+
+async def _read_back(rt: Runtime, refs: dict[int, dict]) -> dict[int, CallTokens] | None:
+    """The referenced calls read from polar.calls (one pass per partition), leaving out those no longer
+    at their offset (counted, logged); None when the broker did not answer in time."""
+    topic, out = rt.topo.calls, {}
+    by_partition: dict[int, dict[int, tuple[int, dict]]] = {}
+    for idx, held in refs.items():
+        by_partition.setdefault(held["at"][0], {})[held["at"][1]] = (idx, held)
+    for partition, wanted in by_partition.items():
+        try:
+            values = await rt.source.read(topic, partition, list(wanted))
+        except TimeoutError as e:
+            rt.count("calls.read_back_timeout")
+            log.warning("%s: retried at the next tick", e)
+            return None
+        for offset, (idx, held) in wanted.items():
+            value = values.get(offset)
+            call = None if value is None else rt.decode(value, CallRecorded, topic, partition, offset)
+            if call is None or call.event_id != held["e"]:
+                rt.count("calls.gone")
+                log.error("call %s is no longer at %s[%d]@%d: its session is masked", held["e"], topic, partition, offset)
+                continue
+            rt.count("calls.read_back")
+            out[idx] = CallTokens.from_record(call)
+    return out
 
 
 def _build(rt: Runtime, state: SessionState, calls: list[CallTokens], gone: int = 0):

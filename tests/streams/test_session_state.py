@@ -119,8 +119,8 @@ class _Log:
         self.records[(topic, partition, offset)] = value
         return offset
 
-    async def read(self, topic: str, partition: int, offset: int) -> bytes | None:
-        return self.records.get((topic, partition, offset))
+    async def read(self, topic: str, partition: int, offsets: list[int]) -> dict[int, bytes | None]:
+        return {o: self.records.get((topic, partition, o)) for o in offsets}
 
 
 def _runtime(config: StreamsConfig) -> Runtime:

@@ -39,20 +39,27 @@ def test_bounded_by_size_least_recently_used_first():
 
 def test_reads_a_record_back_by_offset_and_knows_when_it_is_gone(polar_settings):
     s = polar_settings
-    calls = [CallRecorded(session_id=f"src-{i}", call_index=0, provider="engine", prompt_ids=[i, i + 1]) for i in range(6)]
+    calls = [CallRecorded(session_id=f"src-{i % 3}", call_index=i, provider="engine", prompt_ids=[i, i + 1]) for i in range(12)]
     publish(s, calls)
-    msgs = read_topic(s, "calls", until=lambda m: len({decode(x.value, CallRecorded).event_id for x in m} & {c.event_id for c in calls}) == 6)
+    msgs = read_topic(s, "calls", until=lambda m: len({decode(x.value, CallRecorded).event_id for x in m} & {c.event_id for c in calls}) == 12)
     mine = {decode(m.value, CallRecorded).event_id: m for m in msgs}
     log = SourceLog(s, timeout_s=10)
     try:
+        by_partition: dict[int, dict[int, bytes]] = {}
         for c in calls:
             m = mine[c.event_id]
-            assert asyncio.run(log.read(s.topic("calls"), m.partition, m.offset)) == m.value == encode(c)
-        # Records deleted below an offset (what `polarstream forget` does before it re-publishes) are gone.
-        m = mine[calls[0].event_id]
-        tp = TopicPartition(s.topic("calls"), m.partition, m.offset + 1)
+            assert asyncio.run(log.read(s.topic("calls"), m.partition, [m.offset])) == {m.offset: m.value}
+            assert m.value == encode(c)
+            by_partition.setdefault(m.partition, {})[m.offset] = m.value
+        for p, values in by_partition.items():  # several at once, in one pass, in any order
+            assert asyncio.run(log.read(s.topic("calls"), p, sorted(values, reverse=True))) == values
+        # Records deleted below an offset (what `polarstream forget` does before it re-publishes) are gone;
+        # the ones after it are still read in the same call.
+        p, values = max(by_partition.items(), key=lambda kv: len(kv[1]))
+        first, *rest = sorted(values)
+        tp = TopicPartition(s.topic("calls"), p, first + 1)
         admin = AdminClient(s.kafka_config())  # held: a collected client never completes its futures
         admin.delete_records([tp], request_timeout=10)[tp].result(30)
-        assert asyncio.run(log.read(s.topic("calls"), m.partition, m.offset)) is None
+        assert asyncio.run(log.read(s.topic("calls"), p, [first, *rest])) == {first: None, **{o: values[o] for o in rest}}
     finally:
         log.close()
