@@ -195,36 +195,13 @@ async def _stored_members(rt: Runtime, state: GroupState) -> list[Trajectory] | 
         else:
             found[i] = traj
     if refs:
-        found.update(await _read_back(rt, refs))
+        read = await rt.read_back(rt.topo.trajectories, Trajectory, refs, "members")
+        if read is None:
+            return None
+        found.update(read)  # a gone member keeps the group waiting (until it expires)
     if any(i not in found or found[i].event_id != member.event_id for i, member in state.members.items()):
         return None
     return [found[i] for i in sorted(found)]
-
-
-async def _read_back(rt: Runtime, refs: dict[int, dict]) -> dict[int, Trajectory]:
-    """The referenced members read from polar.trajectories (one pass per partition: a group's members
-    share one), leaving out those not readable now (gone, counted and logged; or the broker was slow)."""
-    topic, out = rt.topo.trajectories, {}
-    by_partition: dict[int, dict[int, tuple[int, dict]]] = {}
-    for i, held in refs.items():
-        by_partition.setdefault(held["at"][0], {})[held["at"][1]] = (i, held)
-    for partition, wanted in by_partition.items():
-        try:
-            values = await rt.source.read(topic, partition, list(wanted))
-        except TimeoutError as e:
-            rt.count("members.read_back_timeout")
-            log.warning("%s: retried at the next tick", e)
-            continue
-        for offset, (i, held) in wanted.items():
-            value = values.get(offset)
-            traj = None if value is None else rt.decode(value, Trajectory, topic, partition, offset)
-            if traj is None or traj.event_id != held["e"]:
-                rt.count("members.gone")
-                log.error("trajectory %s is no longer at %s[%d]@%d", held["e"], topic, partition, offset)
-                continue
-            rt.count("members.read_back")
-            out[i] = traj
-    return out
 
 
 def _delete_members(rt: Runtime, state: GroupState) -> None:

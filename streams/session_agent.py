@@ -253,37 +253,11 @@ async def _stored_calls(rt: Runtime, state: SessionState) -> tuple[list[CallToke
             refs[idx] = held
         else:
             found[idx] = CallTokens.from_json(orjson.loads(data))
-    read = await _read_back(rt, refs) if refs else {}
+    read = await rt.read_back(rt.topo.calls, CallRecorded, refs, "calls") if refs else {}
     if read is None:
         return None
-    found.update(read)
-    return [found[i] for i in sorted(found)], len(refs) - len(read)
-
-
-async def _read_back(rt: Runtime, refs: dict[int, dict]) -> dict[int, CallTokens] | None:
-    """The referenced calls read from polar.calls (one pass per partition), leaving out those no longer
-    at their offset (counted, logged); None when the broker did not answer in time."""
-    topic, out = rt.topo.calls, {}
-    by_partition: dict[int, dict[int, tuple[int, dict]]] = {}
-    for idx, held in refs.items():
-        by_partition.setdefault(held["at"][0], {})[held["at"][1]] = (idx, held)
-    for partition, wanted in by_partition.items():
-        try:
-            values = await rt.source.read(topic, partition, list(wanted))
-        except TimeoutError as e:
-            rt.count("calls.read_back_timeout")
-            log.warning("%s: retried at the next tick", e)
-            return None
-        for offset, (idx, held) in wanted.items():
-            value = values.get(offset)
-            call = None if value is None else rt.decode(value, CallRecorded, topic, partition, offset)
-            if call is None or call.event_id != held["e"]:
-                rt.count("calls.gone")
-                log.error("call %s is no longer at %s[%d]@%d: its session is masked", held["e"], topic, partition, offset)
-                continue
-            rt.count("calls.read_back")
-            out[idx] = CallTokens.from_record(call)
-    return out
+    found.update((i, CallTokens.from_record(call)) for i, call in read.items())
+    return [found[i] for i in sorted(found)], len(refs) - len(read)  # a gone call masks its session
 
 
 def _build(rt: Runtime, state: SessionState, calls: list[CallTokens], gone: int = 0):

@@ -97,8 +97,13 @@ class SourceLog:
                         if err is not None:
                             if err.code() != KafkaError._AUTO_OFFSET_RESET:
                                 raise TimeoutError(f"reading {topic}[{partition}]@{want[i]}: {err}")
-                            out[want[i]] = None  # below the log start: deleted
+                            # Below the log start (deleted): all of those at once, not a round trip each.
+                            start, _ = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=self.timeout_s)
+                            out[want[i]] = None
                             i += 1
+                            while i < len(want) and want[i] < start:
+                                out[want[i]] = None
+                                i += 1
                             break  # assign again at the next one
                         at = msg.offset()
                         while i < len(want) and want[i] < at:  # skipped over: no longer there

@@ -339,3 +339,23 @@ def test_group_members_are_read_back_after_a_restart(legacy):
     (sent,) = [v for _, v in rt.topics["groups"].sent]
     assert sent == encode(build_group("g", [decode(encode(t), Trajectory) for t in trajs], config))
     assert rt.counters["members.read_back"] == (0 if legacy else 2)
+
+
+async def test_inputs_faust_skipped_are_read_back_and_handled_in_order():
+    """After a seek the stage expects its partition's committed offset; handed a later input (Faust
+    dropped the fetched ones between and would commit past them), it reads the skipped ones back first.
+    An offset with no record (a transaction marker) is passed over."""
+    rt = _runtime(StreamsConfig())
+    rt.source.records.update({("calls", 1, i): f"v{i}".encode() for i in range(6) if i != 3})
+    seen = []
+
+    async def handle(topic, value, partition, offset):
+        seen.append((offset, value))
+
+    await rt.handle_in_order("calls", b"v0", 1, 0, handle)  # no expectation yet: taken as it comes
+    rt.next_offset[("calls", 1)] = 1  # what the seek after a rebalance sets: the committed offset
+    await rt.handle_in_order("calls", b"v5", 1, 5, handle)
+    assert seen == [(0, b"v0"), (1, b"v1"), (2, b"v2"), (4, b"v4"), (5, b"v5")]
+    assert rt.counters["inputs.caught_up"] == 3 and rt.next_offset[("calls", 1)] == 6
+    await rt.handle_in_order("calls", b"v4", 1, 4, handle)  # a late re-delivery: handled, no step back
+    assert rt.next_offset[("calls", 1)] == 6 and rt.counters["inputs.caught_up"] == 3
