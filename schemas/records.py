@@ -19,7 +19,9 @@ SCHEMA_VERSION = 1
 
 Provider = Literal["anthropic.messages", "openai.chat", "openai.responses", "google.generate_content", "engine"]
 SessionStatus = Literal["ok", "timeout", "failed", "infra_error", "cancelled"]
-TokenId = Annotated[int, Field(ge=0)]  # a vocabulary index: a negative one would index from the end
+# A vocabulary index: a negative one would index from the end, and every reader (the trainer's tensors,
+# the parquet export) holds ids as int32.
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
 
 
 def new_event_id() -> str:

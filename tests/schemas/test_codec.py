@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
 
@@ -23,6 +25,45 @@ def test_round_trip(record):
 def test_every_type_has_a_topic_and_a_sample():
     assert {type(r) for r in sample_records()} == set(RECORD_TYPES.values())
     assert set(RECORD_BY_TOPIC) == {"tasks", "sessions", "calls", "session-events", "trajectories", "groups", "policy"}
+
+
+@pytest.mark.parametrize("record", sample_records(), ids=lambda r: type(r).__name__)
+def test_encode_writes_the_bytes_of_pydantics_json_view(record):
+    # encode lets orjson walk the models itself; it must stay byte-identical to the JSON of model_dump
+    assert encode(record) == orjson.dumps(record.model_dump(mode="json"))
+
+
+def test_encode_matches_pydantics_json_view_on_floats_escapes_and_unicode():
+    floats = [1e-5, -0.0, 1e20, 3.0, 1e16, 1.5e300, 5e-324, 0.1, -2.5e-7, 123456789.125, 1e15]
+    rec = call().model_copy(update={
+        "session_id": 's\u00e9\U0001F600"\\\n\x01\u2028', "completion_ids": list(range(len(floats))),
+        "completion_logprobs": floats, "request": {"a": [1, {"b": None}], "c": "\u2028x", "d": (1, 2)}})
+    assert encode(rec) == orjson.dumps(rec.model_dump(mode="json"))
+    assert decode(encode(rec), CallRecorded) == rec.model_copy(update={"request": {**rec.request, "d": [1, 2]}})
+
+
+def test_a_value_json_cannot_hold_is_refused_when_encoding():
+    rec = call().model_copy(update={"request": {"when": object()}})
+    with pytest.raises(TypeError):
+        encode(rec)
+
+
+@pytest.mark.parametrize("bad", [-1, 2**31, 2**70])
+def test_token_ids_are_int32_vocabulary_indices(bad):
+    obj = {**orjson.loads(encode(call())), "completion_ids": [5, bad], "completion_logprobs": [0.0, 0.0]}
+    with pytest.raises(RecordDecodeError) as e:
+        decode(json.dumps(obj).encode(), CallRecorded)  # stdlib json: orjson cannot write 2**70
+    assert e.value.field == "completion_ids.1"
+    assert decode(_payload(call(), completion_ids=[0, 2**31 - 1], completion_logprobs=[0.0, 0.0]),
+                  CallRecorded).completion_ids == [0, 2**31 - 1]
+
+
+def test_the_one_pass_decode_and_the_checked_one_agree():
+    from schemas.codec import _decode_checked
+
+    for record in sample_records():
+        data = encode(record)
+        assert decode(data, type(record)) == _decode_checked(data, type(record)) == record
 
 
 def test_logprobs_survive_exactly():
