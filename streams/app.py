@@ -80,6 +80,13 @@ def create_app(
         # as JSON text, which zstd shrinks 3x (random ids) to 7x (the bench's sessions) on the wire and
         # on the brokers' disks; the worker's CPU per call did not change measurably.
         producer_compression_type="zstd",
+        # Each call writes two changelog records (a reference and the session's state): sent as they
+        # come (Faust's default: linger 0, 16 KB batches), a burst went out in many small produce
+        # requests, each built in Python by aiokafka and handled by the broker. Waiting up to 10 ms for
+        # more cut the worker's CPU per call by about a tenth and the broker's by a third (bench/streams.py
+        # burst, interleaved runs); a group waits at most some tens of ms more.
+        producer_linger=0.010,
+        producer_max_batch_size=1024 * 1024,
         key_serializer="raw",
         value_serializer="raw",
         broker_session_timeout=session_timeout_s,
@@ -113,8 +120,7 @@ def create_app(
     group_agent.register(rt)
     _register_timers(rt, stats_interval_s)
     metrics.watch(rt)
-    _uncommitted_from_start(app.consumer)
-    _ack_only_handled(app.consumer, rt)
+    _commit_only_handled(app.consumer, rt)
     _flush_means_flushed(app.producer.buffer)
     app.polar_runtime = rt  # for tests and the bench: counters of this worker
     return app
@@ -136,35 +142,13 @@ def _register_timers(rt: Runtime, stats_interval_s: float) -> None:
         await metrics.refresh(rt)
 
 
-def _uncommitted_from_start(consumer: Any) -> None:
-    """Make "seek to committed" start a partition without a committed offset from its beginning.
+def _commit_only_handled(consumer: Any, rt: Runtime) -> None:
+    """Commit a stage's input partition only past inputs its handler returned from, and start each
+    partition, after every rebalance, where its committed offset says (tests/streams/test_commits.py).
 
-    After every rebalance Faust restores the tables, then seeks all partitions to their committed
-    offsets, because records fetched while the flow was stopped were dropped. aiokafka only seeks a
-    partition whose committed offset is > 0, so a partition nobody has committed yet keeps the fetch
-    position those dropped records left behind: they are never processed, and a later commit skips them
-    for good. Found by the two-worker kill test (sessions stuck waiting for calls that were never
-    delivered). 0 and "none" both mean "start at the beginning" here (auto_offset_reset is earliest).
-    """
-    original = consumer.seek_to_committed
-
-    async def seek_to_committed() -> Any:
-        committed = await original()
-        for tp, offset in committed.items():
-            if not offset and not tp.topic.endswith("-changelog"):
-                await consumer.seek(tp, 0)
-        return committed
-
-    consumer.seek_to_committed = seek_to_committed
-
-
-def _ack_only_handled(consumer: Any, rt: Runtime) -> None:
-    """Commit a stage's input partition only past inputs its handler returned from, and tell each stage
-    where its partitions resume after every seek.
-
-    Faust's commit bookkeeping loses inputs in two ways after a rebalance. The kill test lost a third of
-    its sessions' calls in CI to one of them (their finished events got in, so those sessions were
-    assembled masked), the join test (tests/streams/test_kill.py) four groups' members to the second:
+    Faust's commit bookkeeping loses inputs in three ways around a rebalance. The kill test lost a third
+    of its sessions' calls in CI to one of them (their finished events got in, so those sessions were
+    assembled masked), the join test (tests/streams/test_kill.py) seven groups to another:
 
     - Its stream skips the events already queued for an agent (the flow is stopped, or their generation
       is stale) but acks them, "so the lag does not grow", and the commit made as partitions are revoked
@@ -173,8 +157,14 @@ def _ack_only_handled(consumer: Any, rt: Runtime) -> None:
       not only the ack, is needed: Faust's ``_new_offset`` commits past a single unacked offset at the
       head, and past any when the partition has no committed offset yet.
     - It drops records fetched for a partition that is not active yet, then counts the offsets it
-      skipped as a "gap" and commits past them. The seek below tells each stage the offset it resumes
-      at; a stage handed a later one reads the skipped inputs back first (``Runtime._catch_up``).
+      skipped as a "gap" and commits past them. After each seek every stage learns the offset its
+      partitions resume at; a stage handed a later one reads the skipped inputs back first
+      (``Runtime._catch_up``).
+    - After restoring the tables it seeks every partition to its committed offset, but aiokafka seeks
+      only those whose committed offset is > 0, so a partition nobody has committed yet kept the fetch
+      position that dropped records left behind (the two-worker kill test: sessions stuck waiting for
+      calls never delivered). Such a partition is sought to its beginning (0 and "none" both mean the
+      start here: auto_offset_reset is earliest).
     """
     skipped: dict[Any, set[int]] = defaultdict(set)  # TP -> offsets skipped and not handled since
     ack, new_offset, seek_to_committed = consumer.ack, consumer._new_offset, consumer.seek_to_committed
@@ -196,8 +186,10 @@ def _ack_only_handled(consumer: Any, rt: Runtime) -> None:
         committed = await seek_to_committed()
         rt.next_offset.clear()  # what this worker expected of partitions before the rebalance is void
         for tp, offset in committed.items():
+            if not offset and not tp.topic.endswith("-changelog"):
+                await consumer.seek(tp, 0)
             if tp.topic in rt.stage_topics:
-                rt.next_offset[(tp.topic, tp.partition)] = max(offset or 0, 0)  # none committed: the start
+                rt.next_offset[(tp.topic, tp.partition)] = max(offset or 0, 0)
             if skipped.get(tp):  # below its committed offset, someone handled it
                 skipped[tp] = {o for o in skipped[tp] if offset is None or o >= offset}
         return committed

@@ -67,11 +67,11 @@ class Runtime:
     source: Any = None
     caches: dict[str, Recent] = field(default_factory=dict)
     # The inputs a stage's handler has returned from, and the topics the stages read: the consumer
-    # commits past an input of those topics only once it is in ``handled`` (app._ack_only_handled).
+    # commits past an input of those topics only once it is in ``handled`` (app._commit_only_handled).
     handled: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     stage_topics: set[str] = field(default_factory=set)
     # (topic, partition) -> the offset its stage must handle next: the committed offset after each seek
-    # (app._ack_only_handled), then one past each input handled. Faust can drop records it fetched and
+    # (app._commit_only_handled), then one past each input handled. Faust can drop records it fetched and
     # deliver later ones (then commit past the "gap"); the loop reads the dropped ones back (_catch_up).
     next_offset: dict[tuple[str, int], int] = field(default_factory=dict)
 
@@ -132,11 +132,11 @@ class Runtime:
         """Handle, in order, the inputs at offsets [start, end) that Faust fetched but never delivered.
 
         After a rebalance Faust drops the records it fetched for a partition not yet active again, then
-        counts the offsets it skipped as a "gap" and commits past them: the join test lost four groups'
-        members this way. They are read back from the topic instead (an offset with no record, such as
+        counts the offsets it skipped as a "gap" and commits past them: the join test lost seven groups
+        this way. They are read back from the topic instead (an offset with no record, such as
         a transaction marker, is passed over). A broker that does not answer crashes the stage rather
         than skipping: nothing past ``start`` is committed, so a restart reads them again."""
-        for attempt in range(5):
+        for _ in range(5):
             try:
                 values = await self.source.read(topic, partition, list(range(start, end)))
                 break

@@ -2,7 +2,7 @@
 
 At a rebalance Faust's stream skips the events already queued for an agent and acks them as if they
 were handled; the commit then skipped them for good (the kill test lost a third of its calls in CI).
-streams/app._ack_only_handled holds such a partition's commit until the input is delivered again and
+streams/app._commit_only_handled holds such a partition's commit until the input is delivered again and
 handled. Driven through the worker's real Faust consumer and Faust's own ack and commit bookkeeping.
 """
 

@@ -107,7 +107,7 @@ def test_kill_and_restart_mid_stream_loses_and_changes_nothing(polar_settings, t
 def test_a_worker_joining_under_a_backlog_loses_nothing(polar_settings, tmp_path):
     """A rebalance while a stage is behind: Faust skipped the events queued for it and acked them, and
     dropped records fetched for a partition not active yet then committed past the "gap", so inputs no
-    stage had seen were committed (streams/app._ack_only_handled, Runtime._catch_up; this test caught
+    stage had seen were committed (streams/app._commit_only_handled, Runtime._catch_up; this test caught
     the second). Worker A works through a backlog; B joins midway; every session must come out with all
     its calls, every group complete."""
     n = 160  # about 15 s of work for one worker: B joins while A's queue is full
