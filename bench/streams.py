@@ -16,7 +16,7 @@ fifth). Prints one JSON object:
   calls/s end to end for a burst of sessions published at once, then p50/p99 latency from a group's
   last finished event to its TrainingGroup on polar.groups (broker timestamps) with groups arriving
   one by one; also the worker's CPU seconds during the burst (it shares the cores with the broker and
-  this process);
+  this process). Everything is published through one long-lived Publisher, connected beforehand;
 - bytes: Kafka bytes per session (the broker's log segments, as stored: compressed) of every topic a
   pass writes, at three session lengths, over the raw int32 bytes of the session's distinct tokens. These
   sessions take their ids uniformly from a 151k vocabulary (``incompressible_tokenize``), a worst case
@@ -50,6 +50,7 @@ from bench._rounds import interleaved, proc_cpu_s  # noqa: E402
 from infra.process import free_port  # noqa: E402
 from infra.settings import Settings  # noqa: E402
 from infra.topics import ensure_topics  # noqa: E402
+from producers.publisher import Publisher  # noqa: E402
 from schemas import encode  # noqa: E402
 from streams.assembly import CallTokens, fold_calls, state_bytes  # noqa: E402
 from streams.builders import assemble  # noqa: E402
@@ -146,26 +147,38 @@ def bench_builders(recs: list[Recorded]) -> dict:
 
 
 def bench_worker(settings: Settings, burst: list[list[Recorded]], paced: list[list[Recorded]], log_dir: Path) -> dict:
+    """One worker's burst throughput, then finished -> group latency on paced groups.
+
+    Every record goes through one Publisher connected during the warm-up, as a gateway keeps its own:
+    a fresh idempotent producer spends hundreds of ms connecting and getting its producer id, with
+    its records' timestamps already set, and that wait is the load generator's, not the worker's."""
     n_calls = sum(len(s.calls) for g in burst for s in g)
     worker = WorkerProcess(settings, log_dir / "worker.log", ["--tick-interval", "1", "--stats-interval", "2"]).start()
+    pub = Publisher(settings)
+
+    def send(records: list[Recorded]) -> None:
+        for fut in [pub.submit(r) for r in records]:
+            fut.result(60)
+
     try:
         warm = sessions(1, 2, {}, "warm", seed=99)[0]  # the worker is up and owns its partitions once this is out
-        publish(settings, [r for s in warm for r in s.records])
+        send([r for s in warm for r in s.records])
         read_topic(settings, "groups", until=lambda m: len(m) >= 1, timeout=120)
 
         start, cpu_start = time.perf_counter(), proc_cpu_s([worker.proc.pid])
-        publish(settings, [r for g in burst for s in g for r in s.records])
+        send([r for g in burst for s in g for r in s.records])
         total = 1 + len(burst)
         read_topic(settings, "groups", until=lambda m: len({x.key for x in m}) >= total, timeout=600)
         burst_s, burst_cpu_s = time.perf_counter() - start, proc_cpu_s([worker.proc.pid]) - cpu_start
 
         for g in paced:  # groups finish one by one, each session's calls before its finished event
-            publish(settings, [r for s in g for r in s.records])
+            send([r for s in g for r in s.records])
             time.sleep(0.2)
         total += len(paced)
         groups = read_topic(settings, "groups", until=lambda m: len({x.key for x in m}) >= total, timeout=300)
         events = read_topic(settings, "session-events", timeout=5)
     finally:
+        pub.close()
         worker.stop()
     done_ts = {m.key.decode(): m.timestamp_ms for m in groups}
     finished_ts: dict[str, int] = {}
