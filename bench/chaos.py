@@ -97,7 +97,6 @@ class Component:
     alive: Callable[[], bool]
     finished: Callable[[], bool] = lambda: False  # exited on purpose (the trainer after its last group)
     exit_code: Callable[[], int | None] = lambda: None
-    crashes: int = 0
 
 
 def kill_tree(proc: PolarProcess) -> None:
@@ -143,16 +142,15 @@ class Infra:
         from infra.maven import fetch
         from infra.s3 import S3Server
 
-        self.base, self.brokers = base, brokers
+        self.base = base
         kport, s3port = free_port(), free_port()
         seed = Settings(data_dir=base, kafka_port=kport, kafka_controller_port=free_port(), s3_port=s3port, topic_prefix="")
         fetch("kafka", seed)
         if brokers > 1:
-            self.cluster = KafkaCluster(seed, brokers, heap_mb=256, die_with_parent=True, quick_jit=True)
-            self.nodes = self.cluster.nodes
-            self.cluster.start(180)
+            cluster = KafkaCluster(seed, brokers, heap_mb=256, die_with_parent=True, quick_jit=True)
+            self.nodes = cluster.nodes
+            cluster.start(180)
         else:
-            self.cluster = None
             self.nodes = [KafkaBroker(seed.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{kport}"}), heap_mb=384,
                                       die_with_parent=True, quick_jit=True)]
             self.nodes[0].start(120)
