@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from infra.settings import Settings
-from schemas import HarnessSpec, PolicyVersion, TrainingGroup
+from schemas import GroupParts, HarnessSpec, PolicyVersion, TrainingGroup
 
 from . import demo_tasks
 from .processes import Processes, ProcessFailed, free_port
@@ -179,6 +179,7 @@ class Watcher:
         self.consumer = RecordConsumer(settings, topics=["groups", "policy"], group_id=f"polar-demo-{uuid.uuid4().hex[:8]}")
         self.dedupe = Deduper()
         self.groups: dict[str, TrainingGroup] = {}
+        self.parts = GroupParts()
         self.policy: PolicyVersion | None = None
 
     def poll(self, timeout: float = 0.5) -> None:
@@ -187,7 +188,9 @@ class Watcher:
             if self.dedupe.seen(rec.event_id):
                 continue
             if isinstance(rec, TrainingGroup):
-                self.groups[rec.group_id] = rec
+                whole = self.parts.add(rec)  # a group sent in parts counts once all of them are in
+                if whole is not None:
+                    self.groups[whole.group_id] = whole
             elif isinstance(rec, PolicyVersion) and (self.policy is None or rec.version >= self.policy.version):
                 self.policy = rec
 

@@ -320,6 +320,11 @@ class TrainingGroup(Record):
     reward_mean: float = 0.0
     reward_std: float = 0.0
     policy_versions: list[int] = Field(default_factory=list)
+    # A group too large for one record goes out as ``parts`` records (schemas/parts.py), each with some of
+    # its trajectories; ``part_of`` is then the whole group's event id, and ``masked`` is listed in part 0.
+    part: int = Field(0, ge=0)
+    parts: int = Field(1, ge=1)
+    part_of: str = ""
 
     @model_validator(mode="after")
     def _aligned(self) -> "TrainingGroup":
@@ -327,6 +332,10 @@ class TrainingGroup(Record):
             raise ValueError(
                 f"advantages: {len(self.advantages)} values for {len(self.trajectories)} trajectories"
             )
+        if self.part >= self.parts:
+            raise ValueError(f"part {self.part} of {self.parts}: the index must be below the count")
+        if (self.parts > 1) != bool(self.part_of):
+            raise ValueError("part_of: the whole group's event id, set exactly when parts > 1")
         return self
 
     def key(self) -> str:

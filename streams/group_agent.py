@@ -19,17 +19,18 @@ so a crash can only cause a byte-identical re-send (same inputs, same determinis
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 import orjson
 
-from schemas import Trajectory, decode
+from schemas import GroupTooLarge, Trajectory, decode, split_group
 
 from . import metrics
 from .deadlines import Wakeups
 from .groups import GroupState, add_member, build_group, decide, due, new_group
-from .runtime import Runtime
+from .runtime import BATCH_OVERHEAD, Runtime
 from .source_log import Recent, ref
 
 log = logging.getLogger("streams.groups")
@@ -154,13 +155,23 @@ async def advance(rt: Runtime, state: GroupState, now: float) -> None:
             rt.count("groups.dropped_zero_variance")
             _close(rt, state, "dropped:zero_variance", now)
             return
-        fut = await rt.send("groups", group, rt.topo.group_max_bytes)
-        if fut is None:
+        try:  # a group past the record limit goes out in parts (schemas/parts.py), never dropped for its size
+            records = split_group(group, rt.topo.group_max_bytes - BATCH_OVERHEAD)
+        except GroupTooLarge as e:
+            rt.count("groups.oversized")
+            log.error("%s: not sent (its inputs stay in polar.trajectories)", e)
             _close(rt, state, "dropped:oversized", now)
-        else:
-            metrics.observe_group(now - state.first_seen)
-            rt.pend(STAGE, gid, state.partition, fut, lambda: _close(rt, _load(rt, gid) or state, group.event_id, now))
-            _schedule(rt, state)
+            return
+        if len(records) > 1:
+            rt.count("groups.split")
+            rt.count("groups.parts", len(records))
+        futs = [await rt.send("groups", part, rt.topo.group_max_bytes, data) for part, data in records]
+        assert all(f is not None for f in futs), "split_group keeps every part under the limit"
+        metrics.observe_group(now - state.first_seen)
+        # Marked emitted once the broker has every part (a crash before re-sends all of them, byte-identical).
+        rt.pend(STAGE, gid, state.partition, asyncio.gather(*futs),
+                lambda: _close(rt, _load(rt, gid) or state, group.event_id, now))
+        _schedule(rt, state)
         return
     rt.count(f"groups.{action.replace(':', '_')}")
     log.warning("group %s dropped (%s): %d of %d samples in, %d usable, min_valid %d",

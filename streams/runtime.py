@@ -37,7 +37,7 @@ from .topology import Topology
 log = logging.getLogger("streams")
 
 # A record batch carries framing around the record; keep this much below the topic's limit.
-_BATCH_OVERHEAD = 4096
+BATCH_OVERHEAD = 4096
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -200,10 +200,11 @@ class Runtime:
         if key in self.tables[table]:
             del self.tables[table][key]
 
-    async def send(self, topic: str, record: Record, max_bytes: int) -> Any | None:
-        """Start sending a record; its delivery future, or None (counted, logged) when it is too large."""
-        data = encode(record)
-        if len(data) > max_bytes - _BATCH_OVERHEAD:
+    async def send(self, topic: str, record: Record, max_bytes: int, data: bytes | None = None) -> Any | None:
+        """Start sending a record (``data``: its bytes, if already encoded); its delivery future, or None
+        (counted, logged) when it is too large."""
+        data = encode(record) if data is None else data
+        if len(data) > max_bytes - BATCH_OVERHEAD:
             self.count(f"{topic}.oversized")
             log.error("%s %s is %d bytes, over the topic's %d: not sent (its inputs stay in the source topics)",
                       type(record).__name__, record.event_id, len(data), max_bytes)

@@ -72,9 +72,10 @@ def staleness_weight(staleness: int, cfg: TrainConfig) -> float:
     return math.pow(cfg.stale_weight, staleness - cfg.max_staleness)
 
 
-def group_key(group_id: str) -> str:
-    """A group id's entry in SeenIds (prefixed: event ids are hex digests, group ids anything)."""
-    return f"group:{group_id}"
+def group_key(group: TrainingGroup) -> str:
+    """A group's entry in SeenIds (prefixed: event ids are hex digests, group ids anything); each part
+    of a group sent in parts (schemas/parts.py) trains once, as its own entry."""
+    return f"group:{group.group_id}" if group.parts == 1 else f"group:{group.group_id}#{group.part}/{group.parts}"
 
 
 def plan_step(polled: Sequence[Polled], seen: SeenIds, served_version: int, cfg: TrainConfig) -> StepPlan:
@@ -97,10 +98,10 @@ def plan_step(polled: Sequence[Polled], seen: SeenIds, served_version: int, cfg:
             continue
         seen.add(g.event_id)
         if g.group_id:  # a group emits once: another record of it (new event id) is a re-emission
-            if group_key(g.group_id) in seen:
+            if group_key(g) in seen:
                 plan.skipped.append({**info, "reason": "duplicate_group"})
                 continue
-            seen.add(group_key(g.group_id))
+            seen.add(group_key(g))
         version = group_version(g)
         staleness = max(0, served_version - version) if version is not None else 0
         weight = staleness_weight(staleness, cfg)

@@ -126,7 +126,7 @@ def rows_from(messages: Iterable[RawMessage], source: str, filters: Filters, sta
             stats.duplicates += 1
             continue
         seen.add(group.event_id)
-        stats.groups += 1
+        stats.groups += group.part == 0  # a group sent in parts counts once
         for traj, adv in zip(group.trajectories, group.advantages):
             stats.trajectories += 1
             yield from trace_rows(traj, filters, stats.skipped, adv)

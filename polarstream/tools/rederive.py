@@ -28,18 +28,17 @@ from dataclasses import dataclass
 
 import orjson
 
-from schemas import CallRecorded, Record, SessionEvent, Trajectory, decode, encode
+from schemas import CallRecorded, GroupTooLarge, Record, SessionEvent, Trajectory, decode, encode, split_group
 from streams import groups as group_fns
 from streams import sessions as session_fns
 from streams.assembly import CallTokens
 from streams.config import StreamsConfig
 from streams.groups import GroupState, build_group
+from streams.runtime import BATCH_OVERHEAD
 from streams.sessions import SessionState
 from streams.trajectory import build_trajectory
 
 log = logging.getLogger(__name__)
-
-_BATCH_OVERHEAD = 4096  # as the live runtime: a record batch carries framing around the record
 
 
 @dataclass(frozen=True)
@@ -166,7 +165,7 @@ class Rederiver:
             self.counters["sessions.missing_calls"] += bool(missing)
             traj = build_trajectory(finished, calls, self.config, missing_calls=missing)
             data = encode(traj)
-            if len(data) > self.limits.trajectory_bytes - _BATCH_OVERHEAD:
+            if len(data) > self.limits.trajectory_bytes - BATCH_OVERHEAD:
                 self.counters["trajectories.oversized"] += 1
                 state.done = "dropped:oversized"
             else:
@@ -204,12 +203,18 @@ class Rederiver:
             if group is None:
                 self.counters["groups.dropped_zero_variance"] += 1
                 state.emitted = "dropped:zero_variance"
-            elif len(encode(group)) > self.limits.group_bytes - _BATCH_OVERHEAD:
-                self.counters["groups.oversized"] += 1
-                state.emitted = "dropped:oversized"
             else:
-                state.emitted = group.event_id
-                out.append(group)
+                try:  # as the live stage: in parts when past the limit
+                    records = split_group(group, self.limits.group_bytes - BATCH_OVERHEAD)
+                except GroupTooLarge:
+                    self.counters["groups.oversized"] += 1
+                    state.emitted = "dropped:oversized"
+                else:
+                    if len(records) > 1:
+                        self.counters["groups.split"] += 1
+                        self.counters["groups.parts"] += len(records)
+                    state.emitted = group.event_id
+                    out += [part for part, _ in records]
         else:
             self.counters[f"groups.{action.replace(':', '_')}"] += 1
             state.emitted = action

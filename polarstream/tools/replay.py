@@ -109,7 +109,9 @@ def _tally(written: Counter, record: Record) -> None:
         written["tokens"] += sum(len(t.token_ids) for t in record.traces)
         written["trainable_tokens"] += sum(sum(t.loss_mask) for t in record.traces)
     elif isinstance(record, TrainingGroup):
-        written["groups"] += 1
+        written["groups"] += record.part == 0  # a group sent in parts counts once
+        if record.parts > 1:
+            written["group_parts"] += 1
         written["group_trajectories"] += len(record.trajectories)
         written["group_traces"] += sum(len(t.traces) for t in record.trajectories)
         written["group_tokens"] += sum(len(tr.token_ids) for t in record.trajectories for tr in t.traces)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from schemas import (RECORD_BY_TOPIC, CallRecorded, PolicyVersion, RecordDecodeError, SessionEvent, TrainingGroup,
+from schemas import (RECORD_BY_TOPIC, CallRecorded, GroupParts, PolicyVersion, RecordDecodeError, SessionEvent, TrainingGroup,
                      Trajectory, decode)
 
 from ..tools.evaluate import Latest, evaluate
@@ -60,6 +60,7 @@ class RunIndex:
         self.prefix = prefix
         self.sessions: dict[str, SessionView] = {}
         self.groups: dict[str, TrainingGroup] = {}
+        self.parts = GroupParts()
         self.trajectories: dict[str, Trajectory] = {}  # session_id -> its trajectory (latest read)
         self.samples = Latest()  # one evaluation sample per (group, sample_index)
         self.rewards: list[tuple[float, float]] = []  # (created_at, reward) per trajectory, in arrival order
@@ -89,7 +90,9 @@ class RunIndex:
             elif isinstance(record, Trajectory):
                 self._trajectory(record)
             elif isinstance(record, TrainingGroup):
-                self.groups[record.group_id] = record
+                whole = self.parts.add(record)  # shown once all parts of a group sent in parts are in
+                if whole is not None:
+                    self.groups[whole.group_id] = whole
             elif isinstance(record, PolicyVersion):
                 self.policies[record.version] = record
             self.seq += 1

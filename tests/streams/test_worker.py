@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from schemas import SessionEvent, TrainingGroup, encode
+from schemas import SessionEvent, TrainingGroup, decode, encode
 from streams.assembly import CallTokens
 from streams.config import StreamsConfig
 from streams.groups import build_group
@@ -122,6 +122,48 @@ def test_worker_builds_the_expected_groups(polar_settings, streams_worker, chat_
     assert stats.get("sessions.missing_calls") == 1
 
 
+def test_a_group_past_the_topic_limit_arrives_in_parts(polar_settings, streams_worker, chat_tokenize):
+    """With polar.groups allowing less than a group, the worker sends it in parts (not dropped): each
+    part under the limit, byte for byte what split_group makes, and together the group the pure
+    functions build."""
+    import dataclasses
+    import time
+
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    from infra.topics import ensure_topics, load_specs
+    from schemas import GroupParts, split_group
+    from streams.runtime import BATCH_OVERHEAD
+
+    sessions = record_group("big", [1.0, 0.0, 0.5, 0.0], seed=5, tokenize=chat_tokenize, turns=4, min_valid=2)
+    cfg = StreamsConfig(builder="per_request")
+    (want,) = expected_groups({"big": [(s, 0) for s in sessions]}, cfg).values()
+    limit = max(len(encode(t)) for t in want.trajectories) * 2 + BATCH_OVERHEAD + 1024
+    assert len(encode(want)) > limit - BATCH_OVERHEAD  # the group itself does not fit
+    specs = dict(load_specs())  # a copy: load_specs is cached for every later caller
+    specs["groups"] = dataclasses.replace(specs["groups"], config={**specs["groups"].config, "max.message.bytes": str(limit)})
+    ensure_topics(polar_settings, specs)
+    admin, res = AdminClient(polar_settings.kafka_config()), ConfigResource(ConfigResource.Type.TOPIC, polar_settings.topic("groups"))
+    deadline = time.monotonic() + 20
+    while admin.describe_configs([res])[res].result()["max.message.bytes"].value != str(limit):  # applied asynchronously
+        assert time.monotonic() < deadline, "the broker did not apply the new limit"
+        time.sleep(0.2)
+
+    publish(polar_settings, [r for s in sessions for r in s.records])
+    worker = streams_worker("--builder", "per_request", *WORKER_ARGS)
+    parts = split_group(want, limit - BATCH_OVERHEAD)
+    msgs = read_topic(polar_settings, "groups", until=lambda m: len(m) >= len(parts), timeout=90, idle=1.5)
+    got, duplicates = dedupe(msgs, TrainingGroup)
+    assert worker.alive(), worker.log_text()[-3000:]
+    assert got == {p.event_id: data for p, data in parts} and duplicates == 0
+    joiner = GroupParts()
+    (whole,) = [w for w in (joiner.add(decode(d, TrainingGroup)) for d in got.values()) if w is not None]
+    assert encode(whole) == encode(want)
+    stats = worker.stats()
+    assert stats.get("groups.split") == 1 and stats.get("groups.parts") == len(parts) > 1
+    assert not stats.get("groups.oversized")
+
+
 def test_trajectories_carry_token_faithful_traces(polar_settings, streams_worker, chat_tokenize):
     """Every trace on polar.trajectories holds each sampled id and logprob of its calls in place."""
     from schemas import Trajectory
@@ -133,7 +175,6 @@ def test_trajectories_carry_token_faithful_traces(polar_settings, streams_worker
     msgs = read_topic(polar_settings, "trajectories", until=lambda m: len(m) >= 1, timeout=60)
     got, _ = dedupe(msgs, Trajectory)
     (raw,) = got.values()
-    from schemas import decode
     traj = decode(raw, Trajectory)
     by_index = {c.call_index: CallTokens.from_record(c) for c in rec.calls}
     assert [t.call_indices for t in traj.traces] == [[0, 2, 3], [1], [4, 5]]

@@ -105,3 +105,25 @@ def test_oversized_outputs_are_counted_not_emitted():
     out = feed(stages, records) + stages.drain()
     assert not [r for r in out if r.TOPIC == "trajectories"]
     assert stages.counters["trajectories.oversized"] == 12
+
+
+def test_a_group_past_the_limit_goes_out_in_parts_that_join_to_it():
+    from schemas import GroupParts
+
+    records, groups = scenario()
+    cfg = StreamsConfig(group_deadline_s=4, missing_calls_grace_s=2, missing_calls_timeout_s=3)
+    want = expected(groups, cfg)
+    largest = max(len(encode(t)) for trajs, _ in want.values() for t in trajs)
+    stages = Rederiver(cfg, Limits(32 << 20, largest + 4096 + 1000))  # one member per part, about
+    out = feed(stages, records) + stages.drain()
+    joiner, got = GroupParts(), {}
+    for r in (r for r in out if r.TOPIC == "groups"):
+        assert len(encode(r)) <= largest + 1000
+        if (whole := joiner.add(r)) is not None:
+            got[whole.group_id] = encode(whole)
+    assert got == {gid: encode(g) for gid, (_, g) in want.items()}  # nothing dropped, byte for byte
+    assert stages.counters["groups.split"] == len(want) and "groups.oversized" not in stages.counters
+    smallest = min(len(encode(t)) for trajs, _ in want.values() for t in trajs)
+    too_small = Rederiver(cfg, Limits(32 << 20, smallest + 4096))  # no member alone fits a part
+    assert not [r for r in feed(too_small, records) + too_small.drain() if r.TOPIC == "groups"]
+    assert too_small.counters["groups.oversized"] == len(want)

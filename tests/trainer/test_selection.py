@@ -56,6 +56,21 @@ def test_a_group_re_emitted_under_a_new_event_id_trains_once():
     assert plan_step(_polled([make_group("b", [[1], [2]], [1.0, 0.0])]), seen, 0, TrainConfig()).chosen
 
 
+def test_each_part_of_a_group_sent_in_parts_trains_once():
+    from schemas import encode, split_group
+
+    whole = make_group("a", [[1] * 50, [2] * 50, [3] * 50], [1.0, 0.0, 0.25])
+    parts = [p for p, _ in split_group(whole, len(encode(whole)) // 2)]
+    assert len(parts) >= 2
+    seen = SeenIds()
+    plan = plan_step(_polled([parts[0], *parts, parts[-1]]), seen, 0, TrainConfig())  # re-delivered ones, too
+    assert [c.group.event_id for c in plan.chosen] == [p.event_id for p in parts]
+    assert [s["reason"] for s in plan.skipped] == ["duplicate", "duplicate"]
+    trained = [t.sample_index for c in plan.chosen for t in c.group.trajectories]
+    assert trained == [t.sample_index for t in whole.trajectories]
+    assert plan_step(_polled([whole]), seen, 0, TrainConfig()).chosen  # unsplit, it is another entry
+
+
 def test_staleness_counts_from_the_served_version():
     """Groups sampled by the version the engines serve are fresh, however far training got past it."""
     g = make_group("a", [[1], [2]], [1.0, 0.0], policy_version=3)
