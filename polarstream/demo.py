@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from infra.settings import Settings
-from schemas import GroupParts, HarnessSpec, PolicyVersion, TrainingGroup
+from schemas import HarnessSpec, Parts, PolicyVersion, TrainingGroup
 
 from . import demo_tasks
 from .processes import Processes, ProcessFailed, free_port
@@ -179,7 +179,7 @@ class Watcher:
         self.consumer = RecordConsumer(settings, topics=["groups", "policy"], group_id=f"polar-demo-{uuid.uuid4().hex[:8]}")
         self.dedupe = Deduper()
         self.groups: dict[str, TrainingGroup] = {}
-        self.parts = GroupParts()
+        self.parts = Parts()
         self.policy: PolicyVersion | None = None
 
     def poll(self, timeout: float = 0.5) -> None:

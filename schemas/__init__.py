@@ -2,7 +2,7 @@
 
 from .codec import RecordDecodeError, decode, encode
 from .delta import DeltaError, encode_prompt, full_sequence, resolve_prompt
-from .parts import GroupParts, GroupTooLarge, join_parts, split_group
+from .parts import Parts, RecordTooLarge, join_parts, split_record
 from .records import (
     RECORD_BY_TOPIC,
     RECORD_TYPES,
@@ -32,10 +32,10 @@ from .records import (
 )
 
 __all__ = [
-    "CallOutput", "CallRecorded", "ChainInfo", "DeltaError", "EngineSampling", "EvaluatorSpec", "GroupParts",
-    "GroupTooLarge", "HarnessSpec", "PolicyVersion", "PromptDelta", "RECORD_BY_TOPIC", "RECORD_TYPES",
-    "Record", "RecordDecodeError", "SCHEMA_VERSION", "SessionAssigned", "SessionEvent", "TaskRequest",
-    "Timeouts", "Timings", "ToolCallOut", "Trace", "TrainingGroup", "Trajectory", "Usage", "WorkspaceSpec",
-    "decode", "derived_event_id", "encode", "encode_prompt", "full_sequence", "join_parts", "new_event_id",
-    "resolve_prompt", "split_group",
+    "CallOutput", "CallRecorded", "ChainInfo", "DeltaError", "EngineSampling", "EvaluatorSpec", "HarnessSpec",
+    "Parts", "PolicyVersion", "PromptDelta", "RECORD_BY_TOPIC", "RECORD_TYPES", "Record", "RecordDecodeError",
+    "RecordTooLarge", "SCHEMA_VERSION", "SessionAssigned", "SessionEvent", "TaskRequest", "Timeouts",
+    "Timings", "ToolCallOut", "Trace", "TrainingGroup", "Trajectory", "Usage", "WorkspaceSpec", "decode",
+    "derived_event_id", "encode", "encode_prompt", "full_sequence", "join_parts", "new_event_id",
+    "resolve_prompt", "split_record",
 ]

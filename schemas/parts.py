@@ -1,43 +1,62 @@
-"""A TrainingGroup too large for one Kafka record travels as parts; readers that need it whole join them.
+"""A Trajectory or TrainingGroup too large for one Kafka record travels as parts; readers join them.
 
-Kafka bounds a record (polar.groups: 64 MiB), and a group holds every sample's token ids and logprobs:
-eight per_request trajectories of a 48-turn session are already past it. Such a group used to be dropped.
-Now the streams send it as ``parts`` records that split its trajectories (in sample order), each a valid
-TrainingGroup: the trainer trains each part as it comes (advantages are per trajectory, computed over
-the whole group first), and a reader that shows whole groups (the viewer, the demo) joins them with
-``GroupParts``. A part's event id derives from the whole group's, so a re-send is byte-identical.
+Kafka bounds a record (polar.trajectories: 32 MiB, polar.groups: 64 MiB), and these records hold every
+token id and logprob of a session, or of a whole group: eight per_request trajectories of 48-turn
+sessions are already past the group limit, one long per_request session past the trajectory limit.
+Such records used to be dropped. Now the streams send one as ``parts`` records, each a valid record of
+the same type with a share of its list (a trajectory's traces; a group's trajectories, with their
+advantages) and all of its other fields, ``part`` its index and ``part_of`` the whole one's event id.
+A part's event id derives from the whole one's, so a re-send is byte-identical.
+
+A group that holds a trajectory too large for a part alone carries that trajectory as its parts (each
+with the trajectory's advantage). Training needs nothing joined: traces are independent sequences and
+advantages are computed over the whole group before splitting, so the trainer trains each group part
+as it comes. Readers that show or count whole records (the group stage, evaluation, export, the viewer,
+the demo) join them with ``Parts``.
 """
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from .codec import encode
-from .records import TrainingGroup, derived_event_id
+from .records import TrainingGroup, Trajectory, derived_event_id
 
-# Bytes a trajectory adds to a part beyond its own encoding: its advantage (a float, at most 24
-# characters as JSON) and two commas.
-_PER_MEMBER = 32
+P = TypeVar("P", Trajectory, TrainingGroup)
+
+# What a part takes a share of (the first list is the one split; the others are aligned with it), and
+# what only the first part lists.
+_SHARED = {Trajectory: (("traces",), ()), TrainingGroup: (("trajectories", "advantages"), ("masked",))}
+# Bytes an item adds to a part beyond its own encoding: a group member's advantage (a float, at most 24
+# characters as JSON) and the commas.
+_PER_ITEM = 32
 
 
-class GroupTooLarge(ValueError):
-    """One trajectory of the group does not fit in a record of the limit, even alone."""
+class RecordTooLarge(ValueError):
+    """One item (a trace) does not fit in a record of the limit even alone."""
 
 
-def split_group(group: TrainingGroup, max_bytes: int) -> list[tuple[TrainingGroup, bytes]]:
-    """``group`` as records of at most ``max_bytes`` each, with their bytes: the group itself when it
-    fits, else its parts. Raises GroupTooLarge when one trajectory cannot fit in any part."""
-    data = encode(group)
+def split_record(record: P, max_bytes: int) -> list[tuple[P, bytes]]:
+    """``record`` as records of at most ``max_bytes`` each, with their bytes: the record itself when it
+    fits, else its parts. Raises RecordTooLarge when a single trace cannot fit in any part."""
+    data = encode(record)
     if len(data) <= max_bytes:
-        return [(group, data)]
-    sizes = [len(encode(t)) + _PER_MEMBER for t in group.trajectories]
-    # The most a part's own fields take: the group's, with the largest part numbers and an event id.
-    shell = len(encode(group.model_copy(update={"trajectories": [], "advantages": [], "part": len(sizes),
-                                                "parts": len(sizes) + 1, "part_of": group.event_id})))
+        return [(record, data)]
+    lists, first_only = _SHARED[type(record)]
+    # The most a part's own fields take: the record's, without its lists, with the largest part numbers.
+    shell = len(encode(record.model_copy(update={**{f: [] for f in (*lists, *first_only)}, "part": 10**6,
+                                                 "parts": 10**6 + 1, "part_of": record.event_id})))
+    items = [[getattr(record, f)[i] for f in lists] for i in range(len(getattr(record, lists[0])))]
+    if isinstance(record, TrainingGroup):  # a member too large for a part alone goes as its own parts
+        items = [[piece, adv] for traj, adv in items
+                 for piece in _pieces(traj, max_bytes - shell - _PER_ITEM)]
+    sizes = [len(encode(item[0])) + _PER_ITEM for item in items]
     batches: list[list[int]] = [[]]
-    used = shell
+    used = shell + sum(len(encode(getattr(record, f))) for f in first_only)
     for i, size in enumerate(sizes):
         if shell + size > max_bytes:
-            raise GroupTooLarge(f"group {group.group_id}: trajectory {group.trajectories[i].event_id} alone is "
-                                f"{size} bytes, over the record limit of {max_bytes}")
+            raise RecordTooLarge(f"{type(record).__name__} {record.event_id}: one trace alone is {size} bytes, "
+                                 f"over the record limit of {max_bytes}")
         if batches[-1] and used + size > max_bytes:
             batches.append([])
             used = shell
@@ -46,44 +65,64 @@ def split_group(group: TrainingGroup, max_bytes: int) -> list[tuple[TrainingGrou
     n = len(batches)
     out = []
     for k, idx in enumerate(batches):
-        part = group.model_copy(update={
-            "event_id": derived_event_id("part", group.event_id, k, n),
-            "trajectories": [group.trajectories[i] for i in idx],
-            "advantages": [group.advantages[i] for i in idx],
-            "masked": group.masked if k == 0 else [],
-            "part": k, "parts": n, "part_of": group.event_id,
-        })
+        update = {f: [items[i][j] for i in idx] for j, f in enumerate(lists)}
+        update.update({f: getattr(record, f) if k == 0 else [] for f in first_only})
+        part = record.model_copy(update={**update, "event_id": derived_event_id("part", record.event_id, k, n),
+                                         "part": k, "parts": n, "part_of": record.event_id})
         out.append((part, encode(part)))
     return out
 
 
-def join_parts(parts: list[TrainingGroup]) -> TrainingGroup:
-    """The whole group from all of its parts (any order): what ``split_group`` was given."""
+def _pieces(traj: Trajectory, budget: int) -> list[Trajectory]:
+    if len(encode(traj)) <= budget:
+        return [traj]
+    return [part for part, _ in split_record(traj, budget)]
+
+
+def join_parts(parts: list[P]) -> P:
+    """The whole record from all of its parts (any order): what ``split_record`` was given."""
     ordered = sorted(parts, key=lambda p: p.part)
     first = ordered[0]
     if [p.part for p in ordered] != list(range(first.parts)) or any(p.part_of != first.part_of for p in ordered):
-        raise ValueError(f"group {first.group_id}: parts {[p.part for p in ordered]} of {first.parts} do not make one group")
-    return first.model_copy(update={
-        "event_id": first.part_of,
-        "trajectories": [t for p in ordered for t in p.trajectories],
-        "advantages": [a for p in ordered for a in p.advantages],
-        "part": 0, "parts": 1, "part_of": "",
-    })
+        raise ValueError(f"{type(first).__name__} {first.part_of}: parts {[p.part for p in ordered]} of "
+                         f"{first.parts} do not make one record")
+    lists, _ = _SHARED[type(first)]
+    update = {f: [x for p in ordered for x in getattr(p, f)] for f in lists}
+    if isinstance(first, TrainingGroup):  # members that went as their own parts
+        update["trajectories"], update["advantages"] = _rejoin(update["trajectories"], update["advantages"])
+    return first.model_copy(update={**update, "event_id": first.part_of, "part": 0, "parts": 1, "part_of": ""})
 
 
-class GroupParts:
-    """Joins groups that arrive in parts: ``add`` returns a whole group (at once for an unsplit one,
-    with its last part for a split one) or None while parts are still missing."""
+def _rejoin(trajs: list[Trajectory], advs: list[float]) -> tuple[list[Trajectory], list[float]]:
+    out_t: list[Trajectory] = []
+    out_a: list[float] = []
+    run: list[Trajectory] = []
+    for t, a in zip(trajs, advs):
+        if t.parts == 1:
+            out_t.append(t)
+            out_a.append(a)
+            continue
+        run.append(t)
+        if len(run) == t.parts:
+            out_t.append(join_parts(run))
+            out_a.append(a)
+            run = []
+    return out_t, out_a
+
+
+class Parts:
+    """Joins records that arrive in parts: ``add`` returns a whole record (at once for an unsplit one,
+    with the last of its parts for a split one) or None while parts are still missing."""
 
     def __init__(self) -> None:
-        self._held: dict[str, dict[int, TrainingGroup]] = {}  # whole group's event id -> part -> record
+        self._held: dict[str, dict[int, Trajectory | TrainingGroup]] = {}  # whole one's event id -> part -> record
 
-    def add(self, group: TrainingGroup) -> TrainingGroup | None:
-        if group.parts == 1:
-            return group
-        held = self._held.setdefault(group.part_of, {})
-        held[group.part] = group
-        if len(held) < group.parts:
+    def add(self, record: P) -> P | None:
+        if record.parts == 1:
+            return record
+        held = self._held.setdefault(record.part_of, {})
+        held[record.part] = record
+        if len(held) < record.parts:
             return None
-        del self._held[group.part_of]
-        return join_parts(list(held.values()))
+        del self._held[record.part_of]
+        return join_parts(list(held.values()))  # type: ignore[arg-type]

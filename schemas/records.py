@@ -284,6 +284,13 @@ class Trace(_Model):
         return self
 
 
+def _check_parts(record: "Trajectory | TrainingGroup") -> None:
+    if record.part >= record.parts:
+        raise ValueError(f"part {record.part} of {record.parts}: the index must be below the count")
+    if (record.parts > 1) != bool(record.part_of):
+        raise ValueError("part_of: the whole record's event id, set exactly when parts > 1")
+
+
 class Trajectory(Record):
     TOPIC: ClassVar[str] = "trajectories"
     session_id: str
@@ -302,6 +309,16 @@ class Trajectory(Record):
     builder: Literal["per_request", "prefix_merging"] = "prefix_merging"
     traces: list[Trace] = Field(default_factory=list)
     stats: dict[str, float] = Field(default_factory=dict)  # calls, traces, merged, breaks, tokens...
+    # A trajectory too large for one record goes out as ``parts`` records (schemas/parts.py), each with
+    # some of its traces and all of its other fields; ``part_of`` is then the whole one's event id.
+    part: int = Field(0, ge=0)
+    parts: int = Field(1, ge=1)
+    part_of: str = ""
+
+    @model_validator(mode="after")
+    def _parts(self) -> "Trajectory":
+        _check_parts(self)
+        return self
 
     def key(self) -> str:
         return self.group_id
@@ -320,8 +337,8 @@ class TrainingGroup(Record):
     reward_mean: float = 0.0
     reward_std: float = 0.0
     policy_versions: list[int] = Field(default_factory=list)
-    # A group too large for one record goes out as ``parts`` records (schemas/parts.py), each with some of
-    # its trajectories; ``part_of`` is then the whole group's event id, and ``masked`` is listed in part 0.
+    # As for Trajectory: a group too large for one record goes out as ``parts`` records, each with some of
+    # its trajectories (a trajectory too large for a part alone, as its parts); ``masked`` is in part 0.
     part: int = Field(0, ge=0)
     parts: int = Field(1, ge=1)
     part_of: str = ""
@@ -332,10 +349,7 @@ class TrainingGroup(Record):
             raise ValueError(
                 f"advantages: {len(self.advantages)} values for {len(self.trajectories)} trajectories"
             )
-        if self.part >= self.parts:
-            raise ValueError(f"part {self.part} of {self.parts}: the index must be below the count")
-        if (self.parts > 1) != bool(self.part_of):
-            raise ValueError("part_of: the whole group's event id, set exactly when parts > 1")
+        _check_parts(self)
         return self
 
     def key(self) -> str:

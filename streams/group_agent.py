@@ -4,7 +4,9 @@ Reads polar.trajectories (keyed by group) and this stage's tick topic. State:
 
 - ``groups``: group_id -> GroupState (one reference per sample, emitted marker)
 - ``group-members``: "<group_id>/<sample_index>" -> where the member sits on polar.trajectories, with
-  its event id (values written before references are the member's bytes, and still read)
+  its event id (values written before references are the member's bytes, and still read); for a
+  member sent in parts (schemas/parts.py), the whole one's event id and its parts' references, which
+  "<group_id>/<sample_index>/<whole event id>" gathers until the last part is in
 
 The members decoded on arrival are kept in memory (bounded), so emitting a group neither decodes them
 again (that was a tenth of the worker's CPU) nor reads them back; a miss reads the member from
@@ -19,18 +21,17 @@ so a crash can only cause a byte-identical re-send (same inputs, same determinis
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
 import orjson
 
-from schemas import GroupTooLarge, Trajectory, decode, split_group
+from schemas import Trajectory, decode, join_parts
 
 from . import metrics
 from .deadlines import Wakeups
 from .groups import GroupState, add_member, build_group, decide, due, new_group
-from .runtime import BATCH_OVERHEAD, Runtime
+from .runtime import Runtime
 from .source_log import Recent, ref
 
 log = logging.getLogger("streams.groups")
@@ -67,6 +68,14 @@ async def on_trajectory(rt: Runtime, value: bytes, partition: int, offset: int) 
     traj = rt.decode(value, Trajectory, rt.topo.trajectories, partition, offset)
     if traj is None:
         return
+    key = f"{traj.group_id}/{traj.sample_index}"
+    if traj.parts > 1:  # a part of a trajectory sent in parts: the member is in once all its parts are
+        gathered = _gather(rt, key, traj, len(value), partition, offset)
+        if gathered is None:
+            return
+        traj, member_ref, size, gathering = gathered
+    else:
+        member_ref, size, gathering = ref(traj.event_id, partition, offset), len(value), ""
     now = time.time()
     state = _load(rt, traj.group_id) or new_group(traj, now, partition)
     outcome = add_member(state, traj)
@@ -74,20 +83,55 @@ async def on_trajectory(rt: Runtime, value: bytes, partition: int, offset: int) 
     if outcome == "conflict":
         log.warning("group %s sample %d attempt %d: a second, different trajectory %s; kept the first",
                     traj.group_id, traj.sample_index, traj.attempt, traj.event_id)
+    if outcome in ("added", "replaced", "duplicate"):
+        # As in the session stage: after a crash the state can be ahead of the members table, and the
+        # replayed trajectory puts its reference back.
+        stored = rt.get(MEMBERS, key)
+        if stored is None or stored.get("e", stored.get("event_id")) != traj.event_id:
+            rt.put(MEMBERS, key, member_ref)
+            if outcome == "duplicate":
+                rt.count("members.restored")
+        if size:  # whole (a split one whose parts were all still in memory is joined): kept decoded
+            _decoded(rt).put(key, traj.event_id, traj, size)
+    if gathering:  # after the member's reference: a crash in between finds one or the other
+        rt.delete(MEMBERS, gathering)
     if outcome not in ("added", "replaced", "duplicate"):
         return
-    # As in the session stage: after a crash the state can be ahead of the members table, and the
-    # replayed trajectory puts its bytes back.
-    key = f"{traj.group_id}/{traj.sample_index}"
-    stored = rt.get(MEMBERS, key)
-    if stored is None or stored.get("e", stored.get("event_id")) != traj.event_id:
-        rt.put(MEMBERS, key, ref(traj.event_id, partition, offset))
-        if outcome == "duplicate":
-            rt.count("members.restored")
-    _decoded(rt).put(key, traj.event_id, traj, len(value))
     if outcome != "duplicate":
         _save(rt, state)
     await advance(rt, state, now)
+
+
+def _gather(rt: Runtime, key: str, part: Trajectory, size: int, partition: int,
+            offset: int) -> tuple[Trajectory, bytes, int, str] | None:
+    """Hold a part of a trajectory sent in parts (schemas/parts.py) until all of them are in, under
+    ``<key>/<whole event id>`` in the members table (their references, in part order).
+
+    Once complete: (the whole trajectory, its member reference, its size, the gathering key to delete).
+    The whole is joined when every part is still in memory (size > 0); else it is its fields without
+    traces (size 0), enough for the group's state, and the parts are read back when the group emits.
+    None while parts are missing."""
+    whole_id, gathering = part.part_of, f"{key}/{part.part_of}"
+    decoded = _decoded(rt)
+    decoded.put(f"{gathering}#{part.part}", part.event_id, part, size)
+    held = rt.get(MEMBERS, key)
+    if held is not None and held.get("e") == whole_id:  # complete already: a part replayed after a crash
+        refs = held["parts"]
+    else:
+        refs = (rt.get(MEMBERS, gathering) or {"parts": [None] * part.parts})["parts"]
+        if refs[part.part] is None or refs[part.part]["e"] != part.event_id:
+            refs[part.part] = orjson.loads(ref(part.event_id, partition, offset))
+            rt.put(MEMBERS, gathering, {"parts": refs})
+        if any(r is None for r in refs):
+            rt.count("members.parts_held")
+            return None
+    parts = [decoded.get(f"{gathering}#{k}", r["e"]) for k, r in enumerate(refs)]
+    member_ref = orjson.dumps({"e": whole_id, "parts": refs})
+    if all(p is not None for p in parts):  # moved from the parts' entries to the whole's
+        size = sum(decoded.pop(f"{gathering}#{k}") for k in range(len(refs)))
+        return join_parts(parts), member_ref, size, gathering
+    fields = part.model_copy(update={"event_id": whole_id, "traces": [], "part": 0, "parts": 1, "part_of": ""})
+    return fields, member_ref, 0, gathering
 
 
 async def on_tick(rt: Runtime, partition: int) -> None:
@@ -155,22 +199,13 @@ async def advance(rt: Runtime, state: GroupState, now: float) -> None:
             rt.count("groups.dropped_zero_variance")
             _close(rt, state, "dropped:zero_variance", now)
             return
-        try:  # a group past the record limit goes out in parts (schemas/parts.py), never dropped for its size
-            records = split_group(group, rt.topo.group_max_bytes - BATCH_OVERHEAD)
-        except GroupTooLarge as e:
-            rt.count("groups.oversized")
-            log.error("%s: not sent (its inputs stay in polar.trajectories)", e)
+        fut = await rt.send_split("groups", group, rt.topo.group_max_bytes)  # in parts when past the limit
+        if fut is None:
             _close(rt, state, "dropped:oversized", now)
             return
-        if len(records) > 1:
-            rt.count("groups.split")
-            rt.count("groups.parts", len(records))
-        futs = [await rt.send("groups", part, rt.topo.group_max_bytes, data) for part, data in records]
-        assert all(f is not None for f in futs), "split_group keeps every part under the limit"
         metrics.observe_group(now - state.first_seen)
         # Marked emitted once the broker has every part (a crash before re-sends all of them, byte-identical).
-        rt.pend(STAGE, gid, state.partition, asyncio.gather(*futs),
-                lambda: _close(rt, _load(rt, gid) or state, group.event_id, now))
+        rt.pend(STAGE, gid, state.partition, fut, lambda: _close(rt, _load(rt, gid) or state, group.event_id, now))
         _schedule(rt, state)
         return
     rt.count(f"groups.{action.replace(':', '_')}")
@@ -187,9 +222,10 @@ def _close(rt: Runtime, state: GroupState, emitted: str, now: float) -> None:
 
 async def _stored_members(rt: Runtime, state: GroupState) -> list[Trajectory] | None:
     """The members the state lists, or None while any is missing, is another attempt than listed, or
-    could not be read back yet."""
+    could not be read back yet. A member sent in parts is joined from them."""
     found: dict[int, Trajectory] = {}
-    refs: dict[int, dict] = {}  # sample index -> reference, for the members not in the cache
+    refs: dict[tuple[int, int], dict] = {}  # (sample index, part) -> reference, for what is not in memory
+    split: dict[int, list] = {}  # sample index -> its parts (None: to read back), for members sent in parts
     decoded = _decoded(rt)
     for i in state.members:
         key = f"{state.group_id}/{i}"
@@ -197,25 +233,42 @@ async def _stored_members(rt: Runtime, state: GroupState) -> list[Trajectory] | 
         if raw is None:
             return None
         held = orjson.loads(raw)
-        if "at" not in held:  # written before references: the member itself
+        if "e" not in held:  # written before references: the member itself
             found[i] = decode(raw, Trajectory)
             continue
         traj = decoded.get(key, held["e"])
-        if traj is None:
-            refs[i] = held
-        else:
+        if traj is not None:
             found[i] = traj
+        elif "parts" in held:  # sent in parts: those not in memory are read back, then joined
+            split[i] = [decoded.get(f"{key}/{held['e']}#{k}", r["e"]) for k, r in enumerate(held["parts"])]
+            refs.update(((i, k), r) for k, r in enumerate(held["parts"]) if split[i][k] is None)
+        else:
+            refs[(i, 0)] = held
+    read: dict = {}
     if refs:
         read = await rt.read_back(rt.topo.trajectories, Trajectory, refs, "members")
         if read is None:
             return None
-        found.update(read)  # a gone member keeps the group waiting (until it expires)
+    for (i, k), traj in read.items():  # a gone member keeps the group waiting (until it expires)
+        if i in split:
+            split[i][k] = traj
+        else:
+            found[i] = traj
+    for i, parts in split.items():
+        if all(p is not None for p in parts):
+            found[i] = join_parts(parts)
     if any(i not in found or found[i].event_id != member.event_id for i, member in state.members.items()):
         return None
     return [found[i] for i in sorted(found)]
 
 
 def _delete_members(rt: Runtime, state: GroupState) -> None:
-    for i in state.members:
-        rt.delete(MEMBERS, f"{state.group_id}/{i}")
-        _decoded(rt).pop(f"{state.group_id}/{i}")
+    decoded = _decoded(rt)
+    for i, member in state.members.items():
+        key = f"{state.group_id}/{i}"
+        held = rt.get(MEMBERS, key)
+        if held is not None and "e" in held:  # a reference (not a member's bytes): its parts' cache entries
+            for k in range(len(held.get("parts", ()))):
+                decoded.pop(f"{key}/{member.event_id}#{k}")
+        rt.delete(MEMBERS, key)
+        decoded.pop(key)

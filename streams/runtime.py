@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from schemas import Record, RecordDecodeError, decode, encode
+from schemas import Record, RecordDecodeError, RecordTooLarge, TrainingGroup, Trajectory, decode, encode, split_record
 
 from .config import StreamsConfig
 from .source_log import Recent
@@ -211,6 +211,23 @@ class Runtime:
             return None
         self.count(f"{topic}.sent")
         return await self.topics[topic].send(key=record.key().encode(), value=data)
+
+    async def send_split(self, topic: str, record: Trajectory | TrainingGroup, max_bytes: int) -> Any | None:
+        """Start sending a record, in parts when it is over the topic's limit (schemas/parts.py): one
+        future for all of them, or None (counted as ``<topic>.oversized``, logged) when a single trace
+        is too large for any part."""
+        try:
+            records = split_record(record, max_bytes - BATCH_OVERHEAD)
+        except RecordTooLarge as e:
+            self.count(f"{topic}.oversized")
+            log.error("%s: not sent (its inputs stay in the source topics)", e)
+            return None
+        if len(records) > 1:
+            self.count(f"{topic}.split")
+            self.count(f"{topic}.parts", len(records))
+        futures = [await self.send(topic, part, max_bytes, data) for part, data in records]
+        assert all(f is not None for f in futures), "split_record keeps every part under the limit"
+        return futures[0] if len(futures) == 1 else asyncio.gather(*futures)
 
     def pend(self, stage: str, key: str, partition: int, future: Any, on_ack: Callable[[], None]) -> None:
         """Run ``on_ack`` (in a later event of ``partition``) once ``future`` says the broker has the record."""

@@ -15,8 +15,9 @@ Deadlines (assemble a session still missing calls, drop one that never finished,
 are kept in memory per partition (streams/deadlines.py): a tick touches only the sessions that are due.
 
 Order of effects, for crash safety under at-least-once: store the input; when the session is complete,
-send its trajectory; once the broker acknowledged it (applied by a later event of the partition, see
-Runtime.settle), mark the session done, then delete its calls. A crash in between replays inputs into
+send its trajectory (in parts when it is past the topic's limit, schemas/parts.py); once the broker
+acknowledged it, every part (applied by a later event of the partition, see Runtime.settle), mark the
+session done, then delete its calls. A crash in between replays inputs into
 a state that may already hold them (deduplicated) and, at worst, re-sends a byte-identical trajectory
 that readers drop by event_id.
 """
@@ -206,7 +207,7 @@ async def advance(rt: Runtime, state: SessionState, now: float) -> None:
             return  # a call's reference is still being replayed after a restart, or the broker is slow
         calls, gone = stored
         traj = _build(rt, state, calls, gone)
-        fut = await rt.send("trajectories", traj, rt.topo.trajectory_max_bytes)
+        fut = await rt.send_split("trajectories", traj, rt.topo.trajectory_max_bytes)  # in parts when past the limit
         if fut is None:
             _close(rt, state, "dropped:oversized", now)
         else:

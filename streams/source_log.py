@@ -53,10 +53,13 @@ class Recent(Generic[V]):
         self.items.move_to_end(key)
         return hit[1]
 
-    def pop(self, key: str) -> None:
+    def pop(self, key: str) -> int:
+        """Forget ``key``; the size it was counted at (0 if it was not held)."""
         hit = self.items.pop(key, None)
-        if hit is not None:
-            self.bytes -= hit[2]
+        if hit is None:
+            return 0
+        self.bytes -= hit[2]
+        return hit[2]
 
 
 class SourceLog:

@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from schemas import Trajectory
+from schemas import Parts, Trajectory
 from streams.trajectory import MASKED_STATUSES
 
 OUTCOME_STATUSES = ("ok", "timeout")
@@ -84,9 +84,19 @@ class Latest:
     seen: set[str] = field(default_factory=set)
     duplicates: int = 0
     superseded: int = 0
+    parts: Parts = field(default_factory=Parts)
 
     def add(self, t: Trajectory) -> bool:
-        """Take a trajectory; True when it changed the samples."""
+        """Take a trajectory (or a part of one sent in parts: counted once all are in); True when it
+        changed the samples."""
+        if t.parts > 1:
+            if t.part_of in self.seen:
+                self.duplicates += 1
+                return False
+            whole = self.parts.add(t)
+            if whole is None:
+                return False
+            t = whole
         if t.event_id in self.seen:
             self.duplicates += 1
             return False

@@ -20,7 +20,7 @@ from pathlib import Path
 import orjson
 
 from infra.settings import Settings
-from schemas import RecordDecodeError, TrainingGroup, Trajectory, decode
+from schemas import Parts, RecordDecodeError, TrainingGroup, Trajectory, decode
 
 from .evaluate import Latest
 from .kafka_read import RawMessage
@@ -107,10 +107,12 @@ def rows_from(messages: Iterable[RawMessage], source: str, filters: Filters, sta
     From trajectories, a retried sample's latest attempt wins, so the whole input is read before the
     first row; groups already hold one trajectory per sample and stream straight through."""
     if source == "trajectories":
-        latest, kept = Latest(), {}
+        latest, kept, joiner = Latest(), {}, Parts()  # one sent in parts is exported whole
         for msg in messages:
             traj = _decode(msg, Trajectory, stats)
-            if traj is not None and latest.add(traj):
+            if traj is not None and traj.part_of in latest.seen:  # a part of one taken already, again
+                latest.duplicates += 1
+            elif traj is not None and (traj := joiner.add(traj)) is not None and latest.add(traj):
                 kept[(traj.group_id, traj.sample_index)] = traj
         stats.duplicates, stats.superseded = latest.duplicates, latest.superseded
         for traj in kept.values():
@@ -118,15 +120,21 @@ def rows_from(messages: Iterable[RawMessage], source: str, filters: Filters, sta
             yield from trace_rows(traj, filters, stats.skipped)
         return
     seen: set[str] = set()
+    joiner = Parts()  # a group sent in parts is exported whole (its trajectories whole, too)
     for msg in messages:
         group = _decode(msg, TrainingGroup, stats)
         if group is None:
+            continue
+        if group.part_of in seen:  # a part of a group exported already, again
+            stats.duplicates += 1
+            continue
+        if (group := joiner.add(group)) is None:
             continue
         if group.event_id in seen:
             stats.duplicates += 1
             continue
         seen.add(group.event_id)
-        stats.groups += group.part == 0  # a group sent in parts counts once
+        stats.groups += 1
         for traj, adv in zip(group.trajectories, group.advantages):
             stats.trajectories += 1
             yield from trace_rows(traj, filters, stats.skipped, adv)

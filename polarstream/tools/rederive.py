@@ -25,10 +25,12 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
-from schemas import CallRecorded, GroupTooLarge, Record, SessionEvent, Trajectory, decode, encode, split_group
+from schemas import (CallRecorded, Record, RecordTooLarge, SessionEvent, Trajectory, decode, encode, join_parts,
+                     split_record)
 from streams import groups as group_fns
 from streams import sessions as session_fns
 from streams.assembly import CallTokens
@@ -60,6 +62,7 @@ class Rederiver:
         self.calls: dict[str, dict[int, CallTokens]] = {}  # calls of sessions not yet assembled
         self.groups: dict[str, GroupState] = {}
         self.members: dict[str, dict[int, bytes]] = {}  # group -> sample_index -> Trajectory bytes
+        self.gathering: dict[tuple[str, int, str], dict[int, Trajectory]] = {}  # parts of a split trajectory
         self.clock = float("-inf")
         self._next_sweep = float("-inf")
         # Per calls partition, the newest call time processed so far (``Runtime.calls_watermark`` of the live
@@ -164,21 +167,42 @@ class Rederiver:
             missing = state.missing_calls + (len(state.calls) - len(calls))
             self.counters["sessions.missing_calls"] += bool(missing)
             traj = build_trajectory(finished, calls, self.config, missing_calls=missing)
-            data = encode(traj)
-            if len(data) > self.limits.trajectory_bytes - BATCH_OVERHEAD:
-                self.counters["trajectories.oversized"] += 1
+            records = self._split("trajectories", traj, self.limits.trajectory_bytes)
+            if records is None:
                 state.done = "dropped:oversized"
             else:
                 state.done = traj.event_id
                 self.counters["sessions.assembled"] += 1
-                out += [traj, *self._on_trajectory(traj, data)]
+                for part, data in records:
+                    out += [part, *self._on_trajectory(part, data)]
         else:  # drop:no_finished
             self.counters["sessions.dropped_no_finished"] += 1
             state.done = action
         state.done_at = self.clock
         return out
 
+    def _split(self, topic: str, record, limit: int) -> list[tuple[Any, bytes]] | None:
+        """As the live Runtime.send_split: the record, or its parts when past the limit; None when oversized."""
+        try:
+            records = split_record(record, limit - BATCH_OVERHEAD)
+        except RecordTooLarge:
+            self.counters[f"{topic}.oversized"] += 1
+            return None
+        if len(records) > 1:
+            self.counters[f"{topic}.split"] += 1
+            self.counters[f"{topic}.parts"] += len(records)
+        return records
+
     def _on_trajectory(self, traj: Trajectory, data: bytes) -> list[Record]:
+        if traj.parts > 1:  # as the live stage: the member is in once all its parts are
+            held = self.gathering.setdefault((traj.group_id, traj.sample_index, traj.part_of), {})
+            held[traj.part] = traj
+            if len(held) < traj.parts:
+                self.counters["members.parts_held"] += 1
+                return []
+            del self.gathering[(traj.group_id, traj.sample_index, traj.part_of)]
+            traj = join_parts(list(held.values()))
+            data = encode(traj)
         state = self.groups.get(traj.group_id) or group_fns.new_group(traj, self.clock, 0)
         self.groups[traj.group_id] = state
         outcome = group_fns.add_member(state, traj)
@@ -203,18 +227,11 @@ class Rederiver:
             if group is None:
                 self.counters["groups.dropped_zero_variance"] += 1
                 state.emitted = "dropped:zero_variance"
+            elif (records := self._split("groups", group, self.limits.group_bytes)) is None:
+                state.emitted = "dropped:oversized"
             else:
-                try:  # as the live stage: in parts when past the limit
-                    records = split_group(group, self.limits.group_bytes - BATCH_OVERHEAD)
-                except GroupTooLarge:
-                    self.counters["groups.oversized"] += 1
-                    state.emitted = "dropped:oversized"
-                else:
-                    if len(records) > 1:
-                        self.counters["groups.split"] += 1
-                        self.counters["groups.parts"] += len(records)
-                    state.emitted = group.event_id
-                    out += [part for part, _ in records]
+                state.emitted = group.event_id
+                out += [part for part, _ in records]
         else:
             self.counters[f"groups.{action.replace(':', '_')}"] += 1
             state.emitted = action

@@ -103,7 +103,9 @@ class ReplayResult:
 
 def _tally(written: Counter, record: Record) -> None:
     if isinstance(record, Trajectory):
-        written["trajectories"] += 1
+        written["trajectories"] += record.part == 0  # one sent in parts counts once
+        if record.parts > 1:
+            written["trajectory_parts"] += 1
         written["usable_trajectories"] += record.usable
         written["traces"] += len(record.traces)
         written["tokens"] += sum(len(t.token_ids) for t in record.traces)

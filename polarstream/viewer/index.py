@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from schemas import (RECORD_BY_TOPIC, CallRecorded, GroupParts, PolicyVersion, RecordDecodeError, SessionEvent, TrainingGroup,
+from schemas import (RECORD_BY_TOPIC, CallRecorded, Parts, PolicyVersion, RecordDecodeError, SessionEvent, TrainingGroup,
                      Trajectory, decode)
 
 from ..tools.evaluate import Latest, evaluate
@@ -60,7 +60,7 @@ class RunIndex:
         self.prefix = prefix
         self.sessions: dict[str, SessionView] = {}
         self.groups: dict[str, TrainingGroup] = {}
-        self.parts = GroupParts()
+        self.parts = Parts()
         self.trajectories: dict[str, Trajectory] = {}  # session_id -> its trajectory (latest read)
         self.samples = Latest()  # one evaluation sample per (group, sample_index)
         self.rewards: list[tuple[float, float]] = []  # (created_at, reward) per trajectory, in arrival order
@@ -88,7 +88,9 @@ class RunIndex:
             elif isinstance(record, SessionEvent):
                 self._event(record)
             elif isinstance(record, Trajectory):
-                self._trajectory(record)
+                whole = self.parts.add(record)  # shown once all parts of one sent in parts are in
+                if whole is not None:
+                    self._trajectory(whole)
             elif isinstance(record, TrainingGroup):
                 whole = self.parts.add(record)  # shown once all parts of a group sent in parts are in
                 if whole is not None:

@@ -1,4 +1,4 @@
-"""A group past the record limit goes out in parts that join back to it exactly (schemas/parts.py)."""
+"""A record past its topic's limit goes out in parts that join back to it exactly (schemas/parts.py)."""
 
 from __future__ import annotations
 
@@ -6,70 +6,97 @@ import random
 
 import pytest
 
-from schemas import (GroupParts, GroupTooLarge, RecordDecodeError, Trace, TrainingGroup, Trajectory, decode, encode,
-                     join_parts, split_group)
+from schemas import (Parts, RecordDecodeError, RecordTooLarge, Trace, TrainingGroup, Trajectory, decode, encode,
+                     join_parts, split_record)
 
 
-def group(samples: int = 6, tokens: int = 400, seed: int = 0) -> TrainingGroup:
+def trajectory(i: int, traces: int = 3, tokens: int = 400, rng: random.Random | None = None) -> Trajectory:
+    rng = rng or random.Random(i)
+    out = []
+    for k in range(traces):
+        n = tokens + rng.randrange(tokens)  # traces of different sizes
+        out.append(Trace(call_indices=[k], token_ids=[rng.randrange(50_000) for _ in range(n)], loss_mask=[k % 2] * n,
+                         logprobs=[-rng.random() if k % 2 else 0.0 for _ in range(n)], policy_versions=[2]))
+    return Trajectory(session_id=f"s{i}", group_id="g", task_id="t", sample_index=i, num_samples=7, reward=float(i % 2),
+                      traces=out, stats={"calls": float(traces)}, metrics={"tests_passed": 1.0})
+
+
+def group(samples: int = 6, seed: int = 0, **kw) -> TrainingGroup:
     rng = random.Random(seed)
-    trajs = []
-    for i in range(samples):
-        n = tokens + rng.randrange(tokens)  # members of different sizes
-        trace = Trace(call_indices=[0], token_ids=[rng.randrange(50_000) for _ in range(n)], loss_mask=[i % 2] * n,
-                      logprobs=[-rng.random() if i % 2 else 0.0 for _ in range(n)], policy_versions=[2])
-        trajs.append(Trajectory(session_id=f"s{i}", group_id="g", task_id="t", sample_index=i, num_samples=samples + 1,
-                                reward=float(i % 2), traces=[trace]))
-    return TrainingGroup(group_id="g", task_id="t", trajectories=trajs, advantages=[(-1.0) ** i * 0.123456789 for i in range(samples)],
-                         masked=["s-failed"], reward_mean=0.5, reward_std=0.5, policy_versions=[2])
+    return TrainingGroup(group_id="g", task_id="t", trajectories=[trajectory(i, rng=rng, **kw) for i in range(samples)],
+                         advantages=[(-1.0) ** i * 0.123456789 for i in range(samples)], masked=["s-failed"],
+                         reward_mean=0.5, reward_std=0.5, policy_versions=[2])
 
 
-def test_a_group_that_fits_goes_out_as_itself():
-    g = group()
-    data = encode(g)
-    assert split_group(g, len(data)) == [(g, data)]
+@pytest.mark.parametrize("record", [group(), trajectory(0)], ids=["group", "trajectory"])
+def test_a_record_that_fits_goes_out_as_itself(record):
+    data = encode(record)
+    assert split_record(record, len(data)) == [(record, data)]
 
 
-@pytest.mark.parametrize("limit_over_largest", [1.0, 1.6, 2.5])
-def test_parts_stay_under_the_limit_and_join_back_to_the_group(limit_over_largest):
-    g = group()
-    largest = max(len(encode(t)) for t in g.trajectories)
-    limit = int(largest * limit_over_largest) + 600  # room for the part's own fields
-    parts = split_group(g, limit)
+def check_parts(whole, parts, limit):
+    """Each part under the limit, valid alone, numbered, with a re-send byte-identical; joined, the whole."""
     assert len(parts) > 1
     for k, (part, data) in enumerate(parts):
         assert len(data) <= limit and data == encode(part)
-        assert decode(data, TrainingGroup) == part  # each part is a valid record on its own
-        assert (part.part, part.parts, part.part_of) == (k, len(parts), g.event_id)
-        assert part.masked == (g.masked if k == 0 else [])
-    # Every member once, in sample order, with its own advantage.
+        assert decode(data, type(whole)) == part
+        assert (part.part, part.parts, part.part_of) == (k, len(parts), whole.event_id)
+    assert len({p.event_id for p, _ in parts} | {whole.event_id}) == len(parts) + 1
+    assert encode(join_parts([p for p, _ in reversed(parts)])) == encode(whole)
+    assert [d for _, d in split_record(whole, limit)] == [d for _, d in parts]
+
+
+@pytest.mark.parametrize("limit_over_largest", [1.0, 1.6, 2.5])
+def test_group_parts_share_its_trajectories(limit_over_largest):
+    g = group()
+    limit = int(max(len(encode(t)) for t in g.trajectories) * limit_over_largest) + 600
+    parts = split_record(g, limit)
+    check_parts(g, parts, limit)
     members = [(t.sample_index, a) for p, _ in parts for t, a in zip(p.trajectories, p.advantages)]
-    assert members == [(t.sample_index, a) for t, a in zip(g.trajectories, g.advantages)]
-    assert len({p.event_id for p, _ in parts} | {g.event_id}) == len(parts) + 1
-    assert encode(join_parts([p for p, _ in reversed(parts)])) == encode(g)
-    assert [d for _, d in split_group(g, limit)] == [d for _, d in parts]  # a re-send is byte-identical
+    assert members == [(t.sample_index, a) for t, a in zip(g.trajectories, g.advantages)]  # once each, in order
+    assert [p.masked for p, _ in parts] == [g.masked] + [[]] * (len(parts) - 1)
 
 
-def test_a_member_too_large_for_any_part_is_refused():
-    g = group()
-    with pytest.raises(GroupTooLarge, match="alone is"):
-        split_group(g, max(len(encode(t)) for t in g.trajectories))
+def test_trajectory_parts_share_its_traces_and_keep_its_fields():
+    t = trajectory(1, traces=8)
+    limit = len(encode(t)) // 3
+    parts = split_record(t, limit)
+    check_parts(t, parts, limit)
+    assert [tr for p, _ in parts for tr in p.traces] == t.traces
+    assert all((p.session_id, p.reward, p.stats, p.metrics) == (t.session_id, t.reward, t.stats, t.metrics) for p, _ in parts)
 
 
-def test_reader_joins_parts_in_any_order_and_passes_whole_groups_through():
-    g = group()
-    parts = [p for p, _ in split_group(g, len(encode(g)) // 2)]
+def test_a_member_too_large_for_a_group_part_goes_as_its_own_parts():
+    g = group(samples=3, traces=6)
+    limit = max(len(encode(t)) for t in g.trajectories) // 2  # no member fits a part whole
+    parts = split_record(g, limit)
+    check_parts(g, parts, limit)
+    pieces = [(t.sample_index, t.part, t.parts, a) for p, _ in parts for t, a in zip(p.trajectories, p.advantages)]
+    assert {(i, a) for i, _, _, a in pieces} == {(t.sample_index, a) for t, a in zip(g.trajectories, g.advantages)}
+    assert all(n > 1 for _, _, n, _ in pieces)  # every member split, each piece trains with its member's advantage
+
+
+@pytest.mark.parametrize("record", [group(), trajectory(0)], ids=["group", "trajectory"])
+def test_a_trace_too_large_for_any_part_is_refused(record):
+    largest = max(len(encode(tr)) for t in getattr(record, "trajectories", [record]) for tr in t.traces)
+    with pytest.raises(RecordTooLarge, match="one trace alone"):
+        split_record(record, largest)
+
+
+def test_reader_joins_parts_in_any_order_and_passes_whole_records_through():
+    g, t = group(), trajectory(3, traces=6)
+    parts = [p for p, _ in split_record(g, len(encode(g)) // 2)] + [p for p, _ in split_record(t, len(encode(t)) // 2)]
+    joiner = Parts()
     other = group(seed=1)
-    joiner = GroupParts()
     assert joiner.add(other) is other
     random.Random(3).shuffle(parts)
-    got = [joiner.add(p) for p in parts]
-    assert got[:-1] == [None] * (len(parts) - 1)
-    assert encode(got[-1]) == encode(g)
+    got = [w for w in map(joiner.add, parts) if w is not None]
+    assert sorted(encode(w) for w in got) == sorted([encode(g), encode(t)])
 
 
 @pytest.mark.parametrize("fields, problem", [({"part": 2, "parts": 2, "part_of": "x"}, "below the count"),
                                              ({"parts": 2}, "part_of"), ({"part_of": "x"}, "part_of")])
-def test_inconsistent_part_fields_do_not_decode(fields, problem):
-    data = encode(group(samples=1).model_copy(update=fields))
+@pytest.mark.parametrize("record", [group(samples=1), trajectory(0)], ids=["group", "trajectory"])
+def test_inconsistent_part_fields_do_not_decode(record, fields, problem):
     with pytest.raises(RecordDecodeError, match=problem):
-        decode(data, TrainingGroup)
+        decode(encode(record.model_copy(update=fields)), type(record))

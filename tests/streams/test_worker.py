@@ -122,46 +122,55 @@ def test_worker_builds_the_expected_groups(polar_settings, streams_worker, chat_
     assert stats.get("sessions.missing_calls") == 1
 
 
-def test_a_group_past_the_topic_limit_arrives_in_parts(polar_settings, streams_worker, chat_tokenize):
-    """With polar.groups allowing less than a group, the worker sends it in parts (not dropped): each
-    part under the limit, byte for byte what split_group makes, and together the group the pure
-    functions build."""
+def test_records_past_the_topic_limits_arrive_in_parts(polar_settings, streams_worker, chat_tokenize):
+    """With polar.trajectories and polar.groups allowing less than a session's trajectory and a group,
+    the worker sends both in parts (nothing dropped): the group stage gathers a trajectory's parts
+    before counting the sample in, each part is under its limit, and joined they are byte for byte
+    what the pure functions build; the group's parts are exactly what split_record makes."""
     import dataclasses
     import time
 
     from confluent_kafka.admin import AdminClient, ConfigResource
 
     from infra.topics import ensure_topics, load_specs
-    from schemas import GroupParts, split_group
+    from schemas import Parts, Trajectory, split_record
     from streams.runtime import BATCH_OVERHEAD
 
-    sessions = record_group("big", [1.0, 0.0, 0.5, 0.0], seed=5, tokenize=chat_tokenize, turns=4, min_valid=2)
+    sessions = record_group("big", [1.0, 0.0, 0.5, 0.0], seed=5, tokenize=chat_tokenize, turns=8, min_valid=2)
     cfg = StreamsConfig(builder="per_request")
-    (want,) = expected_groups({"big": [(s, 0) for s in sessions]}, cfg).values()
-    limit = max(len(encode(t)) for t in want.trajectories) * 2 + BATCH_OVERHEAD + 1024
-    assert len(encode(want)) > limit - BATCH_OVERHEAD  # the group itself does not fit
+    trajs = [build_trajectory(s.finished, [CallTokens.from_record(c) for c in s.calls], cfg) for s in sessions]
+    want = build_group("big", trajs, cfg)
+    limits = {"trajectories": 2 * max(len(encode(tr)) for t in trajs for tr in t.traces) + BATCH_OVERHEAD + 512,
+              "groups": 2 * max(len(encode(t)) for t in trajs) + BATCH_OVERHEAD + 1024}
+    assert len(encode(want)) > limits["groups"] and max(len(encode(t)) for t in trajs) > limits["trajectories"]
     specs = dict(load_specs())  # a copy: load_specs is cached for every later caller
-    specs["groups"] = dataclasses.replace(specs["groups"], config={**specs["groups"].config, "max.message.bytes": str(limit)})
+    for name, limit in limits.items():
+        specs[name] = dataclasses.replace(specs[name], config={**specs[name].config, "max.message.bytes": str(limit)})
     ensure_topics(polar_settings, specs)
-    admin, res = AdminClient(polar_settings.kafka_config()), ConfigResource(ConfigResource.Type.TOPIC, polar_settings.topic("groups"))
-    deadline = time.monotonic() + 20
-    while admin.describe_configs([res])[res].result()["max.message.bytes"].value != str(limit):  # applied asynchronously
-        assert time.monotonic() < deadline, "the broker did not apply the new limit"
-        time.sleep(0.2)
+    admin = AdminClient(polar_settings.kafka_config())
+    for name, limit in limits.items():  # the broker applies a config change asynchronously
+        res, deadline = ConfigResource(ConfigResource.Type.TOPIC, polar_settings.topic(name)), time.monotonic() + 20
+        while admin.describe_configs([res])[res].result()["max.message.bytes"].value != str(limit):
+            assert time.monotonic() < deadline, f"the broker did not apply the new limit of {name}"
+            time.sleep(0.2)
 
     publish(polar_settings, [r for s in sessions for r in s.records])
     worker = streams_worker("--builder", "per_request", *WORKER_ARGS)
-    parts = split_group(want, limit - BATCH_OVERHEAD)
+    parts = split_record(want, limits["groups"] - BATCH_OVERHEAD)
     msgs = read_topic(polar_settings, "groups", until=lambda m: len(m) >= len(parts), timeout=90, idle=1.5)
     got, duplicates = dedupe(msgs, TrainingGroup)
     assert worker.alive(), worker.log_text()[-3000:]
     assert got == {p.event_id: data for p, data in parts} and duplicates == 0
-    joiner = GroupParts()
+    joiner = Parts()
     (whole,) = [w for w in (joiner.add(decode(d, TrainingGroup)) for d in got.values()) if w is not None]
     assert encode(whole) == encode(want)
+    on_topic = [decode(m.value, Trajectory) for m in read_topic(polar_settings, "trajectories", until=bool, idle=2.0)]
+    assert all(len(encode(t)) <= limits["trajectories"] - BATCH_OVERHEAD for t in on_topic)
+    assert sorted(encode(w) for w in map(joiner.add, on_topic) if w is not None) == sorted(encode(t) for t in trajs)
     stats = worker.stats()
     assert stats.get("groups.split") == 1 and stats.get("groups.parts") == len(parts) > 1
-    assert not stats.get("groups.oversized")
+    assert stats.get("trajectories.split", 0) >= 1 and stats.get("members.added") == 4
+    assert not stats.get("groups.oversized") and not stats.get("trajectories.oversized")
 
 
 def test_trajectories_carry_token_faithful_traces(polar_settings, streams_worker, chat_tokenize):

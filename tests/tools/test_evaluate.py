@@ -93,3 +93,15 @@ def test_eval_state_skips_undecodable_messages():
 def test_bad_k_is_refused():
     with pytest.raises(ValueError, match="k"):
         evaluate([], ks=(0,))
+
+
+def test_a_trajectory_sent_in_parts_is_one_sample_once_all_parts_are_in():
+    from schemas import split_record
+
+    whole = traj("g", 0, 1.0, compaction=True, side_call=True)
+    parts = [p for p, _ in split_record(whole, len(encode(whole)) - 1)]
+    assert len(parts) > 1
+    latest = Latest()
+    assert [latest.add(p) for p in parts] == [False] * (len(parts) - 1) + [True]
+    assert latest.samples[("g", 0)] == Sample.of(whole)  # its tokens and turns counted from every trace
+    assert not latest.add(parts[0]) and latest.duplicates == 1

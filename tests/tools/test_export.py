@@ -60,6 +60,22 @@ def test_rows_from_trajectories_keep_the_latest_attempt():
     assert (stats.duplicates, stats.superseded, stats.undecodable) == (1, 1, 1)
 
 
+def test_records_sent_in_parts_export_as_the_whole_ones():
+    """Trajectories and groups past their topic's limit arrive in parts (schemas/parts.py): the rows are
+    those of the whole records, each once, even with a part delivered twice."""
+    from schemas import split_record
+
+    members = [traj("g", 0, 1.0, compaction=True, side_call=True), traj("g", 1, 0.0, compaction=True, side_call=True)]
+    group = TrainingGroup(event_id="grp", group_id="g", trajectories=members, advantages=[1.0, -1.0])
+    for topic, records, whole in (("groups", [group], [group]), ("trajectories", members, members)):
+        want = list(rows_from(messages(topic, whole), topic, Filters(include_side_calls=True), ExportStats()))
+        parts = [p for r in records for p, _ in split_record(r, len(encode(r)) - 1)]  # just past the limit
+        assert len(parts) > len(records)
+        stats = ExportStats()
+        got = list(rows_from(messages(topic, [*parts, parts[0]]), topic, Filters(include_side_calls=True), stats))
+        assert got == want and stats.duplicates == 1, topic
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_files_round_trip_token_ids_masks_and_logprobs(tmp_path, fmt, polar_settings_offline):
     trajs = [traj("g", 0, 1.0, turns=3, compaction=True), traj("g", 1, 0.5, turns=2)]

@@ -99,7 +99,7 @@ def test_deadlines_run_on_event_time():
     assert [encode(r) for r in later if r.TOPIC == "groups"] == [encode(expected(groups, cfg)["gd"][1])]
 
 
-def test_oversized_outputs_are_counted_not_emitted():
+def test_a_trace_too_large_for_any_part_is_counted_not_emitted():
     records, _ = scenario()
     stages = Rederiver(StreamsConfig(), Limits(trajectory_bytes=5000, group_bytes=5000))
     out = feed(stages, records) + stages.drain()
@@ -107,23 +107,27 @@ def test_oversized_outputs_are_counted_not_emitted():
     assert stages.counters["trajectories.oversized"] == 12
 
 
-def test_a_group_past_the_limit_goes_out_in_parts_that_join_to_it():
-    from schemas import GroupParts
+def test_records_past_the_limits_go_out_in_parts_that_join_to_them():
+    from schemas import Parts
 
     records, groups = scenario()
-    cfg = StreamsConfig(group_deadline_s=4, missing_calls_grace_s=2, missing_calls_timeout_s=3)
+    cfg = StreamsConfig(builder="per_request", group_deadline_s=4, missing_calls_grace_s=2, missing_calls_timeout_s=3)
     want = expected(groups, cfg)
-    largest = max(len(encode(t)) for trajs, _ in want.values() for t in trajs)
-    stages = Rederiver(cfg, Limits(32 << 20, largest + 4096 + 1000))  # one member per part, about
+    trajs = [t for ts, _ in want.values() for t in ts]
+    trace = max(len(encode(tr)) for t in trajs for tr in t.traces)
+    traj_limit = 3 * trace + 4096 + 1000  # a few traces a part: per_request trajectories split
+    group_limit = max(len(encode(t)) for t in trajs) + 4096 + 1000  # about one member a part
+    stages = Rederiver(cfg, Limits(traj_limit, group_limit))
     out = feed(stages, records) + stages.drain()
-    joiner, got = GroupParts(), {}
-    for r in (r for r in out if r.TOPIC == "groups"):
-        assert len(encode(r)) <= largest + 1000
+    joiner, got_groups, got_trajs = Parts(), {}, []
+    for r in out:
+        assert len(encode(r)) <= (group_limit if r.TOPIC == "groups" else traj_limit) - 4096
         if (whole := joiner.add(r)) is not None:
-            got[whole.group_id] = encode(whole)
-    assert got == {gid: encode(g) for gid, (_, g) in want.items()}  # nothing dropped, byte for byte
-    assert stages.counters["groups.split"] == len(want) and "groups.oversized" not in stages.counters
-    smallest = min(len(encode(t)) for trajs, _ in want.values() for t in trajs)
-    too_small = Rederiver(cfg, Limits(32 << 20, smallest + 4096))  # no member alone fits a part
-    assert not [r for r in feed(too_small, records) + too_small.drain() if r.TOPIC == "groups"]
-    assert too_small.counters["groups.oversized"] == len(want)
+            if r.TOPIC == "groups":
+                got_groups[whole.group_id] = encode(whole)
+            else:
+                got_trajs.append(encode(whole))
+    assert got_groups == {gid: encode(g) for gid, (_, g) in want.items()}  # nothing dropped, byte for byte
+    assert sorted(got_trajs) == sorted(encode(t) for t in trajs)
+    assert stages.counters["trajectories.split"] > 0 and stages.counters["groups.split"] == len(want)
+    assert not stages.counters["trajectories.oversized"] and not stages.counters["groups.oversized"]

@@ -57,10 +57,10 @@ def test_a_group_re_emitted_under_a_new_event_id_trains_once():
 
 
 def test_each_part_of_a_group_sent_in_parts_trains_once():
-    from schemas import encode, split_group
+    from schemas import encode, split_record
 
     whole = make_group("a", [[1] * 50, [2] * 50, [3] * 50], [1.0, 0.0, 0.25])
-    parts = [p for p, _ in split_group(whole, len(encode(whole)) // 2)]
+    parts = [p for p, _ in split_record(whole, len(encode(whole)) // 2)]
     assert len(parts) >= 2
     seen = SeenIds()
     plan = plan_step(_polled([parts[0], *parts, parts[-1]]), seen, 0, TrainConfig())  # re-delivered ones, too
