@@ -97,8 +97,11 @@ def samples_from_group(group: TrainingGroup, max_len: int, group_weight: float =
     Returns (samples, sampled tokens cut by ``max_len``).
     """
     samples, cut = [], 0
-    for k, (traj, adv) in enumerate(zip(group.trajectories, group.advantages, strict=True)):
-        trajectory_id = f"{group.event_id}/{k}"  # unique in the step even if two groups share a group_id
+    whole_group = group.part_of or group.event_id  # a group sent in parts (schemas/parts.py): the whole one
+    for traj, adv in zip(group.trajectories, group.advantages, strict=True):
+        # Unique in the step even if two groups share a group_id; the parts of a trajectory sent in parts
+        # are one trajectory, as seq_mean counts it.
+        trajectory_id = f"{whole_group}/{traj.part_of or traj.event_id}"
         for trace in traj.traces:
             s = sample_from_trace(
                 trace.token_ids, trace.loss_mask, trace.logprobs, adv, max_len, group_weight, group.group_id,

@@ -104,7 +104,7 @@ def _session(turns: int, seed: int) -> list[CallTokens]:
 
 def _group(builder: str) -> TrainingGroup:
     sessions = [_session(3, 1), _session(1, 2), _session(2, 3)]  # 3, 1 and 2 traces per_request
-    trajs = [Trajectory(session_id=f"s{i}", group_id="g", sample_index=i, builder=builder,
+    trajs = [Trajectory(event_id=f"t{i}", session_id=f"s{i}", group_id="g", sample_index=i, builder=builder,
                         traces=assemble(calls, builder).traces) for i, calls in enumerate(sessions)]
     return TrainingGroup(group_id="g", trajectories=trajs, advantages=[0.7, -0.3, -0.4])
 
@@ -139,7 +139,7 @@ def test_per_request_and_prefix_merging_train_the_same_objective(trainer_model_d
         assert torch.allclose(grad_a, grad_b, atol=1e-7, rtol=1e-4), norm
 
     a, b = _per_trajectory_logprobs(model, merged), _per_trajectory_logprobs(model, per_req)
-    assert a.keys() == b.keys() == {"0", "1", "2"}
+    assert a.keys() == b.keys() == {"t0", "t1", "t2"}
     for k in a:
         assert a[k][0] == b[k][0]  # the same sampled tokens, in the same order
         assert torch.allclose(torch.tensor(a[k][1]), torch.tensor(b[k][1]), atol=1e-5)
@@ -152,3 +152,19 @@ def test_seq_mean_weights_each_trajectory_equally():
     for s in weighted:
         by_traj[s.trajectory_id] = by_traj.get(s.trajectory_id, 0.0) + s.weight * len(s.trained)
     assert len(by_traj) == 3 and all(v == pytest.approx(1 / 3) for v in by_traj.values())
+
+
+def test_a_group_sent_in_parts_trains_the_same_weights():
+    """Split into group parts, with a member split into trajectory parts (schemas/parts.py), the step
+    that takes all the parts gives every token the weight the whole group's step gives it."""
+    from schemas import encode, split_record
+
+    whole = _group("per_request")
+    one_trace = max(len(encode(t.model_copy(update={"traces": [tr]}))) for t in whole.trajectories for tr in t.traces)
+    parts = [p for p, _ in split_record(whole, one_trace + 700)]  # room for about one trace a part
+    assert len(parts) > 1 and any(t.parts > 1 for p in parts for t in p.trajectories)
+    for norm in ("token_mean", "seq_mean"):
+        want = assign_weights(samples_from_group(whole, 1024)[0], norm)
+        got = assign_weights([s for p in parts for s in samples_from_group(p, 1024)[0]], norm)
+        assert [(s.targets, s.advantage) for s in got] == [(s.targets, s.advantage) for s in want]
+        assert [s.weight for s in got] == pytest.approx([s.weight for s in want]), norm
