@@ -14,7 +14,10 @@ fifth). Prints one JSON object:
   runs forward/backward over) for per_request vs prefix_merging;
 - worker: one `polarstream streams worker` process on a real broker (started here unless --bootstrap):
   calls/s end to end for a burst of sessions published at once (three bursts of new sessions, one with
-  --quick, a pass each: min, median and max; the headline is the median pass), then p50/p99 latency from a group's
+  --quick, a pass each: min, median and max; the headline is the median pass); interleaved with those,
+  two bursts (one with --quick) with a second worker process that joins the consumer group before its
+  pass and leaves after it (``two_workers``: does scaling out by partitions raise throughput on this
+  machine?); then p50/p99 latency from a group's
   last finished event to its TrainingGroup on polar.groups (broker timestamps) with groups arriving
   one by one; also the worker's CPU seconds during the burst (it shares the cores with the broker and
   this process). Everything is published through one long-lived Publisher, connected beforehand;
@@ -23,7 +26,8 @@ fifth). Prints one JSON object:
   sessions take their ids uniformly from a 151k vocabulary (``incompressible_tokenize``), a worst case
   for compression, instead of the 16-word stand-in the other parts use.
 
-Top level, for issue 21: ``worker_calls_per_s``, ``worker_calls_per_cpu_s``, ``group_latency_p99_ms``,
+Top level, for issue 21: ``worker_calls_per_s``, ``worker_calls_per_cpu_s``, ``two_workers_calls_per_s``,
+``group_latency_p99_ms``,
 ``bytes_per_session_over_raw`` (the middle length: 24 turns, 8 with --quick).
 
     .venv/bin/python bench/streams.py [--quick] [--bootstrap HOST:PORT]
@@ -147,48 +151,77 @@ def bench_builders(recs: list[Recorded]) -> dict:
     return out
 
 
-def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: list[list[Recorded]], log_dir: Path) -> dict:
-    """One worker's burst throughput (one pass per burst: the same shape, new sessions), then finished ->
-    group latency on paced groups.
+def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: list[list[Recorded]], log_dir: Path,
+                 workers: list[int]) -> dict:
+    """Burst throughput (one pass per burst: the same shape, new sessions), with ``workers[i]`` worker
+    processes in pass i (1 and 2 interleaved: the second joins before its pass and leaves after, and
+    the pass starts once the partitions are rebalanced), then finished -> group latency on paced
+    groups with one worker.
 
     Every record goes through one Publisher connected during the warm-up, as a gateway keeps its own:
     a fresh idempotent producer spends hundreds of ms connecting and getting its producer id, with
     its records' timestamps already set, and that wait is the load generator's, not the worker's."""
-    worker = WorkerProcess(settings, log_dir / "worker.log", ["--tick-interval", "1", "--stats-interval", "2"]).start()
+    args = ["--tick-interval", "1", "--stats-interval", "2"]
+    worker = WorkerProcess(settings, log_dir / "worker.log", args).start()
     pub = Publisher(settings)
 
     def send(records: list[Recorded]) -> None:
         for fut in [pub.submit(r) for r in records]:
             fut.result(60)
 
-    passes = []
+    passes: dict[int, list[dict]] = {1: [], 2: []}
+    second = None
     try:
         warm = sessions(1, 2, {}, "warm", seed=99)[0]  # the worker is up and owns its partitions once this is out
         send([r for s in warm for r in s.records])
         total = 1
         read_topic(settings, "groups", until=lambda m: len(m) >= total, timeout=120)
 
-        for i, burst in enumerate(bursts):
+        def settle(n: int, tag: str) -> None:
+            """Until ``n`` workers own the partitions and are past recovering their tables: a few small
+            groups (spread over the partitions) come out."""
+            nonlocal total
+            wait_for_members(settings, n)
+            few = sessions(8, 2, {}, tag, seed=7)
+            send([r for g in few for s in g for r in s.records])
+            total += len(few)
+            read_topic(settings, "groups", until=lambda m: len({x.key for x in m}) >= total, timeout=120)
+
+        for i, (burst, n) in enumerate(zip(bursts, workers)):
+            if n == 2:
+                second = WorkerProcess(settings, log_dir / f"worker2-{i}.log", args).start()
+            if i:  # the first pass follows the warm-up: nothing changed since
+                settle(n, f"settle{i}-")
+            pids = [worker.proc.pid] + ([second.proc.pid] if second else [])
             n_calls = sum(len(s.calls) for g in burst for s in g)
             load = load_avg()
-            start, cpu_start = time.perf_counter(), proc_cpu_s([worker.proc.pid])
+            start, cpu_start = time.perf_counter(), proc_cpu_s(pids)
             send([r for g in burst for s in g for r in s.records])
             total += len(burst)
             read_topic(settings, "groups", until=lambda m: len({x.key for x in m}) >= total, timeout=600)
-            seconds, cpu_s = time.perf_counter() - start, proc_cpu_s([worker.proc.pid]) - cpu_start
-            passes.append({"pass": i, "groups": len(burst), "calls": n_calls, "seconds": round(seconds, 2),
-                           "calls_per_s": round(n_calls / seconds, 1), "worker_cpu_s": round(cpu_s, 2),
-                           "calls_per_worker_cpu_s": round(n_calls / cpu_s, 1), "load_avg_before": load})
+            seconds, cpu_s = time.perf_counter() - start, proc_cpu_s(pids) - cpu_start
+            passes[n].append({"pass": i, "workers": n, "groups": len(burst), "calls": n_calls, "seconds": round(seconds, 2),
+                              "calls_per_s": round(n_calls / seconds, 1), "worker_cpu_s": round(cpu_s, 2),
+                              "calls_per_worker_cpu_s": round(n_calls / cpu_s, 1), "load_avg_before": load})
+            if second is not None:
+                second.stop()
+                second = None
 
+        if workers[-1] == 2:
+            settle(1, "settled-")
         for g in paced:  # groups finish one by one, each session's calls before its finished event
             send([r for s in g for r in s.records])
             time.sleep(0.2)
         total += len(paced)
         groups = read_topic(settings, "groups", until=lambda m: len({x.key for x in m}) >= total, timeout=300)
-        events = read_topic(settings, "session-events", timeout=5)
+        paced_ids = {s.finished.session_id for g in paced for s in g}
+        events = read_topic(settings, "session-events", timeout=60,  # until every paced finished event is read
+                            until=lambda m: paced_ids <= {x.key.decode() for x in m})
     finally:
         pub.close()
         worker.stop()
+        if second is not None:
+            second.stop()
     done_ts = {m.key.decode(): m.timestamp_ms for m in groups}
     finished_ts: dict[str, int] = {}
     group_of = {s.finished.session_id: s.finished.group_id for g in paced for s in g}
@@ -197,14 +230,38 @@ def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: 
         if gid is not None:
             finished_ts[gid] = max(finished_ts.get(gid, 0), m.timestamp_ms)
     latencies = [float(done_ts[g] - t) for g, t in finished_ts.items() if g in done_ts]
-    by_rate = sorted(passes, key=lambda p: p["calls_per_s"])
-    return {"burst": by_rate[len(by_rate) // 2],  # the median pass
-            "burst_passes": passes,
-            "burst_calls_per_s": {"min": by_rate[0]["calls_per_s"], "median": by_rate[len(by_rate) // 2]["calls_per_s"],
-                                  "max": by_rate[-1]["calls_per_s"]},
-            "burst_calls_per_worker_cpu_s_median": statistics.median(p["calls_per_worker_cpu_s"] for p in passes),
+    one = sorted(passes[1], key=lambda p: p["calls_per_s"])
+    two = sorted(passes[2], key=lambda p: p["calls_per_s"])
+    return {"burst": one[len(one) // 2],  # the median pass
+            "burst_passes": passes[1],
+            "burst_calls_per_s": {"min": one[0]["calls_per_s"], "median": one[len(one) // 2]["calls_per_s"],
+                                  "max": one[-1]["calls_per_s"]},
+            "burst_calls_per_worker_cpu_s_median": statistics.median(p["calls_per_worker_cpu_s"] for p in passes[1]),
+            "two_workers": {"passes": passes[2],
+                            "calls_per_s": {"min": two[0]["calls_per_s"], "median": two[len(two) // 2]["calls_per_s"],
+                                            "max": two[-1]["calls_per_s"]}} if two else None,
             "latency_finished_to_group_ms": {"groups": len(latencies), "p50": pct(latencies, 0.5),
                                              "p99": pct(latencies, 0.99), "max": max(latencies)}}
+
+
+def wait_for_members(settings: Settings, n: int, timeout: float = 120.0) -> None:
+    """Until the workers' consumer group is stable with ``n`` members, each owning partitions."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    from streams.topology import app_id_for
+
+    admin, group = AdminClient(settings.kafka_config()), app_id_for(settings)
+    deadline = time.monotonic() + timeout
+    while True:
+        d = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+        owning = [m for m in d.members if m.assignment and m.assignment.topic_partitions]
+        if d.state == ConsumerGroupState.STABLE and len(d.members) == len(owning) == n:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{group}: {len(d.members)} members ({len(owning)} owning partitions), state "
+                               f"{d.state}, after {timeout:.0f}s; wanted {n}")
+        time.sleep(0.5)
 
 
 VOCAB = 151_643  # Qwen2.5's vocabulary
@@ -268,10 +325,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         turns, words, n_burst, n_paced, repeat, rounds = 8, {"tokens_per_turn": 40, "system_words": 400, "tool_words": 80}, 12, 10, 3, 3
-        n_bursts = 1
     else:
         turns, words, n_burst, n_paced, repeat, rounds = 24, {"tokens_per_turn": 80, "system_words": 3000, "tool_words": 300}, 40, 30, 3, 5
-        n_bursts = 3
     recorded = sessions(n_burst, turns, words, "b")
     flat = [s for g in recorded for s in g]
     result = {"bench": "streams", "quick": args.quick, "cpus": os.cpu_count(),
@@ -297,11 +352,14 @@ def main() -> None:
             settings = settings.model_copy(update={"topic_prefix": f"bench{uuid.uuid4().hex[:6]}."})
             ensure_topics(settings)
             paced = sessions(n_paced, turns, words, "p", seed=1000)
-            more = [sessions(n_burst, turns, words, f"b{i}-", seed=100 * i) for i in range(1, n_bursts)]
-            result["worker"] = worker = bench_worker(settings, [recorded, *more], paced, Path(tmp))
+            # 1 and 2 worker processes interleaved: 1 2 1 2 1 (1 2 with --quick)
+            plan = [1, 2] if args.quick else [1, 2, 1, 2, 1]
+            more = [sessions(n_burst, turns, words, f"b{i}-", seed=100 * i) for i in range(1, len(plan))]
+            result["worker"] = worker = bench_worker(settings, [recorded, *more], paced, Path(tmp), plan)
             # the issue's headline keys (#21); the worker shares this machine's cores with the broker and
             # this process, so calls per worker CPU-second says what one worker does on a core of its own
             result["worker_calls_per_s"] = worker["burst_calls_per_s"]["median"]
+            result["two_workers_calls_per_s"] = worker["two_workers"]["calls_per_s"]["median"]
             result["worker_calls_per_cpu_s"] = worker["burst_calls_per_worker_cpu_s_median"]
             result["group_latency_p99_ms"] = worker["latency_finished_to_group_ms"]["p99"]
             if broker is None:
