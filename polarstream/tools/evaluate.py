@@ -89,26 +89,30 @@ class Latest:
     def add(self, t: Trajectory) -> bool:
         """Take a trajectory (or a part of one sent in parts: counted once all are in); True when it
         changed the samples."""
+        return self.take(t) is not None
+
+    def take(self, t: Trajectory) -> Trajectory | None:
+        """``add``, returning the whole trajectory when it changed the samples, else None."""
         if t.parts > 1:
             if t.part_of in self.seen:
                 self.duplicates += 1
-                return False
+                return None
             whole = self.parts.add(t)
             if whole is None:
-                return False
+                return None
             t = whole
         if t.event_id in self.seen:
             self.duplicates += 1
-            return False
+            return None
         self.seen.add(t.event_id)
         key = (t.group_id, t.sample_index)
         held = self.samples.get(key)
         if held is not None and held.attempt >= t.attempt:  # same attempt twice: the first stays, as live
             self.superseded += 1
-            return False
+            return None
         self.superseded += held is not None
         self.samples[key] = Sample.of(t)
-        return True
+        return t
 
 
 def _mean(xs: list[float]) -> float | None:

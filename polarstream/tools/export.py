@@ -107,13 +107,11 @@ def rows_from(messages: Iterable[RawMessage], source: str, filters: Filters, sta
     From trajectories, a retried sample's latest attempt wins, so the whole input is read before the
     first row; groups already hold one trajectory per sample and stream straight through."""
     if source == "trajectories":
-        latest, kept, joiner = Latest(), {}, Parts()  # one sent in parts is exported whole
+        latest, kept = Latest(), {}
         for msg in messages:
             traj = _decode(msg, Trajectory, stats)
-            if traj is not None and traj.part_of in latest.seen:  # a part of one taken already, again
-                latest.duplicates += 1
-            elif traj is not None and (traj := joiner.add(traj)) is not None and latest.add(traj):
-                kept[(traj.group_id, traj.sample_index)] = traj
+            if traj is not None and (whole := latest.take(traj)) is not None:  # one sent in parts: whole
+                kept[(whole.group_id, whole.sample_index)] = whole
         stats.duplicates, stats.superseded = latest.duplicates, latest.superseded
         for traj in kept.values():
             stats.trajectories += 1
