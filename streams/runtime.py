@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from schemas import RecordDecodeError, RecordTooLarge, TrainingGroup, Trajectory, decode, split_record
+from schemas import Record, RecordDecodeError, RecordTooLarge, TrainingGroup, Trajectory, decode, encode, split_record
 
 from .config import StreamsConfig
 from .source_log import Recent
@@ -200,12 +200,24 @@ class Runtime:
         if key in self.tables[table]:
             del self.tables[table][key]
 
+    async def send(self, topic: str, record: Record, max_bytes: int, data: bytes | None = None) -> Any | None:
+        """Start sending a record (``data``: its bytes, if already encoded); its delivery future, or None
+        (counted, logged) when it is too large."""
+        data = encode(record) if data is None else data
+        if len(data) > max_bytes - BATCH_OVERHEAD:
+            self.count(f"{topic}.oversized")
+            log.error("%s %s is %d bytes, over the topic's %d: not sent (its inputs stay in the source topics)",
+                      type(record).__name__, record.event_id, len(data), max_bytes)
+            return None
+        self.count(f"{topic}.sent")
+        return await self.topics[topic].send(key=record.key().encode(), value=data)
+
     async def send_split(self, topic: str, record: Trajectory | TrainingGroup, max_bytes: int) -> Any | None:
         """Start sending a record, in parts when it is over the topic's limit (schemas/parts.py): one
         future for all of them, or None (counted as ``<topic>.oversized``, logged) when a single trace
         is too large for any part."""
         try:
-            records = split_record(record, max_bytes - BATCH_OVERHEAD)  # each part's bytes under the limit
+            records = split_record(record, max_bytes - BATCH_OVERHEAD)
         except RecordTooLarge as e:
             self.count(f"{topic}.oversized")
             log.error("%s: not sent (its inputs stay in the source topics)", e)
@@ -213,8 +225,8 @@ class Runtime:
         if len(records) > 1:
             self.count(f"{topic}.split")
             self.count(f"{topic}.parts", len(records))
-        self.count(f"{topic}.sent", len(records))
-        futures = [await self.topics[topic].send(key=part.key().encode(), value=data) for part, data in records]
+        futures = [await self.send(topic, part, max_bytes, data) for part, data in records]
+        assert all(f is not None for f in futures), "split_record keeps every part under the limit"
         return futures[0] if len(futures) == 1 else asyncio.gather(*futures)
 
     def pend(self, stage: str, key: str, partition: int, future: Any, on_ack: Callable[[], None]) -> None:
