@@ -5,7 +5,8 @@ process, e.g. in tests). Run it with ``polarstream streams worker``; several wor
 topic prefix form one consumer group and split the partitions between them.
 
 Choices, and why:
-- at-least-once: Faust flushes table changelogs before committing offsets (made reliable below), so
+- at-least-once: Faust flushes table changelogs before committing offsets (made reliable below; the
+  stages' table writes go out there, compacted: streams/changelog.py), so
   state is never behind the committed input; every derived record has a deterministic id and nothing
   is marked done before the broker acknowledged it (runtime.py), so the worst a crash does is a
   byte-identical re-send that readers drop by event_id. Faust's ``exactly_once`` is not offered: in
@@ -34,6 +35,7 @@ from infra.settings import Settings
 
 from . import group_agent, metrics, session_agent
 from .config import StreamsConfig
+from .changelog import Changelog
 from .runtime import Runtime
 from .source_log import SourceLog
 from .topology import STATE_MAX_BYTES, Topology, discover, ensure_internal_topics
@@ -80,11 +82,11 @@ def create_app(
         # as JSON text, which zstd shrinks 3x (random ids) to 7x (the bench's sessions) on the wire and
         # on the brokers' disks; the worker's CPU per call did not change measurably.
         producer_compression_type="zstd",
-        # Each call writes two changelog records (a reference and the session's state): sent as they
-        # come (Faust's default: linger 0, 16 KB batches), a burst went out in many small produce
-        # requests, each built in Python by aiokafka and handled by the broker. Waiting up to 10 ms for
-        # more cut the worker's CPU per call by about a tenth and the broker's by a third (bench/streams.py
-        # burst, interleaved runs); a group waits at most some tens of ms more.
+        # Sent as they come (Faust's default: linger 0, 16 KB batches), a burst's records went out in
+        # many small produce requests, each built in Python by aiokafka and handled by the broker.
+        # Waiting up to 10 ms for more cut the worker's CPU per call by about a tenth and the broker's by
+        # a third, back when every table write was its own changelog record (bench/streams.py burst,
+        # interleaved runs); a group waits at most some tens of ms more.
         producer_linger=0.010,
         producer_max_batch_size=1024 * 1024,
         key_serializer="raw",
@@ -113,7 +115,9 @@ def create_app(
         topo.group_ticks: app.topic(topo.group_ticks, **send),
     }
     stats_path = settings.data_dir / "streams" / f"{topo.app_id}.stats.json"
-    rt = Runtime(app, topo, config, tables, topics, stats_path, source=SourceLog(settings))
+    # The stages write the tables' stores, and their changelog goes out compacted at each commit.
+    stores = {name: table.data for name, table in tables.items()}
+    rt = Runtime(app, topo, config, stores, topics, stats_path, source=SourceLog(settings), changelog=Changelog(tables))
     for table in tables.values():
         table.on_recover(rt.recovered)  # in-memory deadlines are rebuilt from the recovered tables
     session_agent.register(rt)
@@ -121,7 +125,7 @@ def create_app(
     _register_timers(rt, stats_interval_s)
     metrics.watch(rt)
     _commit_only_handled(app.consumer, rt)
-    _flush_means_flushed(app.producer.buffer)
+    _flush_means_flushed(app.producer.buffer, rt)
     app.polar_runtime = rt  # for tests and the bench: counters of this worker
     return app
 
@@ -199,8 +203,9 @@ def _commit_only_handled(consumer: Any, rt: Runtime) -> None:
     consumer.seek_to_committed = seek_and_expect
 
 
-def _flush_means_flushed(buffer: Any) -> None:
-    """Make the producer buffer's flush wait until it is empty.
+def _flush_means_flushed(buffer: Any, rt: Runtime) -> None:
+    """Make the producer buffer's flush send the tables' pending changelog records, then wait until it
+    is empty.
 
     Faust's at-least-once commit flushes the producer first, so that table changelog messages are
     written before the offsets of the events that caused them are committed. But faust-streaming 0.15's
@@ -208,10 +213,13 @@ def _flush_means_flushed(buffer: Any) -> None:
     under load (its "producer buffer full" warnings) the commit can then overtake changelog writes, and a
     SIGKILL right after would lose state for inputs that are never replayed. Found reading Faust's code
     while chasing a kill-test failure; this keeps Faust's own ordering but makes flush really flush.
+    Every commit, rebalance and stop flushes the producer first, so that is where the changelog records
+    the stages held back (streams/changelog.py) go out.
     """
     original = buffer.flush
 
     async def flush() -> None:
+        rt.count("changelog.records", rt.changelog.flush())
         while True:
             await original()
             if not buffer.size:

@@ -65,9 +65,13 @@ def _load(rt: Runtime, group_id: str) -> GroupState | None:
 
 async def on_trajectory(rt: Runtime, value: bytes, partition: int, offset: int) -> None:
     """Add a trajectory to its group (deduplicated; retries replace) and emit the group when ready."""
-    traj = rt.decode(value, Trajectory, rt.topo.trajectories, partition, offset)
+    traj = rt.handed_over(partition, offset)  # sent by this worker's session stage: not decoded again
     if traj is None:
-        return
+        traj = rt.decode(value, Trajectory, rt.topo.trajectories, partition, offset)
+        if traj is None:
+            return
+    else:
+        rt.count("trajectories.handed_over")
     key = f"{traj.group_id}/{traj.sample_index}"
     if traj.parts > 1:  # a part of a trajectory sent in parts: the member is in once all its parts are
         gathered = _gather(rt, key, traj, len(value), partition, offset)

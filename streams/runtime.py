@@ -48,7 +48,7 @@ class Runtime:
     app: Any  # faust.App
     topo: Topology
     config: StreamsConfig
-    tables: dict[str, Any]  # name -> faust Table (values are bytes)
+    tables: dict[str, Any]  # name -> a table's in-memory store (values are bytes): written here, not by Faust
     topics: dict[str, Any]  # name -> faust Topic we send to
     stats_path: Path | None = None
     counters: Counter = field(default_factory=Counter)
@@ -74,6 +74,11 @@ class Runtime:
     # (app._commit_only_handled), then one past each input handled. Faust can drop records it fetched and
     # deliver later ones (then commit past the "gap"); the loop reads the dropped ones back (_catch_up).
     next_offset: dict[tuple[str, int], int] = field(default_factory=dict)
+    # The tables' changelog records, sent once per commit (streams/changelog.py); None: tables without
+    # a changelog (the in-process tests). ``partition``: that of the event being handled, the one its
+    # table writes belong to (as Faust's own Table.partition_for_key says).
+    changelog: Any = None
+    partition: int = 0
 
     async def recovered(self) -> None:
         """Tables are recovered (Faust calls this after each rebalance, before any event is handled)."""
@@ -109,6 +114,7 @@ class Runtime:
             async for event in stream.events():
                 msg = event.message
                 started = time.perf_counter()
+                self.partition = msg.partition
                 self.settle(stage, msg.partition)
                 await self.handle_in_order(msg.topic, event.value, msg.partition, msg.offset, handle)
                 self.handled.add(msg)
@@ -194,15 +200,23 @@ class Runtime:
         return None if raw is None else orjson.loads(raw)
 
     def put(self, table: str, key: str, value: dict[str, Any] | bytes) -> None:
-        self.tables[table][key] = value if isinstance(value, bytes) else orjson.dumps(value)
+        data = value if isinstance(value, bytes) else orjson.dumps(value)
+        store = self.tables[table]
+        if self.changelog is not None:
+            self.changelog.note(table, key, self.partition, data, key in store)
+        store[key] = data
 
     def delete(self, table: str, key: str) -> None:
-        if key in self.tables[table]:
-            del self.tables[table][key]
+        store = self.tables[table]
+        if key in store:
+            del store[key]
+            if self.changelog is not None:
+                self.changelog.note(table, key, self.partition, None, True)
 
     async def send(self, topic: str, record: Record, max_bytes: int, data: bytes | None = None) -> Any | None:
         """Start sending a record (``data``: its bytes, if already encoded); its delivery future, or None
-        (counted, logged) when it is too large."""
+        (counted, logged) when it is too large. A trajectory is also handed to this worker's group
+        stage once the broker has it (``handed_over``)."""
         data = encode(record) if data is None else data
         if len(data) > max_bytes - BATCH_OVERHEAD:
             self.count(f"{topic}.oversized")
@@ -210,7 +224,26 @@ class Runtime:
                       type(record).__name__, record.event_id, len(data), max_bytes)
             return None
         self.count(f"{topic}.sent")
-        return await self.topics[topic].send(key=record.key().encode(), value=data)
+        future = await self.topics[topic].send(key=record.key().encode(), value=data)
+        if topic == "trajectories":
+            future.add_done_callback(lambda f: self._hand_over(f, record, len(data)))
+        return future
+
+    def _hand_over(self, future: Any, record: Record, size: int) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        sent = future.result()  # RecordMetadata: where the broker put it
+        self._outbox().put(f"{sent.partition}@{sent.offset}", "", record, size)
+
+    def handed_over(self, partition: int, offset: int) -> Any | None:
+        """The trajectory this worker sent to ``partition``@``offset`` of polar.trajectories, as the object
+        it built: the group stage reading it back need not decode it (a tenth of the worker's CPU). None
+        when another worker sent it, or it was read before the broker's acknowledgement reached us."""
+        return self._outbox().take(f"{partition}@{offset}", "")
+
+    def _outbox(self) -> Recent:
+        # Bounded (LRU) for the trajectories whose group another worker's stage reads.
+        return self.cache("outbox", self.config.member_cache_bytes)
 
     async def send_split(self, topic: str, record: Trajectory | TrainingGroup, max_bytes: int) -> Any | None:
         """Start sending a record, in parts when it is over the topic's limit (schemas/parts.py): one

@@ -53,6 +53,13 @@ class Recent(Generic[V]):
         self.items.move_to_end(key)
         return hit[1]
 
+    def take(self, key: str, event_id: str) -> V | None:
+        """``get``, and forget it."""
+        value = self.get(key, event_id)
+        if value is not None:
+            self.pop(key)
+        return value
+
     def pop(self, key: str) -> int:
         """Forget ``key``; the size it was counted at (0 if it was not held)."""
         hit = self.items.pop(key, None)

@@ -48,12 +48,14 @@ class Message:
     timestamp_ms: int
 
 
-def read_topic(settings, topic: str, until=lambda msgs: False, timeout: float = 60.0, idle: float = 0.0) -> list[Message]:
-    """Every message of a topic from the beginning, polling until ``until(msgs)`` holds (then ``idle``
-    more seconds, to catch late duplicates) or ``timeout`` passes."""
+def read_topic(settings, topic: str, until=lambda msgs: False, timeout: float = 60.0, idle: float = 0.0,
+               full_name: bool = False) -> list[Message]:
+    """Every message of a topic (a logical name such as ``calls``, or with ``full_name`` the topic's
+    own, e.g. a table's changelog) from the beginning, polling until ``until(msgs)`` holds (then
+    ``idle`` more seconds, to catch late duplicates) or ``timeout`` passes."""
     from confluent_kafka import Consumer, TopicPartition
 
-    name = settings.topic(topic)
+    name = topic if full_name else settings.topic(topic)
     c = Consumer(settings.kafka_config(**{"group.id": f"read-{os.getpid()}-{time.monotonic_ns()}",
                                           "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
     try:

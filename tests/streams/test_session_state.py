@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -101,9 +102,10 @@ class _Topic:
         self.sent: list[tuple[bytes, bytes]] = []
 
     async def send(self, key, value):
+        """Acknowledged at once, where Faust's RecordMetadata would say: one partition, in order."""
         self.sent.append((key, value))
         fut = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
+        fut.set_result(SimpleNamespace(partition=0, offset=len(self.sent) - 1))
         return fut
 
 
@@ -311,6 +313,33 @@ async def _feed_members(rt: Runtime, trajs, partition: int = 0) -> None:
         rt.settle(group_agent.STAGE, partition)
         value = encode(t)
         await group_agent.on_trajectory(rt, value, partition, rt.source.append("trajectories", partition, value))
+
+
+def test_the_group_stage_takes_this_workers_trajectories_without_decoding_them():
+    """A trajectory the session stage sent is handed to the group stage as the object it built, found
+    by where the broker put it; the group is the same bytes as from decoded members, and a record at
+    another offset (another worker's) is decoded as before."""
+    from streams.groups import build_group
+
+    config = StreamsConfig()
+    recs = [record_session(SessionSpec(f"s{i}", "g", sample_index=i, num_samples=3, reward=float(i), turns=3), 3 + i)
+            for i in range(3)]
+    rt = _runtime(config)
+
+    async def run():
+        for r in recs:
+            await _feed(rt, r.records)
+        await asyncio.sleep(0)  # the acknowledgements' callbacks
+        sent = rt.topics["trajectories"].sent
+        for offset, (_, value) in enumerate(sent[:2]):
+            await group_agent.on_trajectory(rt, value, 0, offset)
+        await group_agent.on_trajectory(rt, sent[2][1], 0, 99)  # not where this worker's send went
+
+    asyncio.run(run())
+    assert rt.counters["trajectories.handed_over"] == 2
+    trajs = [decode(v, Trajectory) for _, v in rt.topics["trajectories"].sent]
+    (group,) = [v for _, v in rt.topics["groups"].sent]
+    assert group == encode(build_group("g", trajs, config))
 
 
 @pytest.mark.parametrize("legacy", [False, True])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+import orjson
 import pytest
 
 from schemas import SessionEvent, TrainingGroup, decode, encode
@@ -120,6 +121,46 @@ def test_worker_builds_the_expected_groups(polar_settings, streams_worker, chat_
     # The five re-sent records were dropped, as duplicates or (session already assembled) as late.
     assert sum(stats.get(f"{k}.{o}", 0) for k in ("calls", "finished") for o in ("duplicate", "late")) == 5
     assert stats.get("sessions.missing_calls") == 1
+
+
+def test_changelogs_get_the_last_writes_and_a_restart_recovers_them(polar_settings, streams_worker, chat_tokenize):
+    """The tables' changelog records go out compacted, once per commit (streams/changelog.py): after a
+    clean stop the changelogs hold fewer records than the calls that came in (one each was three),
+    every session's last record is its done marker, no reference to a call of an assembled session is
+    live, and a restarted worker recovers all that: a call sent again is counted late, not assembled."""
+    import time
+
+    from streams.sessions import SessionState
+    from streams.topology import app_id_for
+
+    sessions = record_group("cl", [1.0, 0.0, 0.5, 0.0], seed=6, tokenize=chat_tokenize, turns=6, min_valid=2)
+    n_calls = sum(len(s.calls) for s in sessions)
+    publish(polar_settings, [r for s in sessions for r in s.records])
+    worker = streams_worker("--builder", "prefix_merging", *WORKER_ARGS)
+    assert read_topic(polar_settings, "groups", until=bool, timeout=90), worker.log_text()[-3000:]
+    time.sleep(2.0)  # sessions are marked done at their partition's next event or tick (every 0.5 s)
+    assert worker.stop() == 0, worker.log_text()[-3000:]
+
+    def changelog(table: str) -> tuple[int, dict[str, bytes | None]]:
+        msgs = read_topic(polar_settings, f"{app_id_for(polar_settings)}-{table}-changelog", until=bool,
+                          timeout=20, idle=2.0, full_name=True)
+        return len(msgs), {orjson.loads(m.key): m.value for m in msgs}  # the last value of each key
+
+    n, calls = changelog("session-calls")
+    assert n < n_calls and not [k for k, v in calls.items() if v is not None]
+    n, states = changelog("sessions")
+    assert n < n_calls and sorted(states) == sorted(s.finished.session_id for s in sessions)
+    assert all(SessionState.from_json(orjson.loads(v)).done for v in states.values())
+    _, groups = changelog("groups")
+    assert orjson.loads(groups["cl"])["emitted"]
+
+    worker.start()  # recovers the tables from their changelogs
+    publish(polar_settings, [sessions[0].calls[0]])
+    deadline = time.monotonic() + 90
+    while worker.stats().get("calls.late", 0) < 1:
+        assert time.monotonic() < deadline and worker.alive(), worker.log_text()[-3000:]
+        time.sleep(0.5)
+    assert not worker.stats().get("sessions.assembled")
 
 
 def test_records_past_the_topic_limits_arrive_in_parts(polar_settings, streams_worker, chat_tokenize):
