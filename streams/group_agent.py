@@ -32,7 +32,7 @@ from . import metrics
 from .deadlines import Wakeups
 from .groups import GroupState, add_member, build_group, decide, due, new_group
 from .runtime import Runtime
-from .source_log import Recent, ref
+from .source_log import Recent, ref, reference
 
 log = logging.getLogger("streams.groups")
 
@@ -124,7 +124,7 @@ def _gather(rt: Runtime, key: str, part: Trajectory, size: int, partition: int,
     else:
         refs = (rt.get(MEMBERS, gathering) or {"parts": [None] * part.parts})["parts"]
         if refs[part.part] is None or refs[part.part]["e"] != part.event_id:
-            refs[part.part] = orjson.loads(ref(part.event_id, partition, offset))
+            refs[part.part] = reference(part.event_id, partition, offset)
             rt.put(MEMBERS, gathering, {"parts": refs})
         if any(r is None for r in refs):
             rt.count("members.parts_held")

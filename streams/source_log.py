@@ -23,9 +23,14 @@ import orjson
 V = TypeVar("V")
 
 
+def reference(event_id: str, partition: int, offset: int) -> dict:
+    """Where an input record sits, with its event id (no copy of a record has an ``at`` key)."""
+    return {"e": event_id, "at": [partition, offset]}
+
+
 def ref(event_id: str, partition: int, offset: int) -> bytes:
-    """A table value that points at an input record (no copy of a record has an ``at`` key)."""
-    return orjson.dumps({"e": event_id, "at": [partition, offset]})
+    """A table value that points at an input record: its ``reference``."""
+    return orjson.dumps(reference(event_id, partition, offset))
 
 
 class Recent(Generic[V]):
