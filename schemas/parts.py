@@ -48,9 +48,11 @@ def split_record(record: P, max_bytes: int) -> list[tuple[P, bytes]]:
                                                  "parts": 10**6 + 1, "part_of": record.event_id})))
     items = [[getattr(record, f)[i] for f in lists] for i in range(len(getattr(record, lists[0])))]
     if isinstance(record, TrainingGroup):  # a member too large for a part alone goes as its own parts
-        items = [[piece, adv] for traj, adv in items
-                 for piece in _pieces(traj, max_bytes - shell - _PER_ITEM)]
-    sizes = [len(encode(item[0])) + _PER_ITEM for item in items]
+        budget = max_bytes - shell - _PER_ITEM
+        pieces = [(piece, size, adv) for traj, adv in items for piece, size in _pieces(traj, budget)]
+        items, sizes = [[piece, adv] for piece, _, adv in pieces], [size + _PER_ITEM for _, size, _ in pieces]
+    else:
+        sizes = [len(encode(item[0])) + _PER_ITEM for item in items]
     batches: list[list[int]] = [[]]
     used = shell + sum(len(encode(getattr(record, f))) for f in first_only)
     for i, size in enumerate(sizes):
@@ -73,10 +75,9 @@ def split_record(record: P, max_bytes: int) -> list[tuple[P, bytes]]:
     return out
 
 
-def _pieces(traj: Trajectory, budget: int) -> list[Trajectory]:
-    if len(encode(traj)) <= budget:
-        return [traj]
-    return [part for part, _ in split_record(traj, budget)]
+def _pieces(traj: Trajectory, budget: int) -> list[tuple[Trajectory, int]]:
+    """The trajectory, or its parts when over ``budget``, each with its encoded size (encoded once)."""
+    return [(piece, len(data)) for piece, data in split_record(traj, budget)]
 
 
 def join_parts(parts: list[P]) -> P:
