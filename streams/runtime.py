@@ -22,13 +22,14 @@ import time
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
 
-from schemas import Record, RecordDecodeError, RecordTooLarge, TrainingGroup, Trajectory, decode, encode, split_record
+from schemas import Record, RecordDecodeError, RecordTooLarge, TrainingGroup, Trajectory, decode, split_record
 
 from .config import StreamsConfig
 from .source_log import Recent
@@ -213,21 +214,27 @@ class Runtime:
             if self.changelog is not None:
                 self.changelog.note(table, key, self.partition, None, True)
 
-    async def send(self, topic: str, record: Record, max_bytes: int, data: bytes | None = None) -> Any | None:
-        """Start sending a record (``data``: its bytes, if already encoded); its delivery future, or None
-        (counted, logged) when it is too large. A trajectory is also handed to this worker's group
-        stage once the broker has it (``handed_over``)."""
-        data = encode(record) if data is None else data
-        if len(data) > max_bytes - BATCH_OVERHEAD:
+    async def send_split(self, topic: str, record: Trajectory | TrainingGroup, max_bytes: int) -> Any | None:
+        """Start sending a record, in parts when it is over the topic's limit (schemas/parts.py): one
+        future for all of them, or None (counted as ``<topic>.oversized``, logged) when a single trace
+        is too large for any part."""
+        try:
+            records = split_record(record, max_bytes - BATCH_OVERHEAD)  # each part's bytes under the limit
+        except RecordTooLarge as e:
             self.count(f"{topic}.oversized")
-            log.error("%s %s is %d bytes, over the topic's %d: not sent (its inputs stay in the source topics)",
-                      type(record).__name__, record.event_id, len(data), max_bytes)
+            log.error("%s: not sent (its inputs stay in the source topics)", e)
             return None
-        self.count(f"{topic}.sent")
-        future = await self.topics[topic].send(key=record.key().encode(), value=data)
-        if topic == "trajectories":
-            future.add_done_callback(lambda f: self._hand_over(f, record, len(data)))
-        return future
+        if len(records) > 1:
+            self.count(f"{topic}.split")
+            self.count(f"{topic}.parts", len(records))
+        self.count(f"{topic}.sent", len(records))
+        futures = []
+        for part, data in records:
+            future = await self.topics[topic].send(key=part.key().encode(), value=data)
+            if topic == "trajectories":  # to this worker's group stage too, once the broker has it
+                future.add_done_callback(partial(self._hand_over, record=part, size=len(data)))
+            futures.append(future)
+        return futures[0] if len(futures) == 1 else asyncio.gather(*futures)
 
     def _hand_over(self, future: Any, record: Record, size: int) -> None:
         if future.cancelled() or future.exception() is not None:
@@ -244,23 +251,6 @@ class Runtime:
     def _outbox(self) -> Recent:
         # Bounded (LRU) for the trajectories whose group another worker's stage reads.
         return self.cache("outbox", self.config.member_cache_bytes)
-
-    async def send_split(self, topic: str, record: Trajectory | TrainingGroup, max_bytes: int) -> Any | None:
-        """Start sending a record, in parts when it is over the topic's limit (schemas/parts.py): one
-        future for all of them, or None (counted as ``<topic>.oversized``, logged) when a single trace
-        is too large for any part."""
-        try:
-            records = split_record(record, max_bytes - BATCH_OVERHEAD)
-        except RecordTooLarge as e:
-            self.count(f"{topic}.oversized")
-            log.error("%s: not sent (its inputs stay in the source topics)", e)
-            return None
-        if len(records) > 1:
-            self.count(f"{topic}.split")
-            self.count(f"{topic}.parts", len(records))
-        futures = [await self.send(topic, part, max_bytes, data) for part, data in records]
-        assert all(f is not None for f in futures), "split_record keeps every part under the limit"
-        return futures[0] if len(futures) == 1 else asyncio.gather(*futures)
 
     def pend(self, stage: str, key: str, partition: int, future: Any, on_ack: Callable[[], None]) -> None:
         """Run ``on_ack`` (in a later event of ``partition``) once ``future`` says the broker has the record."""
