@@ -125,7 +125,7 @@ def bench_state(recs: list[Recorded]) -> dict:
         for c in r.calls:
             add_call(st, c.call_index, c.event_id, 0.0)
             stored += len(ref(c.event_id, 0, 10**10 - 1))
-            cached += len(orjson.dumps(CallTokens.from_record(c).to_json()))
+            cached += CallTokens.from_record(c).held_bytes()
         add_finished(st, r.finished, 0.0)
         table.append(stored + len(orjson.dumps(st.to_json())))
         cache.append(cached)

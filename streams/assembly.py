@@ -74,6 +74,12 @@ class CallTokens:
             off_run_sampling=call.sampling is not None and not call.sampling.matches_run,
         )
 
+    def held_bytes(self) -> int:
+        """About what this call takes in memory as the session stage caches it: a list slot and an int
+        object per token id, a slot and a float object per logprob."""
+        ids = len(self.prompt_ids or ()) + (len(self.delta[2]) if self.delta else 0) + len(self.completion_ids)
+        return 36 * ids + 32 * len(self.logprobs) + 400
+
     @property
     def prompt_len(self) -> int:
         if self.prompt_ids is not None:

@@ -48,8 +48,9 @@ class StreamsConfig(BaseModel):
     # masked. Outputs are bounded by their topics' max.message.bytes instead.
     max_record_bytes: int = Field(32 * 1024 * 1024, gt=0)
     # Tables keep references to their inputs; the inputs themselves are cached in memory up to these
-    # sizes (encoded bytes) and read back from their topics on a miss (streams/source_log.py).
-    call_cache_bytes: int = Field(256 * 1024 * 1024, ge=0)
+    # sizes (calls as decoded, members at their encoded bytes) and read back from their topics on a miss
+    # (streams/source_log.py).
+    call_cache_bytes: int = Field(1024 * 1024 * 1024, ge=0)  # as decoded: ~36 bytes per token id
     member_cache_bytes: int = Field(16 * 1024 * 1024, ge=0)  # decoded, a member takes ~5x its bytes
 
     @property

@@ -59,8 +59,9 @@ def register(rt: Runtime) -> None:
     rt.agent(STAGE, [topo.calls, topo.session_events, topo.session_ticks], handle)
 
 
-def _recent(rt: Runtime) -> Recent[bytes]:
-    """Token data (CallTokens JSON) of the calls seen lately, by table key."""
+def _recent(rt: Runtime) -> Recent[CallTokens]:
+    """The token data of the calls seen lately, by table key, as decoded (no re-encoding on arrival nor
+    parsing to assemble), counted at their size in memory."""
     return rt.cache(CALLS, rt.config.call_cache_bytes)
 
 
@@ -78,8 +79,10 @@ async def on_call(rt: Runtime, value: bytes, partition: int, offset: int) -> Non
     now = time.time()
     loaded = _load(rt, call.session_id)
     state = loaded or new_session(call.session_id, now, partition)
-    data = orjson.dumps(CallTokens.from_record(call).to_json())
-    if len(data) > rt.config.max_record_bytes:
+    tokens = CallTokens.from_record(call)
+    # Bounded by the size of its compact JSON (what state once held, and what the replay checks); that is
+    # smaller than the record it came from, so only a record past the limit is encoded to see.
+    if len(value) > rt.config.max_record_bytes and len(data := orjson.dumps(tokens.to_json())) > rt.config.max_record_bytes:
         # Cannot be kept in state; the session will assemble without it (masked as missing calls).
         rt.count("calls.oversized")
         log.error("call %s of session %s is %d bytes of tokens, over max_record_bytes: left out",
@@ -103,7 +106,7 @@ async def on_call(rt: Runtime, value: bytes, partition: int, offset: int) -> Non
         rt.put(CALLS, key, ref(call.event_id, partition, offset))
         if outcome == "duplicate":
             rt.count("calls.restored")
-    _recent(rt).put(key, call.event_id, data, len(data))
+    _recent(rt).put(key, call.event_id, tokens, tokens.held_bytes())
     if outcome == "added" or loaded is None:
         _save(rt, state)
     await advance(rt, state, now)
@@ -249,11 +252,11 @@ async def _stored_calls(rt: Runtime, state: SessionState) -> tuple[list[CallToke
         if "at" not in held:  # written before references: the data itself
             found[idx] = CallTokens.from_json(held)
             continue
-        data = recent.get(key, held["e"])
-        if data is None:
+        tokens = recent.get(key, held["e"])
+        if tokens is None:
             refs[idx] = held
         else:
-            found[idx] = CallTokens.from_json(orjson.loads(data))
+            found[idx] = tokens  # folding reads a call's lists, never changes them
     read = await rt.read_back(rt.topo.calls, CallRecorded, refs, "calls") if refs else {}
     if read is None:
         return None

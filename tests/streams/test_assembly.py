@@ -189,3 +189,29 @@ def test_a_call_sampled_off_the_runs_settings_is_context_never_trained(session):
     tokens = CallTokens.from_record(rec)
     assert tokens.off_run_sampling and CallTokens.from_json(tokens.to_json()) == tokens
     assert not CallTokens.from_record(rec.model_copy(update={"sampling": None})).off_run_sampling  # older records
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_held_bytes_is_about_what_a_decoded_call_takes_in_memory(delta):
+    """The session stage caches calls as decoded and bounds the cache by ``held_bytes``: it must not
+    understate the memory (measured with tracemalloc) of a call with real-vocabulary ids."""
+    import random
+    import tracemalloc
+
+    from schemas import decode, encode
+
+    rnd = random.Random(1)
+    ids = [rnd.randrange(1000, 151_000) for _ in range(4000)]
+    completion = [rnd.randrange(1000, 151_000) for _ in range(300)]
+    rec = CallRecorded(event_id="e", session_id="s", call_index=1, provider="openai.chat",
+                       prompt_ids=None if delta else ids,
+                       prompt_delta=PromptDelta(base_call_index=0, base_len=9000, suffix_ids=ids) if delta else None,
+                       completion_ids=completion, completion_logprobs=[-rnd.random() for _ in completion])
+    data = encode(rec)
+    tracemalloc.start()
+    try:
+        tokens = CallTokens.from_record(decode(data, CallRecorded))  # the record itself is dropped
+        used = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert used * 0.9 <= tokens.held_bytes() <= used * 1.5
