@@ -44,6 +44,24 @@ T = TypeVar("T")
 K = TypeVar("K")
 
 
+def split_counted(topic: str, record: Trajectory | TrainingGroup, max_bytes: int,
+                  count: Callable[[str, int], None]) -> list[tuple[Record, bytes]] | None:
+    """The record and its bytes, or its parts when it is past the topic's limit (schemas/parts.py),
+    counted as ``<topic>.split`` and ``<topic>.parts``; None (``<topic>.oversized``) when a single trace
+    is too large for any part. The live stages and the replay (polarstream.tools.rederive) both split
+    here, so their outputs and counters agree."""
+    try:
+        records = split_record(record, max_bytes - BATCH_OVERHEAD)  # each part's bytes under the limit
+    except RecordTooLarge as e:
+        count(f"{topic}.oversized", 1)
+        log.error("%s: left out (its inputs stay in the source topics)", e)
+        return None
+    if len(records) > 1:
+        count(f"{topic}.split", 1)
+        count(f"{topic}.parts", len(records))
+    return records
+
+
 @dataclass
 class Runtime:
     app: Any  # faust.App
@@ -218,15 +236,9 @@ class Runtime:
         """Start sending a record, in parts when it is over the topic's limit (schemas/parts.py): one
         future for all of them, or None (counted as ``<topic>.oversized``, logged) when a single trace
         is too large for any part."""
-        try:
-            records = split_record(record, max_bytes - BATCH_OVERHEAD)  # each part's bytes under the limit
-        except RecordTooLarge as e:
-            self.count(f"{topic}.oversized")
-            log.error("%s: not sent (its inputs stay in the source topics)", e)
+        records = split_counted(topic, record, max_bytes, self.count)
+        if records is None:
             return None
-        if len(records) > 1:
-            self.count(f"{topic}.split")
-            self.count(f"{topic}.parts", len(records))
         self.count(f"{topic}.sent", len(records))
         futures = []
         for part, data in records:

@@ -29,14 +29,13 @@ from typing import Any
 
 import orjson
 
-from schemas import (CallRecorded, Record, RecordTooLarge, SessionEvent, Trajectory, decode, encode, join_parts,
-                     split_record)
+from schemas import CallRecorded, Record, SessionEvent, Trajectory, decode, encode, join_parts
 from streams import groups as group_fns
 from streams import sessions as session_fns
 from streams.assembly import CallTokens
 from streams.config import StreamsConfig
 from streams.groups import GroupState, build_group
-from streams.runtime import BATCH_OVERHEAD
+from streams.runtime import split_counted
 from streams.sessions import SessionState
 from streams.trajectory import build_trajectory
 
@@ -183,15 +182,7 @@ class Rederiver:
 
     def _split(self, topic: str, record, limit: int) -> list[tuple[Any, bytes]] | None:
         """As the live Runtime.send_split: the record, or its parts when past the limit; None when oversized."""
-        try:
-            records = split_record(record, limit - BATCH_OVERHEAD)
-        except RecordTooLarge:
-            self.counters[f"{topic}.oversized"] += 1
-            return None
-        if len(records) > 1:
-            self.counters[f"{topic}.split"] += 1
-            self.counters[f"{topic}.parts"] += len(records)
-        return records
+        return split_counted(topic, record, limit, lambda name, n: self.counters.update({name: n}))
 
     def _on_trajectory(self, traj: Trajectory, data: bytes) -> list[Record]:
         if traj.parts > 1:  # as the live stage: the member is in once all its parts are
