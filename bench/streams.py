@@ -17,7 +17,9 @@ fifth). Prints one JSON object:
   --quick, a pass each: min, median and max; the headline is the median pass); interleaved with those,
   two bursts (one with --quick) with a second worker process that joins the consumer group before its
   pass and leaves after it (``two_workers``: does scaling out by partitions raise throughput on this
-  machine?); then p50/p99 latency from a group's
+  machine?), and two (one with --quick) with one worker draining a backlog: stopped while the burst is
+  published, timed from when it resumes (the load generator then takes no CPU from it); then p50/p99
+  latency from a group's
   last finished event to its TrainingGroup on polar.groups (broker timestamps) with groups arriving
   one by one; also the worker's CPU seconds during the burst (it shares the cores with the broker and
   this process). Everything is published through one long-lived Publisher, connected beforehand;
@@ -26,7 +28,8 @@ fifth). Prints one JSON object:
   sessions take their ids uniformly from a 151k vocabulary (``incompressible_tokenize``), a worst case
   for compression, instead of the 16-word stand-in the other parts use.
 
-Top level, for issue 21: ``worker_calls_per_s``, ``worker_calls_per_cpu_s``, ``two_workers_calls_per_s``,
+Top level, for issue 21: ``worker_calls_per_s``, ``worker_calls_per_cpu_s``, ``worker_drain_calls_per_s``,
+``two_workers_calls_per_s``,
 ``group_latency_p99_ms``,
 ``bytes_per_session_over_raw`` (the middle length: 24 turns, 8 with --quick).
 
@@ -40,6 +43,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -152,11 +156,15 @@ def bench_builders(recs: list[Recorded]) -> dict:
 
 
 def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: list[list[Recorded]], log_dir: Path,
-                 workers: list[int]) -> dict:
+                 workers: list[int | str]) -> dict:
     """Burst throughput (one pass per burst: the same shape, new sessions), with ``workers[i]`` worker
     processes in pass i (1 and 2 interleaved: the second joins before its pass and leaves after, and
     the pass starts once the partitions are rebalanced), then finished -> group latency on paced
     groups with one worker.
+
+    A ``"drain"`` pass is one worker draining a backlog: it is stopped (SIGSTOP) while the burst is
+    published and timed from when it resumes, so the load generator's publishing does not share the two
+    cores with it (the broker still does: it serves the fetches and takes the outputs).
 
     Every record goes through one Publisher connected during the warm-up, as a gateway keeps its own:
     a fresh idempotent producer spends hundreds of ms connecting and getting its producer id, with
@@ -169,7 +177,7 @@ def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: 
         for fut in [pub.submit(r) for r in records]:
             fut.result(60)
 
-    passes: dict[int, list[dict]] = {1: [], 2: []}
+    passes: dict[int | str, list[dict]] = {1: [], 2: [], "drain": []}
     second = None
     try:
         warm = sessions(1, 2, {}, "warm", seed=99)[0]  # the worker is up and owns its partitions once this is out
@@ -191,16 +199,25 @@ def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: 
             if n == 2:
                 second = WorkerProcess(settings, log_dir / f"worker2-{i}.log", args).start()
             if i:  # the first pass follows the warm-up: nothing changed since
-                settle(n, f"settle{i}-")
+                settle(2 if n == 2 else 1, f"settle{i}-")
             pids = [worker.proc.pid] + ([second.proc.pid] if second else [])
             n_calls = sum(len(s.calls) for g in burst for s in g)
             load = load_avg()
-            start, cpu_start = time.perf_counter(), proc_cpu_s(pids)
-            send([r for g in burst for s in g for r in s.records])
+            records = [r for g in burst for s in g for r in s.records]
+            if n == "drain":
+                os.kill(worker.proc.pid, signal.SIGSTOP)
+                try:
+                    send(records)
+                finally:
+                    os.kill(worker.proc.pid, signal.SIGCONT)
+                start, cpu_start = time.perf_counter(), proc_cpu_s(pids)
+            else:
+                start, cpu_start = time.perf_counter(), proc_cpu_s(pids)
+                send(records)
             total += len(burst)
             read_topic(settings, "groups", until=lambda m: len({x.key for x in m}) >= total, timeout=600)
             seconds, cpu_s = time.perf_counter() - start, proc_cpu_s(pids) - cpu_start
-            passes[n].append({"pass": i, "workers": n, "groups": len(burst), "calls": n_calls, "seconds": round(seconds, 2),
+            passes[n].append({"pass": i, "workers": 2 if n == 2 else 1, "groups": len(burst), "calls": n_calls, "seconds": round(seconds, 2),
                               "calls_per_s": round(n_calls / seconds, 1), "worker_cpu_s": round(cpu_s, 2),
                               "calls_per_worker_cpu_s": round(n_calls / cpu_s, 1), "load_avg_before": load})
             if second is not None:
@@ -232,6 +249,7 @@ def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: 
     latencies = [float(done_ts[g] - t) for g, t in finished_ts.items() if g in done_ts]
     one = sorted(passes[1], key=lambda p: p["calls_per_s"])
     two = sorted(passes[2], key=lambda p: p["calls_per_s"])
+    drains = sorted(passes["drain"], key=lambda p: p["calls_per_s"])
     return {"burst": one[len(one) // 2],  # the median pass
             "burst_passes": passes[1],
             "burst_calls_per_s": {"min": one[0]["calls_per_s"], "median": one[len(one) // 2]["calls_per_s"],
@@ -240,6 +258,11 @@ def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: 
             "two_workers": {"passes": passes[2],
                             "calls_per_s": {"min": two[0]["calls_per_s"], "median": two[len(two) // 2]["calls_per_s"],
                                             "max": two[-1]["calls_per_s"]}} if two else None,
+            "drain": {"passes": passes["drain"],
+                      "calls_per_s": {"min": drains[0]["calls_per_s"], "median": drains[len(drains) // 2]["calls_per_s"],
+                                      "max": drains[-1]["calls_per_s"]},
+                      "calls_per_worker_cpu_s_median": statistics.median(p["calls_per_worker_cpu_s"] for p in drains)}
+            if drains else None,
             "latency_finished_to_group_ms": {"groups": len(latencies), "p50": pct(latencies, 0.5),
                                              "p99": pct(latencies, 0.99), "max": max(latencies)}}
 
@@ -352,8 +375,8 @@ def main() -> None:
             settings = settings.model_copy(update={"topic_prefix": f"bench{uuid.uuid4().hex[:6]}."})
             ensure_topics(settings)
             paced = sessions(n_paced, turns, words, "p", seed=1000)
-            # 1 and 2 worker processes interleaved: 1 2 1 2 1 (1 2 with --quick)
-            plan = [1, 2] if args.quick else [1, 2, 1, 2, 1]
+            # 1 and 2 worker processes and one worker draining a backlog, interleaved
+            plan = [1, "drain", 2] if args.quick else [1, "drain", 2, 1, "drain", 2, 1]
             more = [sessions(n_burst, turns, words, f"b{i}-", seed=100 * i) for i in range(1, len(plan))]
             result["worker"] = worker = bench_worker(settings, [recorded, *more], paced, Path(tmp), plan)
             # the issue's headline keys (#21); the worker shares this machine's cores with the broker and
@@ -361,6 +384,7 @@ def main() -> None:
             result["worker_calls_per_s"] = worker["burst_calls_per_s"]["median"]
             result["two_workers_calls_per_s"] = worker["two_workers"]["calls_per_s"]["median"]
             result["worker_calls_per_cpu_s"] = worker["burst_calls_per_worker_cpu_s_median"]
+            result["worker_drain_calls_per_s"] = worker["drain"]["calls_per_s"]["median"]
             result["group_latency_p99_ms"] = worker["latency_finished_to_group_ms"]["p99"]
             if broker is None:
                 result["bytes_per_session_over_raw"] = None
