@@ -233,23 +233,22 @@ def extend(fold: Fold, call: CallTokens) -> Fold:
     if call.error:  # its prompt was never continued by the model (it may even exceed the context)
         fold.dropped[call.call_index] = ERRORED
         return fold
+    tip = _extended_tip(fold, call)
+    if tip is not None:  # the usual extending call: its prompt is never built as a list of its own
+        suffix = call.delta[2]
+        chain = fold.chains[tip]
+        member = _member(fold, call, len(chain.tokens) + len(suffix))
+        _merge(fold, tip, member, suffix, call.completion_ids)
+        return fold
     prompt = _resolve_prompt(fold, call)
     if prompt is None:
         fold.dropped[call.call_index] = "delta_unresolved"
         fold.breaks["delta_unresolved"] += 1
         return fold
-    member = Member(call.call_index, len(prompt), list(call.logprobs), call.policy_version)
-    if call.off_run_sampling:  # kept as context (later calls build on it), never trained on
-        member.replaced = True
-        fold.dropped[call.call_index] = SAMPLING_MISMATCH
+    member = _member(fold, call, len(prompt))
     target = None if call.side_call else _find_chain(fold, call, prompt)
-    if target is not None:
-        chain = fold.chains[target]
-        chain.tokens.extend(prompt[len(chain.tokens):])  # the interstitial (tool results, template glue)
-        chain.tokens.extend(call.completion_ids)
-        chain.tip_prompt_len = len(prompt)
-        chain.members.append(member)
-        fold.merged += 1
+    if target is not None:  # the interstitial (tool results, template glue), then the sampled ids
+        _merge(fold, target, member, prompt[len(fold.chains[target].tokens):], call.completion_ids)
     else:
         reason = "side_call" if call.side_call else (call.break_reason or _detect_reason(fold, prompt))
         if not call.side_call and _has_main_chain(fold):
@@ -258,9 +257,46 @@ def extend(fold: Fold, call: CallTokens) -> Fold:
             _mark_replaced(fold, prompt)
         prompt.extend(call.completion_ids)
         fold.chains.append(Chain(prompt, member.start, [member], reason, call.side_call))
-        target = len(fold.chains) - 1
-    fold.where[call.call_index] = (target, len(fold.chains[target].tokens))
+        fold.where[call.call_index] = (len(fold.chains) - 1, len(prompt))
     return fold
+
+
+def _extended_tip(fold: Fold, call: CallTokens) -> int | None:
+    """The chain whose tip the call's delta encoding extends, when that is the chain ``_find_chain``
+    would pick: no other main chain is long enough to be tried first. Then the merge needs only the
+    suffix, where building the prompt copied the whole sequence three times per call (O(T^2) a session)."""
+    if call.delta is None or call.side_call:
+        return None
+    base_index, base_len, suffix = call.delta
+    loc = fold.where.get(base_index)
+    if loc is None or loc[1] != base_len:
+        return None
+    chain = fold.chains[loc[0]]
+    if chain.side_call or len(chain.tokens) != base_len:
+        return None
+    longest = base_len + len(suffix)
+    if any(c is not chain and not c.side_call and base_len <= len(c.tokens) <= longest for c in fold.chains):
+        return None
+    return loc[0]
+
+
+def _member(fold: Fold, call: CallTokens, prompt_len: int) -> Member:
+    member = Member(call.call_index, prompt_len, list(call.logprobs), call.policy_version)
+    if call.off_run_sampling:  # kept as context (later calls build on it), never trained on
+        member.replaced = True
+        fold.dropped[call.call_index] = SAMPLING_MISMATCH
+    return member
+
+
+def _merge(fold: Fold, target: int, member: Member, appended: list[int], completion: list[int]) -> None:
+    """Continue chain ``target`` with the ids appended to its tip's sequence and the call's sampled ids."""
+    chain = fold.chains[target]
+    chain.tokens.extend(appended)
+    chain.tip_prompt_len = member.start
+    chain.tokens.extend(completion)
+    chain.members.append(member)
+    fold.merged += 1
+    fold.where[member.call_index] = (target, len(chain.tokens))
 
 
 def fold_calls(calls: list[CallTokens]) -> Fold:

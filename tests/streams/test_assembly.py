@@ -215,3 +215,36 @@ def test_held_bytes_is_about_what_a_decoded_call_takes_in_memory(delta):
     finally:
         tracemalloc.stop()
     assert used * 0.9 <= tokens.held_bytes() <= used * 1.5
+
+
+def test_a_delta_encoded_session_folds_as_its_full_prompts_do():
+    """The merge of a call that extends a tip by its delta never builds the prompt; random sessions with
+    branches, resamples and side calls must fold exactly as the same calls with full prompt ids. Ids
+    from a tiny vocabulary make a resampled branch's tokens collide with another chain's tip."""
+    for seed in range(300):
+        _fold_both_ways(seed)
+
+
+def _fold_both_ways(seed):
+    import random
+
+    rng = random.Random(seed)
+    full, delta, sequences = [], [], []  # sequences[i]: call i's prompt + completion
+    for i in range(rng.randint(2, 14)):
+        completion = [rng.randint(0, 2) for _ in range(rng.randint(0, 3))]
+        side = i > 0 and rng.random() < 0.15
+        kind = rng.random()
+        if i == 0 or side or kind < 0.1:  # a fresh prompt
+            prompt = [rng.randint(0, 2) for _ in range(rng.randint(1, 4))]
+            base = None
+        else:
+            base = rng.randrange(i)
+            cut = len(sequences[base]) if kind < 0.8 else rng.randint(0, len(sequences[base]))
+            prompt = sequences[base][:cut] + [rng.randint(0, 2) for _ in range(rng.randint(0, 3))]
+        full.append(call(i, prompt, completion, side=side))
+        delta.append(full[-1] if base is None else call(i, delta=(base, cut, prompt[cut:]), completion=completion, side=side))
+        sequences.append(prompt + completion)
+    for builder in ("prefix_merging", "per_request"):
+        assert assemble(delta, builder).traces == assemble(full, builder).traces, seed
+    a, b = fold_calls(delta), fold_calls(full)
+    assert (a.where, a.dropped, a.merged, a.breaks) == (b.where, b.dropped, b.merged, b.breaks), seed
