@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TypeVar
 
 import orjson
@@ -23,14 +24,19 @@ class RecordDecodeError(ValueError):
         super().__init__(f"{record_type}.{field}: {problem}" if field else f"{record_type}: {problem}")
 
 
-def encode(record: Record) -> bytes:
+def encode(record: Record, encoded: Iterable[tuple[Record, bytes]] = ()) -> bytes:
+    """The record's bytes. ``encoded`` pairs records nested in it with what ``encode`` gave for them:
+    those are written as these bytes, not serialized again (a group's members, sent as trajectories
+    just before, were a tenth of a streams worker's CPU). Pairs of records not inside are ignored."""
     # orjson walks the records' fields itself: the same bytes as orjson.dumps(model_dump(mode="json"))
     # (tests/schemas/test_codec.py) without copying every token list into a new one first, and a list of
     # ids is written at C speed (pydantic's own to_json takes 4x as long on them). Records hold only JSON
     # types and nested models (no aliases, exclusions or custom serializers), so a model's fields are its
     # JSON object.
+    known = {id(r): data for r, data in encoded}  # by identity: the pairs keep each record alive meanwhile
+    default = _fields if not known else lambda v: orjson.Fragment(known[id(v)]) if id(v) in known else _fields(v)
     try:
-        return orjson.dumps(record, default=_fields)
+        return orjson.dumps(record, default=default)
     except orjson.JSONEncodeError as e:
         if "Recursion limit" in str(e):  # orjson writes at most 254 levels
             raise ValueError("maximum serialization depth exceeded: nested too deep to write as JSON") from None

@@ -17,10 +17,11 @@ the demo) join them with ``Parts``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TypeVar
 
 from .codec import encode
-from .records import TrainingGroup, Trajectory, derived_event_id
+from .records import Record, TrainingGroup, Trajectory, derived_event_id
 
 P = TypeVar("P", Trajectory, TrainingGroup)
 
@@ -36,10 +37,11 @@ class RecordTooLarge(ValueError):
     """One item (a trace) does not fit in a record of the limit even alone."""
 
 
-def split_record(record: P, max_bytes: int) -> list[tuple[P, bytes]]:
+def split_record(record: P, max_bytes: int, encoded: Iterable[tuple[Record, bytes]] = ()) -> list[tuple[P, bytes]]:
     """``record`` as records of at most ``max_bytes`` each, with their bytes: the record itself when it
-    fits, else its parts. Raises RecordTooLarge when a single trace cannot fit in any part."""
-    data = encode(record)
+    fits, else its parts. Raises RecordTooLarge when a single trace cannot fit in any part. ``encoded``:
+    records inside it whose bytes are known (``encode``)."""
+    data = encode(record, encoded)
     if len(data) <= max_bytes:
         return [(record, data)]
     lists, first_only = _SHARED[type(record)]

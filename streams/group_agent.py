@@ -10,7 +10,8 @@ Reads polar.trajectories (keyed by group) and this stage's tick topic. State:
 
 The members decoded on arrival are kept in memory (bounded), so emitting a group neither decodes them
 again (that was a tenth of the worker's CPU) nor reads them back; a miss reads the member from
-polar.trajectories (streams/source_log.py).
+polar.trajectories (streams/source_log.py). Members this worker's session stage sent come with the
+bytes they were sent as, and the group writes those bytes instead of encoding the member again.
 
 Deadlines (emit or drop at the group's deadline, forget the emitted marker) are kept in memory per
 partition (streams/deadlines.py): a tick touches only the groups that are due.
@@ -58,6 +59,11 @@ def _decoded(rt: Runtime) -> Recent[Trajectory]:
     return rt.cache(MEMBERS, rt.config.member_cache_bytes)
 
 
+def _encoded(rt: Runtime) -> Recent[tuple[Trajectory, bytes]]:
+    """Members this worker sent, with their bytes: the group writes those instead of encoding them again."""
+    return rt.cache("members-encoded", rt.config.member_cache_bytes)
+
+
 def _load(rt: Runtime, group_id: str) -> GroupState | None:
     raw = rt.get(GROUPS, group_id)
     return None if raw is None else GroupState.from_json(raw)
@@ -65,12 +71,13 @@ def _load(rt: Runtime, group_id: str) -> GroupState | None:
 
 async def on_trajectory(rt: Runtime, value: bytes, partition: int, offset: int) -> None:
     """Add a trajectory to its group (deduplicated; retries replace) and emit the group when ready."""
-    traj = rt.handed_over(partition, offset)  # sent by this worker's session stage: not decoded again
-    if traj is None:
+    handed = rt.handed_over(partition, offset)  # sent by this worker's session stage: not decoded again
+    if handed is None:
         traj = rt.decode(value, Trajectory, rt.topo.trajectories, partition, offset)
         if traj is None:
             return
     else:
+        traj = handed[0]
         rt.count("trajectories.handed_over")
     key = f"{traj.group_id}/{traj.sample_index}"
     if traj.parts > 1:  # a part of a trajectory sent in parts: the member is in once all its parts are
@@ -97,6 +104,8 @@ async def on_trajectory(rt: Runtime, value: bytes, partition: int, offset: int) 
                 rt.count("members.restored")
         if size:  # whole (a split one whose parts were all still in memory is joined): kept decoded
             _decoded(rt).put(key, traj.event_id, traj, size)
+            if handed is not None and traj.parts == 1:  # and the bytes it was sent as, for its group's
+                _encoded(rt).put(key, traj.event_id, handed, size)
     if gathering:  # after the member's reference: a crash in between finds one or the other
         rt.delete(MEMBERS, gathering)
     if outcome not in ("added", "replaced", "duplicate"):
@@ -203,7 +212,9 @@ async def advance(rt: Runtime, state: GroupState, now: float) -> None:
             rt.count("groups.dropped_zero_variance")
             _close(rt, state, "dropped:zero_variance", now)
             return
-        fut = await rt.send_split("groups", group, rt.topo.group_max_bytes)  # in parts when past the limit
+        known = _known_bytes(rt, state, members)
+        rt.count("members.bytes_reused", len(known))
+        fut = await rt.send_split("groups", group, rt.topo.group_max_bytes, known)  # in parts past the limit
         if fut is None:
             _close(rt, state, "dropped:oversized", now)
             return
@@ -216,6 +227,13 @@ async def advance(rt: Runtime, state: GroupState, now: float) -> None:
     log.warning("group %s dropped (%s): %d of %d samples in, %d usable, min_valid %d",
                 gid, action, len(state.members), state.num_samples, state.usable, state.min_valid)
     _close(rt, state, action, now)
+
+
+def _known_bytes(rt: Runtime, state: GroupState, members: list[Trajectory]) -> list[tuple[Trajectory, bytes]]:
+    """The members whose bytes this worker holds, as sent: the very objects in the group, never a copy."""
+    encoded = _encoded(rt)
+    held = (encoded.get(f"{state.group_id}/{t.sample_index}", t.event_id) for t in members)
+    return [h for h, t in zip(held, members) if h is not None and h[0] is t]
 
 
 def _close(rt: Runtime, state: GroupState, emitted: str, now: float) -> None:
@@ -276,3 +294,4 @@ def _delete_members(rt: Runtime, state: GroupState) -> None:
                 decoded.pop(f"{key}/{member.event_id}#{k}")
         rt.delete(MEMBERS, key)
         decoded.pop(key)
+        _encoded(rt).pop(key)

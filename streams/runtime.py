@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import orjson
@@ -45,13 +45,14 @@ K = TypeVar("K")
 
 
 def split_counted(topic: str, record: Trajectory | TrainingGroup, max_bytes: int,
-                  count: Callable[[str, int], None]) -> list[tuple[Record, bytes]] | None:
+                  count: Callable[[str, int], None],
+                  encoded: Iterable[tuple[Record, bytes]] = ()) -> list[tuple[Record, bytes]] | None:
     """The record and its bytes, or its parts when it is past the topic's limit (schemas/parts.py),
     counted as ``<topic>.split`` and ``<topic>.parts``; None (``<topic>.oversized``) when a single trace
     is too large for any part. The live stages and the replay (polarstream.tools.rederive) both split
-    here, so their outputs and counters agree."""
+    here, so their outputs and counters agree. ``encoded``: records inside whose bytes are known."""
     try:
-        records = split_record(record, max_bytes - BATCH_OVERHEAD)  # each part's bytes under the limit
+        records = split_record(record, max_bytes - BATCH_OVERHEAD, encoded)  # each part's bytes under the limit
     except RecordTooLarge as e:
         count(f"{topic}.oversized", 1)
         log.error("%s: left out (its inputs stay in the source topics)", e)
@@ -74,7 +75,8 @@ class Runtime:
     # Per calls partition: the newest created_at among the calls processed here (see sessions.decide).
     calls_watermark: dict[int, float] = field(default_factory=dict)
     _logged: dict[str, int] = field(default_factory=dict)
-    pending: dict[tuple[str, str], "Pending"] = field(default_factory=dict)  # (stage, key) -> unsettled send
+    # (stage, partition) -> key -> unsettled send: an event settles only its own partition's sends
+    pending: dict[tuple[str, int], dict[str, "Pending"]] = field(default_factory=dict)
     # (topic, partition) -> offset of the last event handled: the consumer lag metric (streams/metrics.py)
     processed: dict[tuple[str, int], int] = field(default_factory=dict)
     # Bumped each time the tables finish recovering after a rebalance (``recovered``, a table callback):
@@ -232,11 +234,12 @@ class Runtime:
             if self.changelog is not None:
                 self.changelog.note(table, key, self.partition, None, True)
 
-    async def send_split(self, topic: str, record: Trajectory | TrainingGroup, max_bytes: int) -> Any | None:
+    async def send_split(self, topic: str, record: Trajectory | TrainingGroup, max_bytes: int,
+                         encoded: Iterable[tuple[Record, bytes]] = ()) -> Any | None:
         """Start sending a record, in parts when it is over the topic's limit (schemas/parts.py): one
         future for all of them, or None (counted as ``<topic>.oversized``, logged) when a single trace
-        is too large for any part."""
-        records = split_counted(topic, record, max_bytes, self.count)
+        is too large for any part. ``encoded``: records inside it whose bytes are known (``encode``)."""
+        records = split_counted(topic, record, max_bytes, self.count, encoded)
         if records is None:
             return None
         self.count(f"{topic}.sent", len(records))
@@ -244,20 +247,21 @@ class Runtime:
         for part, data in records:
             future = await self.topics[topic].send(key=part.key().encode(), value=data)
             if topic == "trajectories":  # to this worker's group stage too, once the broker has it
-                future.add_done_callback(partial(self._hand_over, record=part, size=len(data)))
+                future.add_done_callback(partial(self._hand_over, record=part, data=data))
             futures.append(future)
         return futures[0] if len(futures) == 1 else asyncio.gather(*futures)
 
-    def _hand_over(self, future: Any, record: Record, size: int) -> None:
+    def _hand_over(self, future: Any, record: Record, data: bytes) -> None:
         if future.cancelled() or future.exception() is not None:
             return
         sent = future.result()  # RecordMetadata: where the broker put it
-        self._outbox().put(f"{sent.partition}@{sent.offset}", "", record, size)
+        self._outbox().put(f"{sent.partition}@{sent.offset}", "", (record, data), len(data))
 
-    def handed_over(self, partition: int, offset: int) -> Any | None:
+    def handed_over(self, partition: int, offset: int) -> tuple[Any, bytes] | None:
         """The trajectory this worker sent to ``partition``@``offset`` of polar.trajectories, as the object
-        it built: the group stage reading it back need not decode it (a tenth of the worker's CPU). None
-        when another worker sent it, or it was read before the broker's acknowledgement reached us."""
+        it built, with its bytes: the group stage reading it back need not decode it, nor its group
+        encode it again (each was a tenth of the worker's CPU). None when another worker sent it, or it
+        was read before the broker's acknowledgement reached us."""
         return self._outbox().take(f"{partition}@{offset}", "")
 
     def _outbox(self) -> Recent:
@@ -266,19 +270,20 @@ class Runtime:
 
     def pend(self, stage: str, key: str, partition: int, future: Any, on_ack: Callable[[], None]) -> None:
         """Run ``on_ack`` (in a later event of ``partition``) once ``future`` says the broker has the record."""
-        self.pending[(stage, key)] = Pending(partition, future, on_ack)
+        self.pending.setdefault((stage, partition), {})[key] = Pending(partition, future, on_ack)
 
     def is_pending(self, stage: str, key: str) -> bool:
-        return (stage, key) in self.pending
+        return any(key in sends for (s, _), sends in self.pending.items() if s == stage)
 
     def settle(self, stage: str, partition: int) -> None:
         """Apply the acknowledged sends of this stage's partition; a failed send crashes the worker (the
         inputs were not committed, so a restart replays them)."""
-        for k, p in list(self.pending.items()):
-            if k[0] == stage and p.partition == partition and p.future.done():
+        sends = self.pending.get((stage, partition))
+        for key, p in list(sends.items()) if sends else ():
+            if p.future.done():
                 p.future.result()  # raises the send's error
                 p.on_ack()
-                del self.pending[k]
+                del sends[key]
 
     def write_stats(self) -> None:
         """Log the counters and write them to ``stats_path`` (atomically: a reader never sees half a file)."""

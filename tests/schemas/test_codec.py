@@ -11,7 +11,7 @@ from schemas import (
     RECORD_BY_TOPIC, RECORD_TYPES, CallRecorded, PolicyVersion, RecordDecodeError, SessionEvent, Trace, TrainingGroup,
     decode, derived_event_id, encode,
 )
-from tests.schemas.samples import call, sample_records
+from tests.schemas.samples import call, sample_records, trajectory
 
 
 @pytest.mark.parametrize("record", sample_records(), ids=lambda r: type(r).__name__)
@@ -40,6 +40,18 @@ def test_encode_matches_pydantics_json_view_on_floats_escapes_and_unicode():
         "completion_logprobs": floats, "request": {"a": [1, {"b": None}], "c": "\u2028x", "d": (1, 2)}})
     assert encode(rec) == orjson.dumps(rec.model_dump(mode="json"))
     assert decode(encode(rec), CallRecorded) == rec.model_copy(update={"request": {**rec.request, "d": [1, 2]}})
+
+
+def test_records_inside_whose_bytes_are_known_are_written_as_those_bytes():
+    a, b = trajectory("s-1", 1.0), trajectory("s-2", 0.0)
+    group = TrainingGroup(group_id="g", trajectories=[a, b], advantages=[1.0, -1.0])
+    assert group.trajectories[0] is a  # a group holds its members, not copies: their bytes can be reused
+    assert encode(group, [(a, encode(a)), (b, encode(b))]) == encode(group)
+    # What is given is written, unseen (so it must be what encode gave), and pairs of records not
+    # inside, or equal but other objects, are ignored.
+    marked = encode(group, [(a, orjson.dumps(orjson.loads(encode(a)), option=orjson.OPT_INDENT_2))])
+    assert orjson.loads(marked) == orjson.loads(encode(group)) and marked.count(b"\n") > 10
+    assert encode(group, [(trajectory("s-1", 1.0), b"{}"), (call(), b"[]")]) == encode(group)
 
 
 def test_a_value_json_cannot_hold_is_refused_when_encoding():

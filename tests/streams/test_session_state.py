@@ -318,7 +318,8 @@ async def _feed_members(rt: Runtime, trajs, partition: int = 0) -> None:
 def test_the_group_stage_takes_this_workers_trajectories_without_decoding_them():
     """A trajectory the session stage sent is handed to the group stage as the object it built, found
     by where the broker put it; the group is the same bytes as from decoded members, and a record at
-    another offset (another worker's) is decoded as before."""
+    another offset (another worker's) is decoded as before. The group writes the bytes the first two
+    were sent as."""
     from streams.groups import build_group
 
     config = StreamsConfig()
@@ -336,7 +337,7 @@ def test_the_group_stage_takes_this_workers_trajectories_without_decoding_them()
         await group_agent.on_trajectory(rt, sent[2][1], 0, 99)  # not where this worker's send went
 
     asyncio.run(run())
-    assert rt.counters["trajectories.handed_over"] == 2
+    assert rt.counters["trajectories.handed_over"] == rt.counters["members.bytes_reused"] == 2
     trajs = [decode(v, Trajectory) for _, v in rt.topics["trajectories"].sent]
     (group,) = [v for _, v in rt.topics["groups"].sent]
     assert group == encode(build_group("g", trajs, config))
