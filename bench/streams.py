@@ -155,6 +155,35 @@ def bench_builders(recs: list[Recorded]) -> dict:
     return out
 
 
+class GroupsSeen:
+    """The groups on polar.groups, read once, as they come: waiting for a pass's groups reads only what
+    is new. Reading the topic from its start at every wait (``read_topic``) had the load generator
+    decompress every earlier pass's groups again while the worker was being timed."""
+
+    def __init__(self, settings: Settings):
+        from confluent_kafka import Consumer, TopicPartition
+
+        name = settings.topic("groups")
+        self.consumer = Consumer(settings.kafka_config(**{
+            "group.id": f"bench-groups-{os.getpid()}-{time.monotonic_ns()}", "enable.auto.commit": False}))
+        partitions = self.consumer.list_topics(name, timeout=10).topics[name].partitions
+        self.consumer.assign([TopicPartition(name, p, 0) for p in partitions])
+        self.timestamps: dict[str, int] = {}  # group id -> when its first copy was appended
+
+    def wait(self, total: int, timeout: float) -> None:
+        """Until ``total`` distinct groups are in; TimeoutError after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while len(self.timestamps) < total:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self.timestamps)} of {total} groups after {timeout:.0f}s")
+            m = self.consumer.poll(0.2)
+            if m is not None and not m.error():
+                self.timestamps.setdefault(m.key().decode(), m.timestamp()[1])
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
 def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: list[list[Recorded]], log_dir: Path,
                  workers: list[int | str]) -> dict:
     """Burst throughput (one pass per burst: the same shape, new sessions), with ``workers[i]`` worker
@@ -179,11 +208,12 @@ def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: 
 
     passes: dict[int | str, list[dict]] = {1: [], 2: [], "drain": []}
     second = None
+    seen = GroupsSeen(settings)
     try:
         warm = sessions(1, 2, {}, "warm", seed=99)[0]  # the worker is up and owns its partitions once this is out
         send([r for s in warm for r in s.records])
         total = 1
-        read_topic(settings, "groups", until=lambda m: len(m) >= total, timeout=120)
+        seen.wait(total, timeout=120)
 
         def settle(n: int, tag: str) -> None:
             """Until ``n`` workers own the partitions and are past recovering their tables: a few small
@@ -193,7 +223,7 @@ def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: 
             few = sessions(8, 2, {}, tag, seed=7)
             send([r for g in few for s in g for r in s.records])
             total += len(few)
-            read_topic(settings, "groups", until=lambda m: len({x.key for x in m}) >= total, timeout=120)
+            seen.wait(total, timeout=120)
 
         for i, (burst, n) in enumerate(zip(bursts, workers)):
             if n == 2:
@@ -215,7 +245,7 @@ def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: 
                 start, cpu_start = time.perf_counter(), proc_cpu_s(pids)
                 send(records)
             total += len(burst)
-            read_topic(settings, "groups", until=lambda m: len({x.key for x in m}) >= total, timeout=600)
+            seen.wait(total, timeout=600)
             seconds, cpu_s = time.perf_counter() - start, proc_cpu_s(pids) - cpu_start
             passes[n].append({"pass": i, "workers": 2 if n == 2 else 1, "groups": len(burst), "calls": n_calls, "seconds": round(seconds, 2),
                               "calls_per_s": round(n_calls / seconds, 1), "worker_cpu_s": round(cpu_s, 2),
@@ -230,16 +260,17 @@ def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: 
             send([r for s in g for r in s.records])
             time.sleep(0.2)
         total += len(paced)
-        groups = read_topic(settings, "groups", until=lambda m: len({x.key for x in m}) >= total, timeout=300)
+        seen.wait(total, timeout=300)
         paced_ids = {s.finished.session_id for g in paced for s in g}
         events = read_topic(settings, "session-events", timeout=60,  # until every paced finished event is read
                             until=lambda m: paced_ids <= {x.key.decode() for x in m})
     finally:
+        seen.close()
         pub.close()
         worker.stop()
         if second is not None:
             second.stop()
-    done_ts = {m.key.decode(): m.timestamp_ms for m in groups}
+    done_ts = seen.timestamps
     finished_ts: dict[str, int] = {}
     group_of = {s.finished.session_id: s.finished.group_id for g in paced for s in g}
     for m in events:
