@@ -104,7 +104,7 @@ async def on_trajectory(rt: Runtime, value: bytes, partition: int, offset: int) 
                 rt.count("members.restored")
         if size:  # whole (a split one whose parts were all still in memory is joined): kept decoded
             _decoded(rt).put(key, traj.event_id, traj, size)
-            if handed is not None and traj.parts == 1:  # and the bytes it was sent as, for its group's
+            if handed is not None and handed[0] is traj:  # sent whole: its bytes too, for its group's
                 _encoded(rt).put(key, traj.event_id, handed, size)
     if gathering:  # after the member's reference: a crash in between finds one or the other
         rt.delete(MEMBERS, gathering)
