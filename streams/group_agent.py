@@ -54,14 +54,10 @@ def register(rt: Runtime) -> None:
     rt.agent(STAGE, [topo.trajectories, topo.group_ticks], handle)
 
 
-def _decoded(rt: Runtime) -> Recent[Trajectory]:
-    """Members decoded on arrival, by table key, counted at their encoded size."""
+def _decoded(rt: Runtime) -> Recent[tuple[Trajectory, bytes | None]]:
+    """Members decoded on arrival, by table key, counted at their encoded size; with their bytes when
+    this worker sent them whole, which their group writes instead of encoding them again."""
     return rt.cache(MEMBERS, rt.config.member_cache_bytes)
-
-
-def _encoded(rt: Runtime) -> Recent[tuple[Trajectory, bytes]]:
-    """Members this worker sent, with their bytes: the group writes those instead of encoding them again."""
-    return rt.cache("members-encoded", rt.config.member_cache_bytes)
 
 
 def _load(rt: Runtime, group_id: str) -> GroupState | None:
@@ -103,9 +99,8 @@ async def on_trajectory(rt: Runtime, value: bytes, partition: int, offset: int) 
             if outcome == "duplicate":
                 rt.count("members.restored")
         if size:  # whole (a split one whose parts were all still in memory is joined): kept decoded
-            _decoded(rt).put(key, traj.event_id, traj, size)
-            if handed is not None and handed[0] is traj:  # sent whole: its bytes too, for its group's
-                _encoded(rt).put(key, traj.event_id, handed, size)
+            sent = handed[1] if handed is not None and handed[0] is traj else None  # joined: not as sent
+            _decoded(rt).put(key, traj.event_id, (traj, sent), size)
     if gathering:  # after the member's reference: a crash in between finds one or the other
         rt.delete(MEMBERS, gathering)
     if outcome not in ("added", "replaced", "duplicate"):
@@ -126,7 +121,7 @@ def _gather(rt: Runtime, key: str, part: Trajectory, size: int, partition: int,
     None while parts are missing."""
     whole_id, gathering = part.part_of, f"{key}/{part.part_of}"
     decoded = _decoded(rt)
-    decoded.put(f"{gathering}#{part.part}", part.event_id, part, size)
+    decoded.put(f"{gathering}#{part.part}", part.event_id, (part, None), size)
     held = rt.get(MEMBERS, key)
     if held is not None and held.get("e") == whole_id:  # complete already: a part replayed after a crash
         refs = held["parts"]
@@ -138,7 +133,7 @@ def _gather(rt: Runtime, key: str, part: Trajectory, size: int, partition: int,
         if any(r is None for r in refs):
             rt.count("members.parts_held")
             return None
-    parts = [decoded.get(f"{gathering}#{k}", r["e"]) for k, r in enumerate(refs)]
+    parts = [_member(decoded, f"{gathering}#{k}", r["e"]) for k, r in enumerate(refs)]
     member_ref = orjson.dumps({"e": whole_id, "parts": refs})
     if all(p is not None for p in parts):  # moved from the parts' entries to the whole's
         size = sum(decoded.pop(f"{gathering}#{k}") for k in range(len(refs)))
@@ -231,9 +226,14 @@ async def advance(rt: Runtime, state: GroupState, now: float) -> None:
 
 def _known_bytes(rt: Runtime, state: GroupState, members: list[Trajectory]) -> list[tuple[Trajectory, bytes]]:
     """The members whose bytes this worker holds, as sent: the very objects in the group, never a copy."""
-    encoded = _encoded(rt)
-    held = (encoded.get(f"{state.group_id}/{t.sample_index}", t.event_id) for t in members)
-    return [h for h, t in zip(held, members) if h is not None and h[0] is t]
+    decoded = _decoded(rt)
+    held = (decoded.get(f"{state.group_id}/{t.sample_index}", t.event_id) for t in members)
+    return [(t, h[1]) for h, t in zip(held, members) if h is not None and h[0] is t and h[1] is not None]
+
+
+def _member(decoded: Recent[tuple[Trajectory, bytes | None]], key: str, event_id: str) -> Trajectory | None:
+    hit = decoded.get(key, event_id)
+    return None if hit is None else hit[0]
 
 
 def _close(rt: Runtime, state: GroupState, emitted: str, now: float) -> None:
@@ -258,11 +258,11 @@ async def _stored_members(rt: Runtime, state: GroupState) -> list[Trajectory] | 
         if "e" not in held:  # written before references: the member itself
             found[i] = decode(raw, Trajectory)
             continue
-        traj = decoded.get(key, held["e"])
+        traj = _member(decoded, key, held["e"])
         if traj is not None:
             found[i] = traj
         elif "parts" in held:  # sent in parts: those not in memory are read back, then joined
-            split[i] = [decoded.get(f"{key}/{held['e']}#{k}", r["e"]) for k, r in enumerate(held["parts"])]
+            split[i] = [_member(decoded, f"{key}/{held['e']}#{k}", r["e"]) for k, r in enumerate(held["parts"])]
             refs.update(((i, k), r) for k, r in enumerate(held["parts"]) if split[i][k] is None)
         else:
             refs[(i, 0)] = held
@@ -294,4 +294,3 @@ def _delete_members(rt: Runtime, state: GroupState) -> None:
                 decoded.pop(f"{key}/{member.event_id}#{k}")
         rt.delete(MEMBERS, key)
         decoded.pop(key)
-        _encoded(rt).pop(key)
