@@ -66,7 +66,7 @@ from streams.builders import assemble  # noqa: E402
 from streams.sessions import add_call, add_finished, new_session  # noqa: E402
 from streams.source_log import ref  # noqa: E402
 from streams.synthetic import Recorded, SessionSpec, record_session  # noqa: E402
-from streams.testing import WorkerProcess, publish, read_topic  # noqa: E402
+from streams.testing import WorkerProcess, publish, read_topic, topic_consumer  # noqa: E402
 
 SAMPLES = 4
 
@@ -161,13 +161,7 @@ class GroupsSeen:
     decompress every earlier pass's groups again while the worker was being timed."""
 
     def __init__(self, settings: Settings):
-        from confluent_kafka import Consumer, TopicPartition
-
-        name = settings.topic("groups")
-        self.consumer = Consumer(settings.kafka_config(**{
-            "group.id": f"bench-groups-{os.getpid()}-{time.monotonic_ns()}", "enable.auto.commit": False}))
-        partitions = self.consumer.list_topics(name, timeout=10).topics[name].partitions
-        self.consumer.assign([TopicPartition(name, p, 0) for p in partitions])
+        self.consumer = topic_consumer(settings, settings.topic("groups"))
         self.timestamps: dict[str, int] = {}  # group id -> when its first copy was appended
 
     def wait(self, total: int, timeout: float) -> None:
@@ -234,15 +228,14 @@ def bench_worker(settings: Settings, bursts: list[list[list[Recorded]]], paced: 
             n_calls = sum(len(s.calls) for g in burst for s in g)
             load = load_avg()
             records = [r for g in burst for s in g for r in s.records]
-            if n == "drain":
+            if n == "drain":  # the backlog is in before the clock starts: the worker is stopped meanwhile
                 os.kill(worker.proc.pid, signal.SIGSTOP)
                 try:
                     send(records)
                 finally:
                     os.kill(worker.proc.pid, signal.SIGCONT)
-                start, cpu_start = time.perf_counter(), proc_cpu_s(pids)
-            else:
-                start, cpu_start = time.perf_counter(), proc_cpu_s(pids)
+            start, cpu_start = time.perf_counter(), proc_cpu_s(pids)
+            if n != "drain":
                 send(records)
             total += len(burst)
             seen.wait(total, timeout=600)

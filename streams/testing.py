@@ -48,19 +48,29 @@ class Message:
     timestamp_ms: int
 
 
+def topic_consumer(settings, name: str):
+    """A confluent consumer of every partition of topic ``name`` from its beginning, in a group of its
+    own that commits nothing."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(settings.kafka_config(**{"group.id": f"read-{os.getpid()}-{time.monotonic_ns()}",
+                                          "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+    try:
+        partitions = c.list_topics(name, timeout=10).topics[name].partitions
+        c.assign([TopicPartition(name, p, 0) for p in partitions])  # offset 0: the beginning, always
+    except BaseException:
+        c.close()
+        raise
+    return c
+
+
 def read_topic(settings, topic: str, until=lambda msgs: False, timeout: float = 60.0, idle: float = 0.0,
                full_name: bool = False) -> list[Message]:
     """Every message of a topic (a logical name such as ``calls``, or with ``full_name`` the topic's
     own, e.g. a table's changelog) from the beginning, polling until ``until(msgs)`` holds (then
     ``idle`` more seconds, to catch late duplicates) or ``timeout`` passes."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    name = topic if full_name else settings.topic(topic)
-    c = Consumer(settings.kafka_config(**{"group.id": f"read-{os.getpid()}-{time.monotonic_ns()}",
-                                          "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+    c = topic_consumer(settings, topic if full_name else settings.topic(topic))
     try:
-        md = c.list_topics(name, timeout=10).topics[name]
-        c.assign([TopicPartition(name, p, 0) for p in md.partitions])  # offset 0: the beginning, always
         msgs: list[Message] = []
         deadline, done_at = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
