@@ -6,7 +6,9 @@ holds for any encoding of the ids), and prints one JSON object:
 
 - unbounded: the publisher's ceiling. Every event is handed over at once and every acknowledgement
   awaited: ``publish`` once per event (one coroutine each, as many callers do) and ``publish_many``
-  (the batch form), in interleaved rounds; events/s and MB/s, min and median. ``events_per_s_4kb`` is
+  (the batch form), in interleaved rounds after one untimed pass of each (the broker's JIT compiles its
+  produce path during the first: every target's first timed round was the slowest, by up to 2x);
+  events/s and MB/s, min and median. ``events_per_s_4kb`` is
   the better of the two medians for 4 KB events (``events_per_s_4kb_api`` says which). A third target,
   ``publish_many_uncompressed``, is the same with compression off (the default is zstd at level 1):
   ``events_per_s_4kb_uncompressed``; a fourth, ``publish_many_lz4``, with lz4 (the default until the
@@ -14,7 +16,7 @@ holds for any encoding of the ids), and prints one JSON object:
   went, in µs per event (medians): Python threads (the loop and the poll thread, sharing the GIL),
   librdkafka's threads, and the broker;
 - fixed_rate: 4 KB events offered at 5,000/s by a timer, one ``publish`` task per event, for a few
-  seconds per round; publish-to-acknowledgement latency from each event's scheduled time (a late timer
+  seconds per round (after an untimed round of each, as above); publish-to-acknowledgement latency from each event's scheduled time (a late timer
   counts against the publisher) and the rate achieved. The events come from pools this script builds
   up front (2,000 4 KB events: about a million token-id slots in Python lists, which the cyclic GC walks
   in every full collection, tens of ms each). A publisher in a server holds only its events in flight
@@ -272,7 +274,7 @@ def _run(go, pub: Publisher, pub0: Publisher, others: dict[str, Publisher], quic
         rounds[f"unbounded_{label}"] = interleaved(
             {**{api: (lambda api=api: go(unbounded(pub, unb, api, broker_pid))) for api in ("publish", "publish_many")},
              **{name: (lambda p=p: go(unbounded(p, unb, "publish_many", broker_pid))) for name, p in others.items()}},
-            ROUNDS, cpu_floor=1.0, retries=0, **cpu)
+            ROUNDS, cpu_floor=1.0, retries=0, warmup=True, **cpu)
         log(f"unbounded {label} done")
         seq = cycle(pools[size], n_seq)
         rounds[f"sequential_{label}"] = interleaved(
@@ -297,7 +299,7 @@ def _run(go, pub: Publisher, pub0: Publisher, others: dict[str, Publisher], quic
         })
     fixed = rounds["fixed_rate_4kb"] = interleaved(
         {f"rate_{RATE}{tag}": lambda frozen=frozen: go(fixed_rate(pub, pools[4096], RATE, FIXED_RATE_S[quick], frozen))
-         for tag, frozen in (("", True), (UNFROZEN, False))}, ROUNDS, **cpu)
+         for tag, frozen in (("", True), (UNFROZEN, False))}, ROUNDS, warmup=True, **cpu)
     log("fixed rate done")
     passes = fixed["targets"][f"rate_{RATE}"]["passes"]
     fixed_summary = {"offered_per_s": RATE, "seconds_per_round": FIXED_RATE_S[quick], "size_bytes": 4096,
