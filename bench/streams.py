@@ -26,7 +26,9 @@ fifth). Prints one JSON object:
 - bytes: Kafka bytes per session (the broker's log segments, as stored: compressed) of every topic a
   pass writes, at three session lengths, over the raw int32 bytes of the session's distinct tokens. These
   sessions take their ids uniformly from a 151k vocabulary (``incompressible_tokenize``), a worst case
-  for compression, instead of the 16-word stand-in the other parts use.
+  for compression, instead of the 16-word stand-in the other parts use. Beside each,
+  ``packed_arrays_computed``: the same records with their token arrays packed as binary (int32 ids,
+  uint8 masks, float32 logprobs), before and after zstd, computed from the records (not on a broker).
 
 Top level, for issue 21: ``worker_calls_per_s``, ``worker_calls_per_cpu_s``, ``worker_drain_calls_per_s``,
 ``two_workers_calls_per_s``,
@@ -39,12 +41,14 @@ Top level, for issue 21: ``worker_calls_per_s``, ``worker_calls_per_cpu_s``, ``w
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import os
 import random
 import signal
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -355,13 +359,54 @@ def bench_bytes(settings: Settings, log_dir: Path, turns_list: list[int], groups
         finally:
             worker.stop()
         by_topic = log_bytes(log_dir, pass_settings.topic_prefix)
+        written = {"calls": [encode(c) for s in flat for c in s.calls],  # at least one record per session, per group
+                   **{t: [m.value for m in read_topic(pass_settings, t, timeout=60, idle=2.0, until=lambda m, n=n: len(m) >= n)]
+                      for t, n in (("trajectories", len(flat)), ("groups", groups))}}
         raw = 4 * sum(len(t.token_ids) for s in flat
                       for t in assemble([CallTokens.from_record(c) for c in s.calls], "prefix_merging").traces)
         total = sum(by_topic.values())
         out[str(turns)] = {"sessions": len(flat), "raw_int32_bytes_per_session": round(raw / len(flat)),
                            "kafka_bytes_per_session": round(total / len(flat)),
                            "over_raw": round(total / raw, 2),
-                           "by_topic_per_session": {k: round(v / len(flat)) for k, v in sorted(by_topic.items())}}
+                           "by_topic_per_session": {k: round(v / len(flat)) for k, v in sorted(by_topic.items())},
+                           "packed_arrays_computed": packed_comparison(written, len(flat))}
+    return out
+
+
+# Token ids, loss masks and logprobs as packed little-endian arrays (base64 in the JSON text): int32 ids,
+# uint8 mask, float32 logprobs. Not a wire format of ours: what issue 21 proposed, to weigh it.
+PACKED = {"prompt_ids": "<i", "completion_ids": "<i", "suffix_ids": "<i", "token_ids": "<i",
+          "loss_mask": "<B", "completion_logprobs": "<f", "logprobs": "<f"}
+
+
+def _packed(value):
+    if isinstance(value, dict):
+        return {k: base64.b64encode(struct.pack(f"<{len(v)}{PACKED[k][1]}", *v)).decode()
+                if k in PACKED and isinstance(v, list) else _packed(v) for k, v in value.items()}
+    return [_packed(v) for v in value] if isinstance(value, list) else value
+
+
+def packed_comparison(written: dict[str, list[bytes]], sessions: int, chunk: int = 256 * 1024) -> dict:
+    """Bytes per session of the records a pass wrote (calls, trajectories, groups), as written (JSON) and
+    with their token arrays packed, before and after zstd (level 1, the publisher's) over chunks of
+    ``chunk`` bytes of each topic's records, about what one produce batch holds. Computed here from the
+    records, not measured on a broker."""
+    import cramjam
+
+    def zstd(records: list[bytes]) -> int:
+        total, buf = 0, bytearray()
+        for r in records:
+            buf += r
+            if len(buf) >= chunk:
+                total, buf = total + len(cramjam.zstd.compress(bytes(buf), level=1)), bytearray()
+        return total + (len(cramjam.zstd.compress(bytes(buf), level=1)) if buf else 0)
+
+    out: dict[str, dict] = {}
+    for topic, records in written.items():
+        packed = [orjson.dumps(_packed(orjson.loads(r))) for r in records]
+        out[topic] = {"json": round(sum(map(len, records)) / sessions), "packed": round(sum(map(len, packed)) / sessions),
+                      "json_zstd": round(zstd(records) / sessions), "packed_zstd": round(zstd(packed) / sessions)}
+    out["total"] = {k: sum(v[k] for v in out.values()) for k in ("json", "packed", "json_zstd", "packed_zstd")}
     return out
 
 

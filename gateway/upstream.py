@@ -28,6 +28,8 @@ from typing import Any, Literal, Protocol
 import aiohttp
 import orjson
 
+from schemas import float32_digits
+
 UpstreamKind = Literal["polar", "vllm", "sglang"]
 
 
@@ -264,7 +266,7 @@ def _parse_completions(data: dict[str, Any], prompt_ids: list[int], ms: float) -
         choice = data["choices"][0]
         ids = [int(i) for i in choice["token_ids"]]
         lp = choice.get("logprobs") or {}
-        logprobs = [float(x) if x is not None else 0.0 for x in lp.get("token_logprobs") or []]
+        logprobs = [float32_digits(float(x)) if x is not None else 0.0 for x in lp.get("token_logprobs") or []]
     except (KeyError, IndexError, TypeError, ValueError) as e:
         raise UpstreamBadResponse(f"engine response lacks choices[0].token_ids/logprobs ({type(e).__name__}: {e}); "
                                   "is it vLLM-compatible with return_token_ids?") from e
@@ -309,7 +311,7 @@ def _parse_sglang(data: dict[str, Any], prompt_ids: list[int], ms: float) -> Gen
         meta = data["meta_info"]
         triples = meta["output_token_logprobs"]
         ids = [int(t[1]) for t in triples]
-        logprobs = [float(t[0]) if t[0] is not None else 0.0 for t in triples]
+        logprobs = [float32_digits(float(t[0])) if t[0] is not None else 0.0 for t in triples]
     except (KeyError, IndexError, TypeError, ValueError) as e:
         raise UpstreamBadResponse(f"SGLang response lacks meta_info.output_token_logprobs ({type(e).__name__}); "
                                   "is return_logprob honoured (and is this a worker, not the router)?") from e

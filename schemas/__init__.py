@@ -28,6 +28,7 @@ from .records import (
     Usage,
     WorkspaceSpec,
     derived_event_id,
+    float32_digits,
     new_event_id,
 )
 
@@ -36,6 +37,6 @@ __all__ = [
     "Parts", "PolicyVersion", "PromptDelta", "RECORD_BY_TOPIC", "RECORD_TYPES", "Record", "RecordDecodeError",
     "RecordTooLarge", "SCHEMA_VERSION", "SessionAssigned", "SessionEvent", "TaskRequest", "Timeouts",
     "Timings", "ToolCallOut", "Trace", "TrainingGroup", "Trajectory", "Usage", "WorkspaceSpec", "decode",
-    "derived_event_id", "encode", "encode_prompt", "full_sequence", "join_parts", "new_event_id",
+    "derived_event_id", "encode", "encode_prompt", "float32_digits", "full_sequence", "join_parts", "new_event_id",
     "resolve_prompt", "split_record",
 ]

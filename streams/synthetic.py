@@ -11,10 +11,11 @@ seed, including event ids and times, so the same sessions can be published twice
 from __future__ import annotations
 
 import random
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from schemas import CallRecorded, ChainInfo, SessionEvent, encode_prompt, full_sequence
+from schemas import CallRecorded, ChainInfo, SessionEvent, encode_prompt, float32_digits, full_sequence
 
 Tokenize = Callable[[str], list[int]]
 
@@ -62,6 +63,13 @@ class Recorded:
         return [*self.calls, self.finished]
 
 
+def _logprob(x: float) -> float:
+    """``x`` as the gateway records a logprob: computed in float32 by the engine, kept at float32's 9
+    significant digits (schemas.float32_digits), not the 4 of a rounded stand-in that would flatter the
+    bytes on every topic."""
+    return float32_digits(struct.unpack("<f", struct.pack("<f", x))[0])
+
+
 def _text(r: random.Random, n: int) -> str:
     return " ".join(r.choice(_WORDS) for _ in range(n))
 
@@ -92,7 +100,7 @@ def record_session(spec: SessionSpec, seed: int = 0, tokenize: Tokenize | None =
             sample_index=spec.sample_index, attempt=spec.attempt, call_index=call_index,
             provider="openai.chat", policy_version=spec.policy_version, side_call=side,
             prompt_ids=None if delta else prompt, prompt_delta=delta,
-            completion_ids=completion, completion_logprobs=[-round(r.random() * 3, 4) for _ in completion],
+            completion_ids=completion, completion_logprobs=[_logprob(-r.random() * 3) for _ in completion],
             finish_reason="stop", chain=ChainInfo(extends_call_index=extends, break_reason=reason),
         ))
         call_index += 1

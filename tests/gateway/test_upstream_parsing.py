@@ -1,5 +1,7 @@
 """Engine wire formats -> Generation, and engine error texts -> typed errors (pure parsing)."""
 
+import struct
+
 import pytest
 
 from gateway.upstream import (
@@ -27,6 +29,18 @@ def test_vllm_completion_ids_logprobs_and_weight_version():
     g = _parse_completions(VLLM, [1, 882, 198], 3.0)
     assert (g.completion_ids, g.logprobs, g.finish_reason) == ([812, 13, 2], [-0.05, -0.25, -0.5], "stop")
     assert g.policy_version == 7 and g.upstream_ms == 3.0
+
+
+def test_logprobs_are_kept_at_the_float32_precision_engines_compute_them_in():
+    # vLLM prints a float32 logprob widened to float64: 17 digits. 9 give back the same float32.
+    wide = [-0.40309274196624756, -2.384185791015625e-07, -0.05]
+    choice = {**VLLM["choices"][0], "logprobs": {"token_logprobs": wide}}
+    g = _parse_completions({**VLLM, "choices": [choice]}, [1, 882, 198], 0)
+    assert g.logprobs == [-0.403092742, -2.38418579e-07, -0.05]
+    assert struct.pack("<3f", *g.logprobs) == struct.pack("<3f", *wide)
+    sg = _parse_sglang({"meta_info": {"output_token_logprobs": [[lp, i, None] for lp, i in zip(wide, [812, 13, 2])],
+                                      "finish_reason": {"type": "stop"}}}, [1], 0)
+    assert sg.logprobs == g.logprobs
 
 
 def test_top_level_policy_version_wins():

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import random
+import struct
 
 import orjson
 import pytest
 
 from schemas import (
     RECORD_BY_TOPIC, RECORD_TYPES, CallRecorded, PolicyVersion, RecordDecodeError, SessionEvent, Trace, TrainingGroup,
-    decode, derived_event_id, encode,
+    decode, derived_event_id, encode, float32_digits,
 )
 from tests.schemas.samples import call, sample_records, trajectory
 
@@ -82,6 +84,15 @@ def test_logprobs_survive_exactly():
     rec = call()
     rec = rec.model_copy(update={"completion_logprobs": [-1e-12, -123.456789012345, -0.1]})
     assert decode(encode(rec), CallRecorded).completion_logprobs == [-1e-12, -123.456789012345, -0.1]
+
+
+def test_float32_digits_gives_back_every_float32_in_fewer_digits():
+    rng = random.Random(0)
+    wide = [struct.unpack("<f", struct.pack("<f", -rng.random() * 10 ** rng.randint(-8, 2)))[0] for _ in range(20_000)]
+    short = [float32_digits(x) for x in wide]
+    assert struct.pack(f"<{len(wide)}f", *short) == struct.pack(f"<{len(wide)}f", *wide)  # the same float32s
+    assert [float32_digits(x) for x in short] == short  # already short: unchanged
+    assert len(orjson.dumps(short)) < 0.7 * len(orjson.dumps(wide))
 
 
 def _payload(record, **changes) -> bytes:
