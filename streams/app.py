@@ -191,11 +191,12 @@ def _commit_only_handled(consumer: Any, rt: Runtime) -> None:
     async def seek_and_expect() -> Any:
         committed = await seek_to_committed()
         rt.next_offset.clear()  # what this worker expected of partitions before the rebalance is void
+        rt.unchecked.clear()
         for tp, offset in committed.items():
             if not offset and not tp.topic.endswith("-changelog"):
                 await consumer.seek(tp, 0)
             if tp.topic in rt.stage_topics:
-                rt.next_offset[(tp.topic, tp.partition)] = max(offset or 0, 0)
+                rt.sought(tp.topic, tp.partition, max(offset or 0, 0))
             if skipped.get(tp):  # below its committed offset, someone handled it
                 skipped[tp] = {o for o in skipped[tp] if offset is None or o >= offset}
         return committed

@@ -51,7 +51,7 @@ def register(rt: Runtime) -> None:
         else:
             await on_trajectory(rt, value, partition, offset)
 
-    rt.agent(STAGE, [topo.trajectories, topo.group_ticks], handle)
+    rt.agent(STAGE, [topo.trajectories], topo.group_ticks, handle)
 
 
 def _decoded(rt: Runtime) -> Recent[tuple[Trajectory, bytes | None]]:

@@ -56,7 +56,7 @@ def register(rt: Runtime) -> None:
         else:
             await on_session_event(rt, value, partition, offset)
 
-    rt.agent(STAGE, [topo.calls, topo.session_events, topo.session_ticks], handle)
+    rt.agent(STAGE, [topo.calls, topo.session_events], topo.session_ticks, handle)
 
 
 def _recent(rt: Runtime) -> Recent[CallTokens]:

@@ -133,6 +133,20 @@ class SourceLog:
                     c.unassign()
         return out
 
+    async def end_offset(self, topic: str, partition: int) -> int:
+        """The partition's end (the offset its next record gets); TimeoutError when the broker does not
+        answer in time."""
+        return await asyncio.to_thread(self._end_offset, topic, partition)
+
+    def _end_offset(self, topic: str, partition: int) -> int:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        with self._lock:
+            try:
+                return self._client().get_watermark_offsets(TopicPartition(topic, partition), timeout=self.timeout_s)[1]
+            except KafkaException as e:
+                raise TimeoutError(f"end of {topic}[{partition}]: {e.args[0]}") from None
+
     def _client(self) -> Any:
         if self._consumer is None:
             from confluent_kafka import Consumer

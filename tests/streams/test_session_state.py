@@ -124,6 +124,9 @@ class _Log:
     async def read(self, topic: str, partition: int, offsets: list[int]) -> dict[int, bytes | None]:
         return {o: self.records.get((topic, partition, o)) for o in offsets}
 
+    async def end_offset(self, topic: str, partition: int) -> int:
+        return 1 + max((o for t, p, o in self.records if (t, p) == (topic, partition)), default=-1)
+
 
 def _runtime(config: StreamsConfig) -> Runtime:
     topo = Topology("t", "calls", "session-events", "trajectories", "groups", "session-ticks", "group-ticks",
@@ -389,3 +392,27 @@ async def test_inputs_faust_skipped_are_read_back_and_handled_in_order():
     assert rt.counters["inputs.caught_up"] == 3 and rt.next_offset[("calls", 1)] == 6
     await rt.handle_in_order("calls", b"v4", 1, 4, handle)  # a late re-delivery: handled, no step back
     assert rt.next_offset[("calls", 1)] == 6 and rt.counters["inputs.caught_up"] == 3
+
+
+async def test_inputs_faust_dropped_with_nothing_after_them_are_read_back_at_the_second_tick():
+    """Faust fetched a partition's last inputs around a rebalance and dropped them; no later input comes
+    to show the gap. The second tick after the seek reads them back and handles them in order; a
+    partition that delivered something since its seek is left to handle_in_order."""
+    rt = _runtime(StreamsConfig())
+    rt.source.records.update({("calls", 1, i): f"v{i}".encode() for i in range(5)})
+    rt.source.records.update({("session-events", 1, i): b"e" for i in range(3)})
+    seen = []
+
+    async def handle(topic, value, partition, offset):
+        seen.append((topic, offset, value))
+
+    rt.sought("calls", 1, 2)  # committed offset 2: inputs 2..4 were fetched, then dropped
+    rt.sought("session-events", 1, 1)
+    await rt.handle_in_order("session-events", b"e", 1, 1, handle)  # this one delivered its next input
+    await rt.check_undelivered(["calls", "session-events"], 1, handle)
+    assert seen == [("session-events", 1, b"e")]  # the first tick gives a fetch in flight its time
+    await rt.check_undelivered(["calls", "session-events"], 1, handle)
+    assert seen[1:] == [("calls", 2, b"v2"), ("calls", 3, b"v3"), ("calls", 4, b"v4")]
+    assert rt.counters["inputs.undelivered"] == 3 and rt.next_offset[("calls", 1)] == 5
+    await rt.check_undelivered(["calls", "session-events"], 1, handle)  # checked once per seek
+    assert len(seen) == 4

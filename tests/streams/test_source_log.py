@@ -53,6 +53,8 @@ def test_reads_a_record_back_by_offset_and_knows_when_it_is_gone(polar_settings)
             by_partition.setdefault(m.partition, {})[m.offset] = m.value
         for p, values in by_partition.items():  # several at once, in one pass, in any order
             assert asyncio.run(log.read(s.topic("calls"), p, sorted(values, reverse=True))) == values
+            # the end: one past the partition's last record (this test is the only writer of its topics)
+            assert asyncio.run(log.end_offset(s.topic("calls"), p)) == max(m.offset for m in msgs if m.partition == p) + 1
         # Records deleted below an offset (what `polarstream forget` does before it re-publishes) are gone;
         # the ones after it are still read in the same call.
         p, values = max(by_partition.items(), key=lambda kv: len(kv[1]))
