@@ -26,7 +26,8 @@ fifth). Prints one JSON object:
 - bytes: Kafka bytes per session (the broker's log segments, as stored: compressed) of every topic a
   pass writes, at three session lengths, over the raw int32 bytes of the session's distinct tokens. These
   sessions take their ids uniformly from a 151k vocabulary (``incompressible_tokenize``), a worst case
-  for compression, instead of the 16-word stand-in the other parts use. Beside each,
+  for compression, instead of the 16-word stand-in the other parts use; their logprobs, as in every
+  part, are float32 values at the 9 digits the gateway records (streams/synthetic.py). Beside each,
   ``packed_arrays_computed``: the same records with their token arrays packed as binary (int32 ids,
   uint8 masks, float32 logprobs), before and after zstd, computed from the records (not on a broker).
 
