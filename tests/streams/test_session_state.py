@@ -416,3 +416,26 @@ async def test_inputs_faust_dropped_with_nothing_after_them_are_read_back_at_the
     assert rt.counters["inputs.undelivered"] == 3 and rt.next_offset[("calls", 1)] == 5
     await rt.check_undelivered(["calls", "session-events"], 1, handle)  # checked once per seek
     assert len(seen) == 4
+
+
+async def test_a_broker_that_does_not_tell_the_end_leaves_the_partition_to_later_inputs(caplog):
+    """The end offset is asked once per seek: a timeout is logged and nothing is read back or skipped."""
+    rt = _runtime(StreamsConfig())
+    rt.source.records.update({("calls", 1, i): b"v" for i in range(3)})
+
+    async def no_answer(topic, partition):
+        raise TimeoutError(f"end of {topic}[{partition}]: timed out")
+
+    rt.source.end_offset = no_answer
+    seen = []
+
+    async def handle(topic, value, partition, offset):
+        seen.append(offset)
+
+    rt.sought("calls", 1, 0)
+    for _ in range(3):
+        await rt.check_undelivered(["calls"], 1, handle)
+    assert seen == [] and rt.next_offset[("calls", 1)] == 0 and "inputs.undelivered" not in rt.counters
+    assert "end of calls[1]: timed out: not checked for undelivered inputs" in caplog.text
+    await rt.handle_in_order("calls", b"v", 1, 2, handle)  # a later input still reveals the gap
+    assert seen == [0, 1, 2]
