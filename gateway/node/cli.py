@@ -97,6 +97,7 @@ def node(
     """Run a gateway node: host the gateway and run sessions from polar.sessions (INIT → READY → RUN → POSTRUN)."""
     import asyncio
     import logging
+    import sys
 
     from gateway.cli import _resolve_model, require_upstreams
     from gateway.config import GatewayConfig
@@ -129,7 +130,7 @@ def node(
         raise typer.BadParameter(str(e), param_hint="--temperature") from None
     gw = GatewayConfig(engine_urls=list(engine_url), model=model_dir, upstream=upstream,  # type: ignore[arg-type]
                        sampling=policy, tombstones=str(settings.data_dir / "gateway" / "tombstones.jsonl"))
-    asyncio.run(Node(settings, cfg, gw, session_timeout_ms=session_timeout_ms).serve())
+    sys.exit(asyncio.run(Node(settings, cfg, gw, session_timeout_ms=session_timeout_ms).serve()))
 
 
 def register(app: typer.Typer) -> None:

@@ -38,6 +38,7 @@ class SessionIntake:
         self.settings, self.cfg, self.pipeline = settings, cfg, pipeline
         self.topic = settings.topic("sessions")
         self.ledgers: dict[int, PartitionLedger] = {}
+        self._pending: set[int] = set()  # assigned, ledger not resumed yet (see _resume)
         self.cancelled: dict[str, str] = {}  # task_id -> reason (filled by TaskWatcher)
         self.skipped = 0
         self._paused = False
@@ -67,15 +68,32 @@ class SessionIntake:
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        committed = consumer.committed(partitions, timeout=30) if partitions else []
-        for tp in committed:
-            self.ledgers[tp.partition] = PartitionLedger.resume(self.cfg.node_id, max(tp.offset, 0), tp.metadata)
+        self._pending.update(tp.partition for tp in partitions)
+        if partitions:
+            self._resume([tp.partition for tp in partitions])
         if self._paused and partitions:
             try:
                 consumer.pause(partitions)
             except KafkaException:  # not assigned yet (cooperative): a message that arrives is sought back
                 pass
         log.info("node %s: assigned partitions %s", self.cfg.node_id, sorted(tp.partition for tp in partitions))
+
+    def _resume(self, partitions: list[int]) -> None:
+        """Ledgers for assigned partitions from their committed offsets and metadata.
+
+        A partition whose commit cannot be read now (the coordinator is moving, the broker restarting)
+        stays pending: its records are sought back until it can, since taking a session without knowing
+        what was live before would run an attempt twice or skip one.
+        """
+        try:
+            committed = self._consumer.committed([TopicPartition(self.topic, p) for p in partitions], timeout=10)
+        except KafkaException as e:
+            log.warning("node %s: committed offsets of partitions %s not readable yet (%s)", self.cfg.node_id, partitions, e)
+            return
+        for tp in committed:
+            if tp.error is None and tp.partition in self._pending:
+                self.ledgers[tp.partition] = PartitionLedger.resume(self.cfg.node_id, max(tp.offset, 0), tp.metadata)
+                self._pending.discard(tp.partition)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Commit what we know (live sessions included, so the next owner re-runs them as a new attempt),
@@ -87,12 +105,15 @@ class SessionIntake:
         self._drop(partitions, "partition revoked; its new owner re-runs the session")
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # The group fenced us (a broker restart, or polls too far apart): no commit is possible any more.
+        log.warning("node %s: lost partitions %s", self.cfg.node_id, sorted(tp.partition for tp in partitions))
         self._drop(partitions, "partition lost; its new owner re-runs the session")
 
     def _drop(self, partitions: list[TopicPartition], reason: str) -> None:
         gone = {tp.partition for tp in partitions}
         for p in gone:
             self.ledgers.pop(p, None)
+            self._pending.discard(p)
         if self._stopping or self._loop is None:
             return
         for job in list(self.pipeline.jobs.values()):
@@ -126,9 +147,13 @@ class SessionIntake:
                 log.warning("node %s: %s", self.cfg.node_id, err.str())
             return None
         p, off = msg.partition(), msg.offset()
+        if p in self._pending:
+            self._resume([p])
         ledger = self.ledgers.get(p)
-        if ledger is None:  # revoked between fetch and now
-            return None
+        if ledger is None:
+            if p in self._pending:  # assigned, but its commit is not known yet: read the record again later
+                self._consumer.seek(TopicPartition(self.topic, p, off))
+            return None  # revoked between fetch and now
         if self._paused or not (self._admitting and self.pipeline.has_room()):
             self._consumer.seek(TopicPartition(self.topic, p, off))  # not ours to take yet: read it again later
             return None
@@ -186,8 +211,15 @@ class SessionIntake:
         await self._call(self._subscribe)
         while not self._stopping:
             room = self._admitting and self.pipeline.has_room()
-            await self._call(self._set_paused, not room)
-            got = await self._call(self._poll_one, 0.2 if room else 0.5)
+            try:
+                await self._call(self._set_paused, not room)
+                got = await self._call(self._poll_one, 0.2 if room else 0.5)
+            except KafkaException as e:  # a rebalance callback's or a seek's error: the next poll retries
+                if e.args[0].fatal():
+                    raise
+                log.warning("node %s: %s", self.cfg.node_id, e)
+                await asyncio.sleep(0.5)
+                continue
             if got is None:
                 continue
             record, p, off, d = got

@@ -132,8 +132,8 @@ class Node:
             await asyncio.gather(self._tasks[0], return_exceptions=True)
         shutil.rmtree(self._sock_dir, ignore_errors=True)
 
-    async def serve(self) -> None:
-        """Run until SIGTERM/SIGINT; then drain the admitted sessions and leave the group."""
+    async def serve(self) -> int:
+        """Run until SIGTERM/SIGINT, then drain the admitted sessions and leave the group; the exit status."""
         await self.start()
         freeze_startup_heap()  # the node's own process: see infra/heap.py
         stop = asyncio.Event()
@@ -141,8 +141,23 @@ class Node:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         print(f"node {self.cfg.node_id} ready: gateway http://{self.cfg.gateway_host}:{self.gateway_port}", flush=True)
-        await stop.wait()
-        await self.stop(drain=True)
+        stopped = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({stopped, *self._tasks}, return_when=asyncio.FIRST_COMPLETED)
+        if stopped in done:
+            await self.stop(drain=True)
+            return 0
+        # The gateway, the intake or the task watcher ended on its own: a node that serves but takes no
+        # sessions would hold its partitions forever. Exit non-zero; its live sessions re-run elsewhere.
+        stopped.cancel()
+        failed = next(iter(done))
+        error = failed.exception() if not failed.cancelled() else None
+        log.error("node %s: a background task ended (%r); exiting so that its sessions move to another node",
+                  self.cfg.node_id, error, exc_info=error)
+        try:
+            await asyncio.wait_for(self.stop(drain=False), 15)
+        except Exception:
+            log.exception("node %s: stopping after the failure failed too", self.cfg.node_id)
+        return 1
 
     def stats(self) -> dict:
         """Pipeline stats plus the partitions this node owns."""
