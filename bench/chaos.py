@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import hashlib
 import json
 import os
@@ -482,6 +483,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kills", type=int, default=0, help="kills in the chaos run (default 5 quick, 30 full)")
     ap.add_argument("--brokers", type=int, default=0, help="1 or 3 (default 1 quick, 3 full)")
+    ap.add_argument("--keep", type=Path, help="run in this (new) folder and keep every component's log there")
     args = ap.parse_args()
     kills = args.kills or (5 if args.quick else 30)
     brokers = args.brokers or (1 if args.quick else 3)
@@ -491,7 +493,9 @@ def main() -> None:
 
     model_dir = ensure_model("tiny")
     t_start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="polar-chaos-") as tmp:
+    if args.keep:
+        args.keep.mkdir(parents=True)
+    with contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="polar-chaos-") as tmp:
         infra = Infra(Path(tmp), brokers, model_dir)
         try:
             say(f"infra up ({brokers} broker{'s' * (brokers > 1)}, s3, engine) in {time.monotonic() - t_start:.0f} s")
@@ -500,7 +504,7 @@ def main() -> None:
             say("chaos pipeline up")
             try:
                 chaos, chaos_s = chaos_run(chaotic, infra, rng, kills, gap, submit_every=3.0 if args.quick else 6.0,
-                                           min_tasks=3 if args.quick else 12, deadline_s=600 if args.quick else 1800)
+                                           min_tasks=3 if args.quick else 12, deadline_s=300 if args.quick else 1800)
                 time.sleep(2)  # late duplicates, if any, land before the audit reads
                 got = audit(chaotic)
             finally:
@@ -509,7 +513,7 @@ def main() -> None:
             ref = Pipeline(infra, "reference", model_dir)
             ref.start()
             try:
-                ref_s = quiet_run(ref, chaotic.tasks, deadline_s=600)
+                ref_s = quiet_run(ref, chaotic.tasks, deadline_s=120 if args.quick else 600)
                 want = audit(ref)
                 say(f"reference run: {want['tasks']} tasks in {ref_s:.0f} s")
             finally:

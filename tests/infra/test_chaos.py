@@ -6,6 +6,7 @@ pipelines, so it needs nothing from the test session but Java and the cached jar
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,18 +20,34 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def post_mortem(run: Path) -> str:
+    """The lines of each component's log that tell where a run stopped (its logs go with the tmp dir)."""
+    telling = re.compile(r"polarstream\.(node|rollout)|Worker ready|No event received|recovery read nothing|"
+                         r"Traceback|Error:|=====|\[chaos")
+    out = []
+    for log in sorted(run.glob("*/*.log")) + sorted(run.glob("*/trainer.out")):
+        lines = [ln[:200] for ln in log.read_text(errors="replace").splitlines()
+                 if telling.search(ln) and "librdkafka" not in ln and "produce response" not in ln]
+        out += [f"--- {log.relative_to(run)} ({len(lines)} telling lines, the last 12):", *lines[-12:]]
+    return "\n".join(out)[-8000:]
+
+
 def test_quick_chaos_run_loses_nothing_and_trains_what_an_uninterrupted_run_trains(tmp_path):
-    p = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), "--quick", "--seed", "0"],
-                       capture_output=True, text=True, timeout=480, cwd=tmp_path)
+    run = tmp_path / "run"
+    try:
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), "--quick", "--seed", "0", "--keep", str(run)],
+                           capture_output=True, text=True, timeout=480, cwd=tmp_path)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"no result after 480 s\n{(e.stderr or b'').decode(errors='replace')[-2000:]}\n{post_mortem(run)}")
     out = last_json_object(p.stdout)
-    assert p.returncode == 0 and out is not None, p.stderr[-3000:]
+    assert p.returncode == 0 and out is not None, p.stderr[-3000:] + "\n" + post_mortem(run)
     chaos, ref = out["runs"]["chaos"], out["runs"]["reference"]
 
     assert out["kills"] == 5 and set(out["kills_by_component"]) == {"node", "worker", "trainer", "broker", "s3"}, out["kill_log"]
     assert all(k["recover_s"] is not None for k in out["kill_log"]), out["kill_log"]  # each one came back
     assert chaos["acked_calls"] > 0 and out["acked_calls_lost"] == 0 and chaos["acked_calls_duplicated"] == 0
     assert out["groups_trained_twice"] == 0 and out["groups_skipped"] == 0 and chaos["tasks_with_two_groups"] == 0
-    assert out["hashes_equal"] and out["tasks_hash_differs"] == [] and ref["tasks"] == chaos["tasks"] >= 3
+    assert out["hashes_equal"] and out["tasks_hash_differs"] == [] and ref["tasks"] == chaos["tasks"] >= 3, post_mortem(run)
     assert chaos["consumed_to_end"] and ref["consumed_to_end"]
     assert out["trained_sessions_with_holes"] == 0 == ref["trained_sessions_with_holes"]
     assert chaos["trainer_starts"] >= 2  # the trainer was killed and resumed from its S3 checkpoint
