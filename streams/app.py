@@ -128,6 +128,7 @@ def create_app(
     _flush_means_flushed(app.producer.buffer, rt)
     _without_faust_monitor(app)
     _zstd_level(1)
+    _reseek_stalled_recovery(app, rt)
     app.polar_runtime = rt  # for tests and the bench: counters of this worker
     return app
 
@@ -224,6 +225,56 @@ def _without_faust_monitor(app: Any) -> None:
         return dependencies
 
     app.on_init_dependencies = on_init_dependencies
+
+
+def _reseek_stalled_recovery(app: Any, rt: Runtime, stall_s: float = 10.0) -> None:
+    """Fetch a changelog partition again when table recovery has read nothing from it for ``stall_s``.
+
+    After a rebalance, aiokafka can drop records it had fetched for a partition (the drop the stages
+    read back for their inputs: ``Runtime.check_undelivered``). Faust's recovery then waits forever
+    for changelog records below the partition's end ("No event received for active tp ... since
+    recovery start"), and the worker never gets past recovery: about one ``bench/streams.py --quick``
+    run in four hung there when a second worker joined. Seeking the partition to the offset recovery
+    has reached makes the fetcher read it again; re-applying a changelog record already applied sets
+    the same key to the same value, so a needless seek costs a re-read, nothing else.
+    """
+    import time
+
+    async def watch() -> None:
+        recovery, seen = app.tables.recovery, {}
+        while True:
+            await asyncio.sleep(stall_s / 4)
+            if not recovery.in_recovery:
+                seen.clear()
+                continue
+            now = time.monotonic()
+            for tp, offset in stalled_partitions(recovery.active_highwaters, recovery.active_offsets, seen, now, stall_s):
+                log.warning("recovery read nothing from %s[%d] for %.0f s (at %d of %d): fetching it again",
+                            tp.topic, tp.partition, stall_s, offset, recovery.active_highwaters[tp])
+                rt.count("recovery.reseeks")
+                try:
+                    await app.consumer.seek(tp, max(offset, 0))
+                except Exception:  # the partition moved meanwhile: the next recovery seeks its own
+                    log.exception("seeking %s[%d] failed", tp.topic, tp.partition)
+
+    app.task(watch)
+
+
+def stalled_partitions(highwaters: dict, offsets: dict, seen: dict, now: float, stall_s: float) -> list[tuple[Any, int]]:
+    """(partition, offset) of each partition whose recovery offset has not moved for ``stall_s`` while
+    below its highwater (its last offset). ``seen`` maps a partition to (offset, since) across calls;
+    a partition returned starts a new wait."""
+    out = []
+    for tp, highwater in list(highwaters.items()):
+        offset = offsets.get(tp)
+        if highwater is None or offset is None or offset >= highwater:
+            seen.pop(tp, None)  # nothing (more) to read
+        elif tp not in seen or seen[tp][0] != offset:
+            seen[tp] = (offset, now)  # progress
+        elif now - seen[tp][1] >= stall_s:
+            out.append((tp, offset))
+            seen[tp] = (offset, now)
+    return out
 
 
 def _zstd_level(level: int) -> None:
