@@ -16,8 +16,8 @@ holds for any encoding of the ids), and prints one JSON object:
   went, in µs per event (medians): Python threads (the loop and the poll thread, sharing the GIL),
   librdkafka's threads, and the broker;
 - fixed_rate: 4 KB events offered at 5,000/s by a timer, one ``publish`` task per event, for a few
-  seconds per round (after an untimed round of each, as above); publish-to-acknowledgement latency from each event's scheduled time (a late timer
-  counts against the publisher) and the rate achieved. The events come from pools this script builds
+  seconds per round (after an untimed round of each, as above); publish-to-acknowledgement latency
+  from each event's scheduled time (a late timer counts against the publisher) and the rate achieved. The events come from pools this script builds
   up front (2,000 4 KB events: about a million token-id slots in Python lists, which the cyclic GC walks
   in every full collection, tens of ms each). A publisher in a server holds only its events in flight
   (tens at 5,000/s), and the servers freeze what they build at start-up (infra/heap.py), so the headline

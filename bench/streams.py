@@ -355,14 +355,14 @@ def bench_bytes(settings: Settings, log_dir: Path, turns_list: list[int], groups
         worker = WorkerProcess(pass_settings, tmp / f"bytes-{turns}.log", ["--tick-interval", "1"]).start()
         try:
             publish(pass_settings, [r for s in flat for r in s.records])
-            read_topic(pass_settings, "groups", until=lambda m: len({x.key for x in m}) >= groups, timeout=300)
+            group_records = read_topic(pass_settings, "groups", until=lambda m: len({x.key for x in m}) >= groups, timeout=300)
             time.sleep(2)  # the changelog writes of the last group's clean-up
         finally:
             worker.stop()
         by_topic = log_bytes(log_dir, pass_settings.topic_prefix)
-        written = {"calls": [encode(c) for s in flat for c in s.calls],  # at least one record per session, per group
-                   **{t: [m.value for m in read_topic(pass_settings, t, timeout=60, idle=2.0, until=lambda m, n=n: len(m) >= n)]
-                      for t, n in (("trajectories", len(flat)), ("groups", groups))}}
+        trajectories = read_topic(pass_settings, "trajectories", timeout=60, idle=2.0, until=lambda m: len(m) >= len(flat))
+        written = {"calls": [encode(c) for s in flat for c in s.calls],
+                   "trajectories": [m.value for m in trajectories], "groups": [m.value for m in group_records]}
         raw = 4 * sum(len(t.token_ids) for s in flat
                       for t in assemble([CallTokens.from_record(c) for c in s.calls], "prefix_merging").traces)
         total = sum(by_topic.values())
@@ -376,13 +376,13 @@ def bench_bytes(settings: Settings, log_dir: Path, turns_list: list[int], groups
 
 # Token ids, loss masks and logprobs as packed little-endian arrays (base64 in the JSON text): int32 ids,
 # uint8 mask, float32 logprobs. Not a wire format of ours: what issue 21 proposed, to weigh it.
-PACKED = {"prompt_ids": "<i", "completion_ids": "<i", "suffix_ids": "<i", "token_ids": "<i",
-          "loss_mask": "<B", "completion_logprobs": "<f", "logprobs": "<f"}
+PACKED = {"prompt_ids": "i", "completion_ids": "i", "suffix_ids": "i", "token_ids": "i",
+          "loss_mask": "B", "completion_logprobs": "f", "logprobs": "f"}
 
 
 def _packed(value):
     if isinstance(value, dict):
-        return {k: base64.b64encode(struct.pack(f"<{len(v)}{PACKED[k][1]}", *v)).decode()
+        return {k: base64.b64encode(struct.pack(f"<{len(v)}{PACKED[k]}", *v)).decode()
                 if k in PACKED and isinstance(v, list) else _packed(v) for k, v in value.items()}
     return [_packed(v) for v in value] if isinstance(value, list) else value
 
