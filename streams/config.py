@@ -50,7 +50,7 @@ class StreamsConfig(BaseModel):
     # Tables keep references to their inputs; the inputs themselves are cached in memory up to these
     # sizes (calls as decoded, members at their encoded bytes) and read back from their topics on a miss
     # (streams/source_log.py).
-    call_cache_bytes: int = Field(1024 * 1024 * 1024, ge=0)  # as decoded: ~36 bytes per token id
+    call_cache_bytes: int = Field(1024 * 1024 * 1024, ge=0)  # as decoded: ~40 bytes per token id
     member_cache_bytes: int = Field(16 * 1024 * 1024, ge=0)  # decoded, a member takes ~5x its bytes
 
     @property

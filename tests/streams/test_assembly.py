@@ -208,13 +208,16 @@ def test_held_bytes_is_about_what_a_decoded_call_takes_in_memory(delta):
                        prompt_delta=PromptDelta(base_call_index=0, base_len=9000, suffix_ids=ids) if delta else None,
                        completion_ids=completion, completion_logprobs=[-rnd.random() for _ in completion])
     data = encode(rec)
-    tracemalloc.start()
-    try:
-        tokens = CallTokens.from_record(decode(data, CallRecorded))  # the record itself is dropped
-        used = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert used * 0.9 <= tokens.held_bytes() <= used * 1.5
+    measured = []
+    for _ in range(3):  # the least of three: another thread allocating meanwhile only adds to a measure
+        tracemalloc.start()
+        try:
+            tokens = CallTokens.from_record(decode(data, CallRecorded))  # the record itself is dropped
+            measured.append(tracemalloc.get_traced_memory()[0])
+        finally:
+            tracemalloc.stop()
+    used = min(measured)
+    assert used * 0.95 <= tokens.held_bytes() <= used * 1.3, (used, tokens.held_bytes())
 
 
 def test_a_delta_encoded_session_folds_as_its_full_prompts_do():
