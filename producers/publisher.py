@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import itertools
 import threading
 import time
 import weakref
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -37,6 +38,8 @@ from schemas import Record, encode
 log = logging.getLogger(__name__)
 
 _BACKOFF_S = 0.005  # wait between retries of a full local queue; the poll thread drains it meanwhile
+_SERVE_EVERY = 32  # publish_many serves the delivery reports already in once per this many records
+T = TypeVar("T")
 
 
 # Errors that say "not now" rather than "never": the same record may succeed once the broker is back.
@@ -106,15 +109,16 @@ class PublisherStats:
                 "latency_p50_ms": self.percentile(0.5), "latency_p99_ms": self.percentile(0.99)}
 
 
-def _settle(fut: asyncio.Future | Future, outcome: Delivery | PublishError) -> None:
-    """Resolve ``fut`` with a delivery outcome; one whose waiter was cancelled is left as it is."""
-    if fut.done():  # the awaiting caller was cancelled; the outcome is still counted
+def _settle(fut: asyncio.Future | Future, outcome: Any) -> None:
+    """Resolve ``fut`` with a delivery outcome (a PublishError is raised to its waiter); one that is
+    already done (its waiter was cancelled, or a batch's first failure settled it) is left as it is."""
+    if fut.done():
         return
     try:
-        if isinstance(outcome, Delivery):
-            fut.set_result(outcome)
-        else:
+        if isinstance(outcome, PublishError):
             fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
     except InvalidStateError:  # cancelled between the check and the set (a thread-safe future)
         pass
 
@@ -122,6 +126,32 @@ def _settle(fut: asyncio.Future | Future, outcome: Delivery | PublishError) -> N
 def _retrieve(fut: asyncio.Future) -> None:
     if not fut.cancelled():
         fut.exception()
+
+
+class _Batch:
+    """One future for a whole ``publish_many``: every record's report fills its slot, and the future is
+    resolved once, with the deliveries in order when the last report is in, or with the first failure.
+
+    Reports can run on two threads (the poll thread, and a publishing thread serving them): the count is
+    an ``itertools.count``, whose ``next`` is atomic under the GIL, so no report is lost to a race."""
+
+    __slots__ = ("size", "done", "put", "outcome", "results", "reported")
+
+    def __init__(self, size: int, done: asyncio.Future, put, outcome):
+        self.size, self.done, self.put, self.outcome = size, done, put, outcome
+        self.results: list[Delivery | None] = [None] * size
+        self.reported = itertools.count(1)
+
+    def reporter(self, index: int, event_id: str, start: float):
+        """The delivery callback of the batch's ``index``-th record."""
+        def on_delivery(err: KafkaError | None, msg) -> None:
+            result = self.outcome(err, msg, event_id, start)
+            if err is not None:
+                self.put(self.done, result)  # the first failure settles the batch; later ones are counted only
+            self.results[index] = result
+            if next(self.reported) == self.size:
+                self.put(self.done, self.results)
+        return on_delivery
 
 
 class _LoopDeliveries:
@@ -137,10 +167,10 @@ class _LoopDeliveries:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = weakref.ref(loop)  # weak: the publisher's loop -> deliveries map must not keep a loop alive
-        self.pending: deque[tuple[asyncio.Future, Delivery | PublishError]] = deque()
+        self.pending: deque[tuple[asyncio.Future, Any]] = deque()
         self.scheduled = False
 
-    def put(self, fut: asyncio.Future, outcome: Delivery | PublishError) -> None:
+    def put(self, fut: asyncio.Future, outcome: Any) -> None:
         # Append before reading the flag, and drain clears the flag before popping: an outcome is
         # either popped by a drain already under way or sees the flag clear and schedules one.
         self.pending.append((fut, outcome))
@@ -226,34 +256,31 @@ class Publisher:
         topic, data = self._encode(record)
         fut = self._produce_async(record, topic, data, loop)
         if fut is None:
-            fut = await self._wait_for_room(record, topic, data, loop)
+            fut = await self._wait_for_room(lambda: self._produce_async(record, topic, data, loop), loop)
         return await fut
 
     async def publish_many(self, records: list[Record]) -> list[Delivery]:
         """Send all, in order, and wait for every acknowledgement (the first failure raises).
 
-        The batch form of ``publish``: no task or coroutine per record, every record is queued before
-        the first wait, so a caller with many records reaches the producer's pipelining ceiling."""
+        The batch form of ``publish``, and the fastest way to publish many records: every record is
+        queued before the first wait, and the whole batch has one future (``_Batch``), resolved once,
+        instead of a future, a loop wakeup and an await per record."""
+        if not records:
+            return []
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[Delivery]] = []
+        batch = _Batch(len(records), loop.create_future(), self._loop_deliveries(loop).put, self._outcome)
         try:
-            for record in records:
+            for i, record in enumerate(records):
                 topic, data = self._encode(record)
-                fut = self._produce_async(record, topic, data, loop)
-                futures.append(fut if fut is not None else await self._wait_for_room(record, topic, data, loop))
-        except BaseException:  # those already queued still land; their outcomes are nobody's to raise
-            for fut in futures:
-                fut.add_done_callback(_retrieve)
+                on_delivery = batch.reporter(i, record.event_id, time.monotonic())
+                # Delivery reports are served here every _SERVE_EVERY records, not after each one: the
+                # batch waits for all of them anyway, and each poll hands the GIL over.
+                if not self._produce(record, topic, data, on_delivery, serve=i % _SERVE_EVERY == _SERVE_EVERY - 1):
+                    await self._wait_for_room(lambda: self._produce(record, topic, data, on_delivery) or None, loop)
+        except BaseException:  # those already queued still land; their outcome is nobody's to raise
+            batch.done.add_done_callback(_retrieve)
             raise
-        out = []
-        for i, fut in enumerate(futures):
-            try:
-                out.append(await fut)  # most are resolved by now: awaiting a done future does not suspend
-            except BaseException:
-                for rest in futures[i + 1:]:  # their outcome is dropped, not left as "never retrieved"
-                    rest.add_done_callback(_retrieve)
-                raise
-        return out
+        return await batch.done
 
     def publish_sync(self, record: Record, timeout: float | None = None) -> Delivery:
         """Blocking ``publish`` for threaded callers."""
@@ -269,15 +296,14 @@ class Publisher:
                     time.sleep(_BACKOFF_S)
         return fut
 
-    async def _wait_for_room(self, record: Record, topic: str, data: bytes,
-                             loop: asyncio.AbstractEventLoop) -> asyncio.Future[Delivery]:
+    async def _wait_for_room(self, attempt: Callable[[], T | None], loop: asyncio.AbstractEventLoop) -> T:
         # The local queue is full (back-pressure: never drop). One waiter retries at a time and the
         # others queue behind it in arrival order, instead of thousands of coroutines spinning.
         lock = self._loop_locks.setdefault(loop, asyncio.Lock())
         async with lock:
-            while (fut := self._produce_async(record, topic, data, loop)) is None:
+            while (result := attempt()) is None:
                 await asyncio.sleep(_BACKOFF_S)
-        return fut
+        return result
 
     def _encode(self, record: Record) -> tuple[str, bytes]:
         return self.settings.topic(record.TOPIC), encode(record)
@@ -288,16 +314,19 @@ class Publisher:
 
         The delivery callback runs on whichever thread polls the producer; it hands the outcome to the
         loop's _LoopDeliveries, which wakes the loop once per batch of outcomes, not once per record."""
-        deliveries = self._deliveries.get(loop)
-        if deliveries is None:
-            deliveries = self._deliveries[loop] = _LoopDeliveries(loop)
         fut = loop.create_future()
-        event_id, start, outcome, put = record.event_id, time.monotonic(), self._outcome, deliveries.put
+        event_id, start, outcome, put = record.event_id, time.monotonic(), self._outcome, self._loop_deliveries(loop).put
 
         def on_delivery(err: KafkaError | None, msg) -> None:
             put(fut, outcome(err, msg, event_id, start))
 
         return fut if self._produce(record, topic, data, on_delivery) else None
+
+    def _loop_deliveries(self, loop: asyncio.AbstractEventLoop) -> _LoopDeliveries:
+        deliveries = self._deliveries.get(loop)
+        if deliveries is None:
+            deliveries = self._deliveries[loop] = _LoopDeliveries(loop)
+        return deliveries
 
     def _produce_sync(self, record: Record, topic: str, data: bytes) -> Future[Delivery] | None:
         """A thread-safe future for the record's delivery, or None when the local queue is full right now."""
@@ -309,8 +338,9 @@ class Publisher:
 
         return fut if self._produce(record, topic, data, on_delivery) else None
 
-    def _produce(self, record: Record, topic: str, data: bytes, on_delivery) -> bool:
-        """Hand the record to librdkafka; False when its queue is full (nothing was queued)."""
+    def _produce(self, record: Record, topic: str, data: bytes, on_delivery, serve: bool = True) -> bool:
+        """Hand the record to librdkafka; False when its queue is full (nothing was queued). ``serve``:
+        run the delivery reports already in, here (see below)."""
         if self._closed:
             raise PublishError("publisher is closed", event_id=record.event_id)
         if self._fatal is not None:
@@ -335,7 +365,8 @@ class Publisher:
         # Serve delivery reports that are already in, here: the poll thread needs the GIL for each one
         # (confluent-kafka takes it per callback), and a thread that keeps the GIL busy producing makes it
         # wait up to the 5 ms switch interval per report. Cheap when nothing is pending.
-        self._producer.poll(0)
+        if serve:
+            self._producer.poll(0)
         return True
 
     def _outcome(self, err: KafkaError | None, msg, event_id: str, start: float) -> Delivery | PublishError:

@@ -107,3 +107,25 @@ async def test_full_queue_is_back_pressure_not_loss(polar_settings):
         assert pub.stats.queue_full > 0  # the bound was really hit
     assert sorted(d.event_id for d in deliveries) == sorted(e.event_id for e in events)
     assert len({(d.partition, d.offset) for d in deliveries}) == 60
+
+
+async def test_publish_many_waits_for_room_and_answers_in_order(polar_settings):
+    # One batch through a queue of 5: it must wait for room many times, lose nothing and answer each
+    # record's delivery in the records' order, served partly by the batch itself and partly by the poll thread.
+    events = _events(200)
+    async with Publisher(polar_settings, max_in_flight=5) as pub:
+        assert await pub.publish_many([]) == []
+        deliveries = await pub.publish_many(events)
+        assert pub.stats.acked == 200 and pub.stats.failed == 0 and pub.stats.queue_full > 0
+    assert [d.event_id for d in deliveries] == [e.event_id for e in events]
+    assert len({(d.partition, d.offset) for d in deliveries}) == 200
+
+
+async def test_publish_many_raises_when_not_acknowledged(polar_settings):
+    nowhere = polar_settings.model_copy(update={"kafka_bootstrap": f"127.0.0.1:{free_port()}"})
+    pub = Publisher(nowhere, delivery_timeout_s=1.0, config={"log_level": 0})
+    with pytest.raises(PublishError) as e:
+        await pub.publish_many(_events(40))
+    assert e.value.code == "_MSG_TIMED_OUT" and e.value.retriable
+    assert await pub.aclose() == 0
+    assert pub.stats.failed == 40 and pub.stats.acked == 0  # every record's outcome was counted
