@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,6 +31,10 @@ from .session import Job, run_session_id
 
 log = logging.getLogger("polarstream.node")
 
+# How often a pending partition's commit is asked for again: each ask can block the intake thread for
+# up to its 10 s timeout while the broker does not answer, so not once per record fetched.
+RESUME_RETRY_S = 1.0
+
 
 class SessionIntake:
     """Feeds a Pipeline from polar.sessions and commits what it finished."""
@@ -39,6 +44,7 @@ class SessionIntake:
         self.topic = settings.topic("sessions")
         self.ledgers: dict[int, PartitionLedger] = {}
         self._pending: set[int] = set()  # assigned, ledger not resumed yet (see _resume)
+        self._resume_after = 0.0  # monotonic time of the next ask for pending partitions' commits
         self.cancelled: dict[str, str] = {}  # task_id -> reason (filled by TaskWatcher)
         self.skipped = 0
         self._paused = False
@@ -89,6 +95,7 @@ class SessionIntake:
             committed = self._consumer.committed([TopicPartition(self.topic, p) for p in partitions], timeout=10)
         except KafkaException as e:
             log.warning("node %s: committed offsets of partitions %s not readable yet (%s)", self.cfg.node_id, partitions, e)
+            self._resume_after = time.monotonic() + RESUME_RETRY_S
             return
         for tp in committed:
             if tp.error is None and tp.partition in self._pending:
@@ -132,6 +139,10 @@ class SessionIntake:
         except KafkaException as e:
             log.warning("node %s: commit failed (%s); the sessions may be re-run after a rebalance", self.cfg.node_id, e)
 
+    def _read_again(self, partition: int, offset: int) -> None:
+        """Not ours to take yet: the next polls fetch this record again."""
+        self._consumer.seek(TopicPartition(self.topic, partition, offset))
+
     def _poll_one(self, timeout: float):
         """One delivered session as (record, partition, offset, Delivery), or None."""
         if self._closed:
@@ -147,15 +158,15 @@ class SessionIntake:
                 log.warning("node %s: %s", self.cfg.node_id, err.str())
             return None
         p, off = msg.partition(), msg.offset()
-        if p in self._pending:
-            self._resume([p])
+        if p in self._pending and time.monotonic() >= self._resume_after:
+            self._resume(sorted(self._pending))
         ledger = self.ledgers.get(p)
         if ledger is None:
-            if p in self._pending:  # assigned, but its commit is not known yet: read the record again later
-                self._consumer.seek(TopicPartition(self.topic, p, off))
+            if p in self._pending:  # assigned, but its commit is not known yet
+                self._read_again(p, off)
             return None  # revoked between fetch and now
         if self._paused or not (self._admitting and self.pipeline.has_room()):
-            self._consumer.seek(TopicPartition(self.topic, p, off))  # not ours to take yet: read it again later
+            self._read_again(p, off)
             return None
         try:
             record = decode(msg.value() or b"", SessionAssigned)

@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from gateway.config import GatewayConfig
 from gateway.node.config import NodeConfig
-from gateway.node.intake import SessionIntake
+from gateway.node.intake import RESUME_RETRY_S, SessionIntake
 from gateway.node.node import Node
 from producers.publisher import Publisher
 from tests.node.test_pipeline import job, pipeline
@@ -59,6 +59,8 @@ def test_a_partition_whose_commit_is_unreadable_is_not_taken_from_until_it_is(po
         intake._subscribe()
         assert poll_for(intake, 6) == []  # the records were fetched and sought back, not taken
         assert consumer.failed >= 2 and intake._pending and not intake.ledgers
+        # asked again on a timer, not once per record fetched (each ask can block for its timeout)
+        assert consumer.failed <= 6 / RESUME_RETRY_S + 2, consumer.failed
         consumer.readable = True
         got = poll_for(intake, 6)
         assert len(got) == 6 == len(set(got)), got  # every session taken once
