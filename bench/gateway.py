@@ -34,7 +34,10 @@ The JSON's top level carries the figures issue 19 asks for: ``added_latency_ms_p
 (extend_80kb, polarstream.chat_stream minus the engine), ``fresh_call_added_ms_p50``,
 ``calls_per_s_16_clients`` (polarstream.chat_stream, 1 process), ``calls_per_s_16_clients_2_processes``
 and ``peer_calls_per_s_16_clients`` (rllm-model-gateway.chat_stream; null, with
-``peer_calls_per_s_16_clients_reason``, when it is not installed).
+``peer_calls_per_s_16_clients_reason``, when it is not installed). Beside them, where extend_80kb's
+time goes: ``added_latency_ms_mean`` and ``added_latency_stages_ms_mean``, the gateway's own mean ms per
+call in each stage of its pipeline (``polar_gateway_stage_seconds`` from its /metrics, read around each
+session's timed calls); what the stages leave of the mean is HTTP, parsing the request and rendering the answer.
 
     .venv/bin/python bench/gateway.py [--quick] [--bootstrap HOST:PORT]
 """
@@ -303,15 +306,20 @@ EXTEND_FROM, EXTEND_TO = 75_000, 86_000  # bytes: the extend_80kb calls timed
 
 
 async def extend_80kb(target: dict, world: dict, sessions: int) -> dict:
-    """1 client: per session, an untimed ~73 KB first call, then the calls of 75-86 KB that extend it, timed."""
+    """1 client: per session, an untimed ~73 KB first call, then the calls of 75-86 KB that extend it, timed.
+    On our gateway, its per-stage metrics are read before a session's first timed call and after its last."""
     import httpx
 
     latencies, sizes, errors, tag = [], [], [], pass_tag()
+    stages = StageMeter(target.get("metrics"))
     async with httpx.AsyncClient(timeout=120) as http:
         for s in range(sessions):
             conv = Conversation(world, target["provider"], EXTEND_TO).prefill(EXTEND_FROM)
             while True:
-                ms, raw, status, size = await send(http, target, f"x80-{s}-{tag}", conv.body())
+                body = conv.body()
+                if len(json.dumps(body)) >= EXTEND_FROM:  # the size send() will report: this call is timed
+                    await stages.start(http)
+                ms, raw, status, size = await send(http, target, f"x80-{s}-{tag}", body)
                 if status != 200:
                     errors.append(f"{status}: {raw[:200]!r}")
                     break
@@ -320,7 +328,45 @@ async def extend_80kb(target: dict, world: dict, sessions: int) -> dict:
                     sizes.append(size)
                 if not conv.advance(tool_call_id(raw, target.get("stream", True))):
                     break
-    return scenario_result(latencies, sizes, errors)
+            await stages.stop(http)
+    return {**scenario_result(latencies, sizes, errors), **stages.result()}
+
+
+class StageMeter:
+    """Seconds and calls per stage (``polar_gateway_stage_seconds``, gateway/metrics.py) over the spans
+    between ``start`` and ``stop``, from the gateway's /metrics; a no-op for a target without one."""
+
+    def __init__(self, url: str | None):
+        self.url, self.sums, self.counts, self._open = url, {}, {}, None
+
+    async def _read(self, http) -> dict[str, tuple[float, float]]:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = (await http.get(self.url)).text
+        out: dict[str, list[float]] = {}
+        for fam in text_string_to_metric_families(text):
+            if fam.name == "polar_gateway_stage_seconds":
+                for sample in fam.samples:
+                    kind = sample.name.rsplit("_", 1)[1]
+                    if kind in ("sum", "count"):
+                        out.setdefault(sample.labels["stage"], [0.0, 0.0])[kind == "count"] = sample.value
+        return {stage: (v[0], v[1]) for stage, v in out.items()}
+
+    async def start(self, http) -> None:
+        if self.url and self._open is None:
+            self._open = await self._read(http)
+
+    async def stop(self, http) -> None:
+        if self._open is None:
+            return
+        after, before, self._open = await self._read(http), self._open, None
+        for stage, (total, n) in after.items():
+            t0, n0 = before.get(stage, (0.0, 0.0))
+            self.sums[stage] = self.sums.get(stage, 0.0) + total - t0
+            self.counts[stage] = self.counts.get(stage, 0.0) + n - n0
+
+    def result(self) -> dict:
+        return {"stage_seconds": self.sums, "stage_calls": self.counts} if self.url else {}
 
 
 async def fresh_80kb(target: dict, world: dict, sessions: int) -> dict:
@@ -423,12 +469,20 @@ def medians(passes: list[dict]) -> dict:
 
 
 def pooled(runs: list[dict]) -> dict:
-    """A scenario's p50/p99 over every round's calls; the raw latencies leave the passes (kept small)."""
+    """A scenario's p50/p99 (and mean) over every round's calls; the raw latencies leave the passes (kept
+    small). Where the gateway's stages were read, their mean ms per call over every round."""
     latencies = [x for r in runs for x in r.pop("latencies_ms")]
     kb = [k for r in runs for k in r["request_kb"]]
-    return {"calls": len(latencies), "rounds": len(runs), "p50_ms": pct(latencies, 0.5), "p99_ms": pct(latencies, 0.99),
-            "errors": sum(r["errors"] for r in runs), "first_error": next((r["first_error"] for r in runs if r["first_error"]), None),
-            "request_kb": [min(kb), max(kb)] if kb else []}
+    out = {"calls": len(latencies), "rounds": len(runs), "p50_ms": pct(latencies, 0.5), "p99_ms": pct(latencies, 0.99),
+           "mean_ms": round(statistics.fmean(latencies), 3) if latencies else None,
+           "errors": sum(r["errors"] for r in runs), "first_error": next((r["first_error"] for r in runs if r["first_error"]), None),
+           "request_kb": [min(kb), max(kb)] if kb else []}
+    if any("stage_seconds" in r for r in runs):
+        stages = list(dict.fromkeys(s for r in runs for s in r.get("stage_calls", {})))  # the gateway's order
+        total = {s: sum(r.get("stage_seconds", {}).get(s, 0.0) for r in runs) for s in stages}
+        calls = {s: sum(r.get("stage_calls", {}).get(s, 0.0) for r in runs) for s in stages}
+        out["stage_mean_ms"] = {s: round(total[s] / calls[s] * 1000, 3) for s in stages if calls[s]}
+    return out
 
 
 def server_pids(procs: list[subprocess.Popen], kafka) -> list[int]:
@@ -461,7 +515,11 @@ def headline(out: dict, peers: dict) -> dict:
                "fresh_call_added_ms_p50": added(out, ours, direct, "fresh_80kb", "p50_ms"),
                "calls_per_s_16_clients": calls_16(ours),
                "calls_per_s_16_clients_2_processes": calls_16("polarstream_2proc.chat_stream"),
-               "peer_calls_per_s_16_clients": calls_16(peer)}
+               "peer_calls_per_s_16_clients": calls_16(peer),
+               # Where extend_80kb's added time goes: the mean added ms, and the gateway's mean ms per stage
+               # (gateway/metrics.py); the rest of the mean is HTTP, parsing the request and rendering the answer.
+               "added_latency_ms_mean": added(out, ours, direct, "extend_80kb", "mean_ms"),
+               "added_latency_stages_ms_mean": out.get(ours, {}).get("extend_80kb", {}).get("stage_mean_ms")}
     if figures["peer_calls_per_s_16_clients"] is None:
         figures["peer_calls_per_s_16_clients_reason"] = (out.get(peer, {}).get("failed")
                                                          or peers.get("rllm-model-gateway", "not measured"))
@@ -507,7 +565,7 @@ async def bench(args: argparse.Namespace) -> None:
 
         def ours_target(provider: str, base: str = ours) -> dict:
             path = "/v1/messages" if provider == "anthropic" else "/v1/chat/completions"
-            return {"provider": provider, "scenarios": True, "forget": (base, settings.admin_token),
+            return {"provider": provider, "scenarios": True, "forget": (base, settings.admin_token), "metrics": base + "/metrics",
                     "url": lambda sid: (base + path, {"x-api-key": mint_session_key(sid, secret)})}
 
         targets: dict[str, dict] = {

@@ -11,7 +11,7 @@ the hot path pays nothing for them. ``create_app`` registers the gateway with ``
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import Counter, Histogram
@@ -31,6 +31,14 @@ ADDED_LATENCY = Histogram("polar_gateway_added_latency_seconds",
 PUBLISH_LATENCY = Histogram("polar_gateway_publish_seconds",
                             "Time from handing a CallRecorded to the producer to the broker's acknowledgement",
                             buckets=_FAST_BUCKETS)
+# An answered call's pipeline in order (gateway/service.py). upstream_client is the generate step minus the
+# engine's round trip as the upstream client times it (the same split as added latency), so each stage is the
+# gateway's own; what is left of the added latency is HTTP, parsing the request and rendering the answer.
+STAGES = ("scrub", "tokenize", "upstream_client", "record", "publish")
+STAGE_LATENCY = Histogram("polar_gateway_stage_seconds",
+                          "An answered call's time in each stage of the gateway's pipeline: " + ", ".join(STAGES),
+                          ["stage"], buckets=_FAST_BUCKETS)
+_STAGE_SERIES = [STAGE_LATENCY.labels(s) for s in STAGES]  # bound once: the hot path only observes
 CHAIN_BREAKS = Counter("polar_gateway_chain_breaks", "Calls that started a new chain, by break reason "
                        "(first_call, side_call, system_changed, ...)", ["reason"])
 
@@ -49,6 +57,12 @@ def record_error(error_class: str) -> None:
 def record_publish(seconds: float) -> None:
     """One publish of a call, acknowledged after ``seconds``."""
     PUBLISH_LATENCY.observe(seconds)
+
+
+def record_stages(seconds: Sequence[float]) -> None:
+    """One answered call's seconds in each of STAGES, in that order."""
+    for series, value in zip(_STAGE_SERIES, seconds):
+        series.observe(max(0.0, value))
 
 
 def record_chain_break(reason: str) -> None:

@@ -127,6 +127,7 @@ class Gateway:
         received_at, t0 = time.time(), time.perf_counter()
         # Credentials are scrubbed before tokenizing: neither the engine nor any recorded id sees them.
         req, scrubbed = self.redactor.scrub_request(req, slot.memo)
+        marks = [t0, time.perf_counter()]  # the end of each stage (metrics.STAGES)
         if not req.side_call and st.main is not None and side_call_by_shape(req, st.main):
             req = dataclasses.replace(req, side_call=True)
         plan = PromptPlan([])
@@ -136,10 +137,12 @@ class Gateway:
                 plan = await asyncio.to_thread(plan_prompt, self.template, prev, req)
             except TemplateError as e:
                 raise RequestError(400, str(e)) from None
+            marks.append(time.perf_counter())
             if st.evicted and plan.break_reason == "first_call":
                 plan.break_reason = "state_evicted"
             sampling = self.config.sampling.effective(req.sampling, st.claims)
             gen = await self._generate(st, req, plan, sampling)
+            marks.append(time.perf_counter())
         except RequestError as e:
             # The harness sees this error: record it (nothing sampled, never trained on) before answering.
             await self._record_failure(st, prev, req, plan, scrubbed, harness, e, received_at, t0)
@@ -153,12 +156,17 @@ class Gateway:
         )
         record.sampling = sampling
         await self._finish_record(record, scrubbed, plan)
+        marks.append(time.perf_counter())
         # The tip remembers the turn as scrubbed: the harness's echo of it is scrubbed on the way in, so
         # a secret the model wrote itself must not make the echo differ (and break the chain).
         remembered = _as_recorded(parsed, record) if any(k.startswith("output.") for k in record.redactions) else parsed
         await self._publish(st, record, lambda i: _advance(st, key, req, plan, gen, remembered, i))
+        marks.append(time.perf_counter())
         self.counters["calls"] += 1
-        metrics.record_call(req.provider, "ok", time.perf_counter() - t0 - gen.upstream_ms / 1000)
+        metrics.record_call(req.provider, "ok", marks[-1] - t0 - gen.upstream_ms / 1000)
+        stages = [b - a for a, b in zip(marks, marks[1:])]
+        stages[2] -= gen.upstream_ms / 1000  # the engine's own time is not the gateway's
+        metrics.record_stages(stages)
         if plan.break_reason:
             metrics.record_chain_break(plan.break_reason)
         return ChatResponse(

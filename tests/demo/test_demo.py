@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MOVED = {
     "gateway": [("polar_node_sessions_finished_total", {}, 1), ("polar_node_run_slot_busy_seconds_total", {}, 1e-9),
                 ("polar_gateway_calls_total", {"status": "ok"}, 1), ("polar_gateway_publish_seconds_count", {}, 1),
+                ("polar_gateway_stage_seconds_count", {"stage": "tokenize"}, 1),
                 ("polar_gateway_chain_breaks_total", {"reason": "first_call"}, 1)],
     "rollout": [("polar_rollout_session_events_total", {}, 1), ("polar_rollout_sessions", {"stage": "finished"}, 1)],
     "streams": [("polar_streams_events_total", {"name": "groups.sent"}, 1),
@@ -27,7 +28,7 @@ MOVED = {
                 ("polar_trainer_syncs_total", {"outcome": "ok"}, 1)],
 }
 DECLARED = {"gateway": ["polar_gateway_calls", "polar_gateway_errors", "polar_gateway_added_latency_seconds",
-                        "polar_gateway_publish_seconds", "polar_gateway_chain_breaks", "polar_gateway_sessions",
+                        "polar_gateway_publish_seconds", "polar_gateway_stage_seconds", "polar_gateway_chain_breaks", "polar_gateway_sessions",
                         "polar_node_sessions", "polar_node_ready_buffer", "polar_node_run_slot_utilization"],
             "streams": ["polar_streams_consumer_lag", "polar_streams_sessions_open"],
             "trainer": ["polar_trainer_reward_mean", "polar_trainer_staleness", "polar_trainer_tokens_per_second",

@@ -4,6 +4,7 @@ with prometheus_client's own parser (the demo test scrapes every service during 
 from __future__ import annotations
 
 import httpx
+import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,11 +30,15 @@ def test_gateway_record_functions_move_their_series():
     gateway_metrics.record_error("rate_limit_error")
     gateway_metrics.record_publish(0.002)
     gateway_metrics.record_chain_break("system_changed")
+    gateway_metrics.record_stages([0.0001, 0.002, 0.0004, -0.001, 0.0012])
     assert moved("polar_gateway_calls_total", provider="openai.chat", status="ok") == 2
     assert moved("polar_gateway_added_latency_seconds_bucket", provider="openai.chat", le="0.005") == 2
     assert moved("polar_gateway_errors_total", error_class="rate_limit_error") == 1
     assert moved("polar_gateway_publish_seconds_count") == 1
     assert moved("polar_gateway_chain_breaks_total", reason="system_changed") == 1
+    assert moved("polar_gateway_stage_seconds_sum", stage="tokenize") == pytest.approx(0.002)
+    assert moved("polar_gateway_stage_seconds_bucket", stage="record", le="0.0005") == 1  # never negative
+    assert all(moved("polar_gateway_stage_seconds_count", stage=s) == 1 for s in gateway_metrics.STAGES)
 
 
 class _Source:
