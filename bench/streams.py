@@ -29,7 +29,8 @@ fifth). Prints one JSON object:
   for compression, instead of the 16-word stand-in the other parts use; their logprobs, as in every
   part, are float32 values at the 9 digits the gateway records (streams/synthetic.py). Beside each,
   ``packed_arrays_computed``: the same records with their token arrays packed as binary (int32 ids,
-  uint8 masks, float32 logprobs), before and after zstd, computed from the records (not on a broker).
+  uint8 masks, float32 logprobs), before and after zstd, computed from the records (not on a broker):
+  ``packed``, base64 inside the JSON text, and ``binary``, a JSON header followed by the raw arrays.
 
 Top level, for issue 21: ``worker_calls_per_s``, ``worker_calls_per_cpu_s``, ``worker_drain_calls_per_s``,
 ``two_workers_calls_per_s``,
@@ -387,6 +388,21 @@ def _packed(value):
     return [_packed(v) for v in value] if isinstance(value, list) else value
 
 
+def _binary(record: bytes) -> bytes:
+    """The record as a length-prefixed JSON header, each token array replaced by its length, followed by
+    the arrays' raw bytes (PACKED's types) in the header's order: packed arrays without base64."""
+    arrays: list[bytes] = []
+
+    def walk(value):
+        if isinstance(value, dict):
+            return {k: (arrays.append(struct.pack(f"<{len(v)}{PACKED[k]}", *v)) or len(v))
+                    if k in PACKED and isinstance(v, list) else walk(v) for k, v in value.items()}
+        return [walk(v) for v in value] if isinstance(value, list) else value
+
+    header = orjson.dumps(walk(orjson.loads(record)))
+    return struct.pack("<I", len(header)) + header + b"".join(arrays)
+
+
 def packed_comparison(written: dict[str, list[bytes]], sessions: int, chunk: int = 256 * 1024) -> dict:
     """Bytes per session of the records a pass wrote (calls, trajectories, groups), as written (JSON) and
     with their token arrays packed, before and after zstd (level 1, the publisher's) over chunks of
@@ -405,9 +421,11 @@ def packed_comparison(written: dict[str, list[bytes]], sessions: int, chunk: int
     out: dict[str, dict] = {}
     for topic, records in written.items():
         packed = [orjson.dumps(_packed(orjson.loads(r))) for r in records]
+        binary = [_binary(r) for r in records]
         out[topic] = {"json": round(sum(map(len, records)) / sessions), "packed": round(sum(map(len, packed)) / sessions),
-                      "json_zstd": round(zstd(records) / sessions), "packed_zstd": round(zstd(packed) / sessions)}
-    out["total"] = {k: sum(v[k] for v in out.values()) for k in ("json", "packed", "json_zstd", "packed_zstd")}
+                      "binary": round(sum(map(len, binary)) / sessions), "json_zstd": round(zstd(records) / sessions),
+                      "packed_zstd": round(zstd(packed) / sessions), "binary_zstd": round(zstd(binary) / sessions)}
+    out["total"] = {k: sum(v[k] for v in out.values()) for k in next(iter(out.values()))}
     return out
 
 
