@@ -95,12 +95,13 @@ class SessionIntake:
             committed = self._consumer.committed([TopicPartition(self.topic, p) for p in partitions], timeout=10)
         except KafkaException as e:
             log.warning("node %s: committed offsets of partitions %s not readable yet (%s)", self.cfg.node_id, partitions, e)
-            self._resume_after = time.monotonic() + RESUME_RETRY_S
-            return
+            committed = []
         for tp in committed:
             if tp.error is None and tp.partition in self._pending:
                 self.ledgers[tp.partition] = PartitionLedger.resume(self.cfg.node_id, max(tp.offset, 0), tp.metadata)
                 self._pending.discard(tp.partition)
+        if self._pending:  # whatever kept them pending (the call failed, or a partition's answer did)
+            self._resume_after = time.monotonic() + RESUME_RETRY_S
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Commit what we know (live sessions included, so the next owner re-runs them as a new attempt),

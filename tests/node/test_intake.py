@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -21,15 +22,21 @@ pytestmark = pytest.mark.integration
 
 
 class CommitUnreadable:
-    """The intake's consumer, whose ``committed`` fails (as while the group coordinator moves) until ``readable``."""
+    """The intake's consumer, whose ``committed`` fails (as while the group coordinator moves) until
+    ``readable``: the call raises, or (``per_partition``) it answers each partition with an error."""
 
-    def __init__(self, consumer):
-        self._consumer, self.readable, self.failed = consumer, False, 0
+    def __init__(self, consumer, per_partition: bool = False):
+        self._consumer, self.per_partition, self.readable, self.failed = consumer, per_partition, False, 0
 
     def committed(self, partitions, timeout=None):
         if not self.readable:
             self.failed += 1
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+            if not self.per_partition:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+            # confluent-kafka's TopicPartition.error is read-only: an answer with the fields the intake reads
+            error = KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS)
+            return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=-1001, metadata=None, error=error)
+                    for tp in partitions]
         return self._consumer.committed(partitions, timeout=timeout)
 
     def __getattr__(self, name):
@@ -45,7 +52,8 @@ def poll_for(intake: SessionIntake, seconds: float) -> list[tuple[int, int]]:
     return got
 
 
-def test_a_partition_whose_commit_is_unreadable_is_not_taken_from_until_it_is(polar_settings, tmp_path):
+@pytest.mark.parametrize("per_partition", [False, True], ids=["call-fails", "partition-errors"])
+def test_a_partition_whose_commit_is_unreadable_is_not_taken_from_until_it_is(polar_settings, tmp_path, per_partition):
     pub = Publisher(polar_settings)
     try:
         for i in range(6):
@@ -54,7 +62,7 @@ def test_a_partition_whose_commit_is_unreadable_is_not_taken_from_until_it_is(po
         pub.close()
     cfg = NodeConfig(work_dir=tmp_path, cache_dir=tmp_path, runtime="subprocess", node_id="n1", run_workers=8)
     intake = SessionIntake(polar_settings, cfg, pipeline(tmp_path, [], run_workers=8), session_timeout_ms=6000)
-    intake._consumer = consumer = CommitUnreadable(intake._consumer)
+    intake._consumer = consumer = CommitUnreadable(intake._consumer, per_partition)
     try:
         intake._subscribe()
         assert poll_for(intake, 6) == []  # the records were fetched and sought back, not taken
