@@ -18,8 +18,8 @@ delivered in time fails its future with PublishError, so no caller mistakes it f
 from __future__ import annotations
 
 import asyncio
-import logging
 import itertools
+import logging
 import threading
 import time
 import weakref
