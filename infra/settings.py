@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, SecretStr, model_validator
@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     kafka_sasl_mechanism: str = "SCRAM-SHA-512"
     kafka_ca_file: str = Field("", description="PEM CA bundle that signed the brokers' certificates ('' = no TLS)")
     secure: bool = Field(False, description="`infra up` runs the local stack secured: SASL_SSL, ACLs, read-only S3")
+    # How records are written (docs/events.md): token arrays as raw little-endian bytes, or all JSON as
+    # before. Readers take both, so a cluster can switch at any time.
+    record_format: Literal["packed", "json"] = Field("packed", description="packed (binary token arrays) or json")
 
     # Object storage
     storage_url: str = Field("", description="checkpoint root; '' means file://<data_dir>/checkpoints")

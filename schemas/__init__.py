@@ -1,6 +1,7 @@
 """The event contract: the only thing components share."""
 
-from .codec import RecordDecodeError, decode, encode
+from .codec import RecordDecodeError, decode, document, encode
+from .packed import is_packed
 from .delta import DeltaError, encode_prompt, full_sequence, resolve_prompt
 from .parts import Parts, RecordTooLarge, join_parts, split_record
 from .records import (
@@ -37,6 +38,6 @@ __all__ = [
     "Parts", "PolicyVersion", "PromptDelta", "RECORD_BY_TOPIC", "RECORD_TYPES", "Record", "RecordDecodeError",
     "RecordTooLarge", "SCHEMA_VERSION", "SessionAssigned", "SessionEvent", "TaskRequest", "Timeouts",
     "Timings", "ToolCallOut", "Trace", "TrainingGroup", "Trajectory", "Usage", "WorkspaceSpec", "decode",
-    "derived_event_id", "encode", "encode_prompt", "float32_digits", "full_sequence", "join_parts", "new_event_id",
+    "derived_event_id", "document", "encode", "encode_prompt", "float32_digits", "full_sequence", "is_packed", "join_parts", "new_event_id",
     "resolve_prompt", "split_record",
 ]

@@ -1,4 +1,4 @@
-"""orjson codec for records: bytes on the wire, one clear error for anything malformed."""
+"""Codec for records: bytes on the wire (JSON, or packed: schemas/packed.py), one clear error for anything malformed."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from .packed import PackedError, is_packed, pack, unpack
 from .records import SCHEMA_VERSION, Record
 
 R = TypeVar("R", bound=Record)
@@ -24,23 +25,36 @@ class RecordDecodeError(ValueError):
         super().__init__(f"{record_type}.{field}: {problem}" if field else f"{record_type}: {problem}")
 
 
-def encode(record: Record, encoded: Iterable[tuple[Record, bytes]] = ()) -> bytes:
-    """The record's bytes. ``encoded`` pairs records nested in it with what ``encode`` gave for them:
-    those are written as these bytes, not serialized again (a group's members, sent as trajectories
-    just before, were a tenth of a streams worker's CPU). Pairs of records not inside are ignored."""
+def encode(record: Record, encoded: Iterable[tuple[Record, bytes]] = (), *, packed: bool = False) -> bytes:
+    """The record's bytes: JSON, or with ``packed`` its token ids, masks and logprobs as binary arrays
+    (schemas/packed.py; a record without any stays JSON). ``encoded`` pairs records nested in it with
+    what ``encode`` gave for them: those are written as these bytes, not serialized again (a group's
+    members, sent as trajectories just before, were a tenth of a streams worker's CPU). Pairs of
+    records not inside, or in the other encoding, are ignored."""
+    if packed:
+        try:
+            data = pack(record, encoded, default=_fields)
+        except orjson.JSONEncodeError as e:
+            _too_deep_to_write(e)
+        if data is not None:
+            return data
     # orjson walks the records' fields itself: the same bytes as orjson.dumps(model_dump(mode="json"))
     # (tests/schemas/test_codec.py) without copying every token list into a new one first, and a list of
     # ids is written at C speed (pydantic's own to_json takes 4x as long on them). Records hold only JSON
     # types and nested models (no aliases, exclusions or custom serializers), so a model's fields are its
     # JSON object.
-    known = {id(r): data for r, data in encoded}  # by identity: the pairs keep each record alive meanwhile
+    known = {id(r): data for r, data in encoded if not is_packed(data)}  # by identity: the pairs keep each record alive meanwhile
     default = _fields if not known else lambda v: orjson.Fragment(known[id(v)]) if id(v) in known else _fields(v)
     try:
         return orjson.dumps(record, default=default)
     except orjson.JSONEncodeError as e:
-        if "Recursion limit" in str(e):  # orjson writes at most 254 levels
-            raise ValueError("maximum serialization depth exceeded: nested too deep to write as JSON") from None
-        raise
+        _too_deep_to_write(e)
+
+
+def _too_deep_to_write(e: orjson.JSONEncodeError):
+    if "Recursion limit" in str(e):  # orjson writes at most 254 levels
+        raise ValueError("maximum serialization depth exceeded: nested too deep to write as JSON") from None
+    raise e
 
 
 def _fields(value: object) -> dict:
@@ -50,7 +64,9 @@ def _fields(value: object) -> dict:
 
 
 def decode(data: bytes | str, cls: type[R]) -> R:
-    """Decode ``data`` as a ``cls`` record or raise RecordDecodeError naming the bad field."""
+    """Decode ``data`` (either encoding) as a ``cls`` record or raise RecordDecodeError naming the bad field."""
+    if is_packed(data):
+        return _decode_packed(data, cls)
     # The usual case in one pass: pydantic-core parses and validates the JSON text itself, a third
     # faster than orjson.loads then model_validate. A payload with enough brackets to nest past the
     # limit, or one that fails, takes the checked path below, whose errors name the field.
@@ -65,15 +81,34 @@ def decode(data: bytes | str, cls: type[R]) -> R:
     return _decode_checked(data, cls)
 
 
+def _decode_packed(data: bytes, cls: type[R]) -> R:
+    try:
+        obj, header = unpack(data)
+    except PackedError as e:
+        raise RecordDecodeError(cls.__name__, "", f"not a valid packed record ({e})") from None
+    return _validated(obj, _brackets(header), cls)
+
+
 def _decode_checked(data: bytes | str, cls: type[R]) -> R:
     name = cls.__name__
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as e:
         raise RecordDecodeError(name, "", f"not valid JSON ({e})") from None
+    return _validated(obj, _brackets(data), cls)
+
+
+def document(data: bytes) -> object:
+    """The record's JSON object as it was written, arrays in place, not validated (for tools that
+    rewrite records of any version: polarstream forget). Raises ValueError when it is neither encoding."""
+    return unpack(data)[0] if is_packed(data) else orjson.loads(data)
+
+
+def _validated(obj: object, brackets: int, cls: type[R]) -> R:
+    name = cls.__name__
     if not isinstance(obj, dict):
         raise RecordDecodeError(name, "", f"expected a JSON object, got {type(obj).__name__}")
-    if _brackets(data) > MAX_DEPTH and _too_deep(obj, MAX_DEPTH):
+    if brackets > MAX_DEPTH and _too_deep(obj, MAX_DEPTH):
         raise RecordDecodeError(name, "", f"nested deeper than {MAX_DEPTH} levels")
     version = obj.get("schema_version")
     if version != SCHEMA_VERSION:

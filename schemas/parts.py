@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 from .codec import encode
+from .packed import NESTING_BYTES_PER_ARRAY, array_count, pack
 from .records import Record, TrainingGroup, Trajectory, derived_event_id
 
 P = TypeVar("P", Trajectory, TrainingGroup)
@@ -31,30 +32,34 @@ _SHARED = {Trajectory: (("traces",), ()), TrainingGroup: (("trajectories", "adva
 # Bytes an item adds to a part beyond its own encoding: a group member's advantage (a float, at most 24
 # characters as JSON) and the commas.
 _PER_ITEM = 32
+# A packed trace, sized alone, grows by its arrays' longer paths once inside a trajectory inside a group.
+_TRACE_NESTING = 2 * 3 * NESTING_BYTES_PER_ARRAY
 
 
 class RecordTooLarge(ValueError):
     """One item (a trace) does not fit in a record of the limit even alone."""
 
 
-def split_record(record: P, max_bytes: int, encoded: Iterable[tuple[Record, bytes]] = ()) -> list[tuple[P, bytes]]:
-    """``record`` as records of at most ``max_bytes`` each, with their bytes: the record itself when it
-    fits, else its parts. Raises RecordTooLarge when a single trace cannot fit in any part. ``encoded``:
-    records inside it whose bytes are known (``encode``)."""
-    data = encode(record, encoded)
+def split_record(record: P, max_bytes: int, encoded: Iterable[tuple[Record, bytes]] = (), *,
+                 packed: bool = False) -> list[tuple[P, bytes]]:
+    """``record`` as records of at most ``max_bytes`` each, with their bytes (``packed``: as
+    ``encode(..., packed=True)``): the record itself when it fits, else its parts. Raises RecordTooLarge
+    when a single trace cannot fit in any part. ``encoded``: records inside it whose bytes are known."""
+    data = encode(record, encoded, packed=packed)
     if len(data) <= max_bytes:
         return [(record, data)]
     lists, first_only = _SHARED[type(record)]
     # The most a part's own fields take: the record's, without its lists, with the largest part numbers.
     shell = len(encode(record.model_copy(update={**{f: [] for f in (*lists, *first_only)}, "part": 10**6,
                                                  "parts": 10**6 + 1, "part_of": record.event_id})))
+    shell += _PER_ITEM if packed else 0  # the container's framing
     items = [[getattr(record, f)[i] for f in lists] for i in range(len(getattr(record, lists[0])))]
     if isinstance(record, TrainingGroup):  # a member too large for a part alone goes as its own parts
         budget = max_bytes - shell - _PER_ITEM
-        pieces = [(piece, size, adv) for traj, adv in items for piece, size in _pieces(traj, budget)]
+        pieces = [(piece, size, adv) for traj, adv in items for piece, size in _pieces(traj, budget, packed)]
         items, sizes = [[piece, adv] for piece, _, adv in pieces], [size + _PER_ITEM for _, size, _ in pieces]
     else:
-        sizes = [len(encode(item[0])) + _PER_ITEM for item in items]
+        sizes = [_trace_size(item[0], packed) + _PER_ITEM for item in items]
     batches: list[list[int]] = [[]]
     used = shell + sum(len(encode(getattr(record, f))) for f in first_only)
     for i, size in enumerate(sizes):
@@ -73,13 +78,26 @@ def split_record(record: P, max_bytes: int, encoded: Iterable[tuple[Record, byte
         update.update({f: getattr(record, f) if k == 0 else [] for f in first_only})
         part = record.model_copy(update={**update, "event_id": derived_event_id("part", record.event_id, k, n),
                                          "part": k, "parts": n, "part_of": record.event_id})
-        out.append((part, encode(part)))
+        out.append((part, encode(part, packed=packed)))
     return out
 
 
-def _pieces(traj: Trajectory, budget: int) -> list[tuple[Trajectory, int]]:
-    """The trajectory, or its parts when over ``budget``, each with its encoded size (encoded once)."""
-    return [(piece, len(data)) for piece, data in split_record(traj, budget)]
+def _pieces(traj: Trajectory, budget: int, packed: bool) -> list[tuple[Trajectory, int]]:
+    """The trajectory, or its parts when over ``budget``, each with its encoded size (encoded once) as
+    a member of a group: a packed one's arrays get longer paths there."""
+    limit = budget
+    while True:
+        pieces = [(piece, len(data) + NESTING_BYTES_PER_ARRAY * array_count(data))
+                  for piece, data in split_record(traj, limit, packed=packed)]
+        over = max(size for _, size in pieces) - budget
+        if over <= 0:
+            return pieces
+        limit -= over  # a whole one that fit alone but not nested: split it a little finer
+
+
+def _trace_size(trace, packed: bool) -> int:
+    data = pack(trace) if packed else None  # None: a trace without tokens stays JSON
+    return len(encode(trace)) if data is None else len(data) + _TRACE_NESTING
 
 
 def join_parts(parts: list[P]) -> P:

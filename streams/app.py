@@ -117,7 +117,8 @@ def create_app(
     stats_path = settings.data_dir / "streams" / f"{topo.app_id}.stats.json"
     # The stages write the tables' stores, and their changelog goes out compacted at each commit.
     stores = {name: table.data for name, table in tables.items()}
-    rt = Runtime(app, topo, config, stores, topics, stats_path, source=SourceLog(settings), changelog=Changelog(tables))
+    rt = Runtime(app, topo, config, stores, topics, stats_path, source=SourceLog(settings), changelog=Changelog(tables),
+                 packed=settings.record_format == "packed")
     for table in tables.values():
         table.on_recover(rt.recovered)  # in-memory deadlines are rebuilt from the recovered tables
     session_agent.register(rt)

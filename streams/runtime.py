@@ -46,13 +46,14 @@ K = TypeVar("K")
 
 def split_counted(topic: str, record: Trajectory | TrainingGroup, max_bytes: int,
                   count: Callable[[str, int], None],
-                  encoded: Iterable[tuple[Record, bytes]] = ()) -> list[tuple[Record, bytes]] | None:
+                  encoded: Iterable[tuple[Record, bytes]] = (), *, packed: bool) -> list[tuple[Record, bytes]] | None:
     """The record and its bytes, or its parts when it is past the topic's limit (schemas/parts.py),
     counted as ``<topic>.split`` and ``<topic>.parts``; None (``<topic>.oversized``) when a single trace
     is too large for any part. The live stages and the replay (polarstream.tools.rederive) both split
-    here, so their outputs and counters agree. ``encoded``: records inside whose bytes are known."""
+    here, so their outputs and counters agree. ``encoded``: records inside whose bytes are known;
+    ``packed``: the encoding written (Settings.record_format)."""
     try:
-        records = split_record(record, max_bytes - BATCH_OVERHEAD, encoded)  # each part's bytes under the limit
+        records = split_record(record, max_bytes - BATCH_OVERHEAD, encoded, packed=packed)  # each part's bytes under the limit
     except RecordTooLarge as e:
         count(f"{topic}.oversized", 1)
         log.error("%s: left out (its inputs stay in the source topics)", e)
@@ -71,6 +72,7 @@ class Runtime:
     tables: dict[str, Any]  # name -> a table's in-memory store (values are bytes): written here, not by Faust
     topics: dict[str, Any]  # name -> faust Topic we send to
     stats_path: Path | None = None
+    packed: bool = True  # records are written packed (Settings.record_format), else JSON
     counters: Counter = field(default_factory=Counter)
     # Per calls partition: the newest created_at among the calls processed here (see sessions.decide).
     calls_watermark: dict[int, float] = field(default_factory=dict)
@@ -284,7 +286,7 @@ class Runtime:
         """Start sending a record, in parts when it is over the topic's limit (schemas/parts.py): one
         future for all of them, or None (counted as ``<topic>.oversized``, logged) when a single trace
         is too large for any part. ``encoded``: records inside it whose bytes are known (``encode``)."""
-        records = split_counted(topic, record, max_bytes, self.count, encoded)
+        records = split_counted(topic, record, max_bytes, self.count, encoded, packed=self.packed)
         if records is None:
             return None
         self.count(f"{topic}.sent", len(records))

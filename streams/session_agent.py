@@ -29,7 +29,7 @@ import time
 
 import orjson
 
-from schemas import CallRecorded, SessionEvent
+from schemas import CallRecorded, SessionEvent, is_packed
 
 from .assembly import CallTokens
 from .deadlines import Wakeups
@@ -81,8 +81,9 @@ async def on_call(rt: Runtime, value: bytes, partition: int, offset: int) -> Non
     state = loaded or new_session(call.session_id, now, partition)
     tokens = CallTokens.from_record(call)
     # Bounded by the size of its compact JSON (what state once held, and what the replay checks); that is
-    # smaller than the record it came from, so only a record past the limit is encoded to see.
-    if len(value) > rt.config.max_record_bytes and len(data := orjson.dumps(tokens.to_json())) > rt.config.max_record_bytes:
+    # smaller than the JSON record it came from, and at most 4x a packed one (an id or a logprob is at
+    # most 16 characters for 4 bytes), so only a record that could be past the limit is encoded to see.
+    if len(value) * (4 if is_packed(value) else 1) > rt.config.max_record_bytes and len(data := orjson.dumps(tokens.to_json())) > rt.config.max_record_bytes:
         # Cannot be kept in state; the session will assemble without it (masked as missing calls).
         rt.count("calls.oversized")
         log.error("call %s of session %s is %d bytes of tokens, over max_record_bytes: left out",

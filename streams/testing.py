@@ -152,7 +152,7 @@ class WorkerProcess(PolarProcess):
         self.settings, self.args = settings, list(args or [])
         env = {**os.environ, "POLAR_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
                "POLAR_TOPIC_PREFIX": settings.topic_prefix, "POLAR_DATA_DIR": str(settings.data_dir),
-               "PYTHONPATH": str(REPO)}
+               "POLAR_RECORD_FORMAT": settings.record_format, "PYTHONPATH": str(REPO)}
         super().__init__(["streams", "worker", *self.args], env, log_path)
 
     def stats(self) -> dict:

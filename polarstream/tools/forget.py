@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from infra.settings import Settings
+from schemas import document
 
 DERIVED = ("trajectories", "groups")
 SOURCE = ("tasks", "sessions", "calls", "session-events")
@@ -61,9 +62,10 @@ def key_matches(key: str, target: Target) -> bool:
 
 
 def _loads(raw: bytes | None) -> Any:
+    """A record's fields in either encoding (schemas.document), or None for what is neither."""
     try:
-        return orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
+        return document(raw) if raw else None
+    except ValueError:  # orjson's decode error and a malformed packed container are both ValueErrors
         return None
 
 

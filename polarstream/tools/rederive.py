@@ -54,8 +54,9 @@ class Rederiver:
     """Feed it calls and session events in order; it returns the Trajectories and TrainingGroups the
     live stream processors would have emitted at that point."""
 
-    def __init__(self, config: StreamsConfig, limits: Limits):
+    def __init__(self, config: StreamsConfig, limits: Limits, *, packed: bool = True):
         self.config, self.limits = config, limits
+        self.packed = packed  # the encoding the outputs are written in (Settings.record_format): parts split by it
         self.counters: Counter = Counter()
         self.sessions: dict[str, SessionState] = {}
         self.calls: dict[str, dict[int, CallTokens]] = {}  # calls of sessions not yet assembled
@@ -182,7 +183,7 @@ class Rederiver:
 
     def _split(self, topic: str, record, limit: int) -> list[tuple[Any, bytes]] | None:
         """As the live Runtime.send_split: the record, or its parts when past the limit; None when oversized."""
-        return split_counted(topic, record, limit, lambda name, n: self.counters.update({name: n}))
+        return split_counted(topic, record, limit, lambda name, n: self.counters.update({name: n}), packed=self.packed)
 
     def _on_trajectory(self, traj: Trajectory, data: bytes) -> list[Record]:
         if traj.parts > 1:  # as the live stage: the member is in once all its parts are
@@ -193,7 +194,7 @@ class Rederiver:
                 return []
             del self.gathering[(traj.group_id, traj.sample_index, traj.part_of)]
             traj = join_parts(list(held.values()))
-            data = encode(traj)
+            data = encode(traj, packed=self.packed)
         state = self.groups.get(traj.group_id) or group_fns.new_group(traj, self.clock, 0)
         self.groups[traj.group_id] = state
         outcome = group_fns.add_member(state, traj)

@@ -153,12 +153,13 @@ def replay(source: Settings, target: Settings, spans: list[Span], config: Stream
         if on_message:
             on_message(msg)
 
-    stages = Rederiver(config, output_limits())
+    packed = target.record_format == "packed"
+    stages = Rederiver(config, output_limits(), packed=packed)
     stream = merged(source, spans, fresh_group("replay"))
     with Publisher(target, client_id="polarstream-replay") as pub:
         try:
             for record in derive_records(stream, stages, drain, count_read):
-                digest.update(encode(record))
+                digest.update(encode(record, packed=packed))  # the bytes the publisher writes
                 _tally(result.written, record)
                 inflight.append(pub.submit(record))
                 while len(inflight) > _IN_FLIGHT:

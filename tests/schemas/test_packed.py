@@ -1,0 +1,116 @@
+"""Packed records (schemas/packed.py): the same records as JSON, token arrays as raw little-endian bytes."""
+
+from __future__ import annotations
+
+import struct
+
+import orjson
+import pytest
+
+from schemas import (CallRecorded, RecordDecodeError, TaskRequest, Trace, TrainingGroup, Trajectory, decode, document,
+                     encode, float32_digits)
+from schemas.packed import MAGIC, is_packed, unpack
+
+from .samples import call, sample_records, trajectory
+
+
+def f32(x: float) -> float:
+    return float32_digits(struct.unpack("<f", struct.pack("<f", x))[0])
+
+
+def container(header: dict | bytes, body: bytes = b"") -> bytes:
+    head = header if isinstance(header, bytes) else orjson.dumps(header)
+    return MAGIC + struct.pack("<I", len(head)) + head + body
+
+
+@pytest.mark.parametrize("record", sample_records(), ids=lambda r: type(r).__name__)
+def test_every_record_decodes_to_what_its_json_decodes_to(record):
+    packed, plain = encode(record, packed=True), encode(record)
+    assert decode(packed, type(record)) == decode(plain, type(record)) == record
+    assert is_packed(packed) == isinstance(record, (CallRecorded, Trajectory, TrainingGroup))  # the rest stays JSON
+    assert document(packed) == orjson.loads(plain)  # the unvalidated view too
+
+
+def test_token_ids_take_four_bytes_and_the_request_stays_json():
+    c = call().model_copy(update={"prompt_ids": list(range(40_000, 50_000)),
+                                  "request": {"token_ids": [1, 2], "loss_mask": None}})
+    packed = encode(c, packed=True)
+    longer = encode(c.model_copy(update={"prompt_ids": list(range(30_000, 50_000))}), packed=True)
+    assert len(longer) - len(packed) == 4 * 10_000  # 6 characters an id as JSON, 4 bytes packed
+    head, _ = unpack(packed)
+    assert head["request"] == {"token_ids": [1, 2], "loss_mask": None}  # a look-alike in free-form content
+    entries = orjson.loads(packed[8:8 + struct.unpack_from("<I", packed, 4)[0]])["arrays"]
+    assert [e[0] for e in entries] == ["prompt_ids", "completion_ids", "completion_logprobs"]
+    assert entries[0] == ["prompt_ids", "<i4", 10_000]
+
+
+def test_logprobs_are_float32_when_that_is_exact_and_float64_otherwise():
+    lp = [f32(-0.1 * i) for i in range(1, 9)]
+    t = Trace(call_indices=[0], token_ids=list(range(8)), loss_mask=[1] * 8, logprobs=lp)
+    rec = Trajectory(session_id="s", group_id="g", traces=[t])
+    dtypes = lambda r: [e[1] for e in orjson.loads(_header(encode(r, packed=True)))["arrays"]]  # noqa: E731
+    assert dtypes(rec) == ["<i4", "|u1", "<f4"]
+    for odd in ([-0.1] * 8, [-1e-50] * 8, [-1e300] * 8):  # not float32 values: kept exactly
+        r = rec.model_copy(update={"traces": [t.model_copy(update={"logprobs": odd})]})
+        assert dtypes(r)[2] == "<f8"
+        assert decode(encode(r, packed=True), Trajectory) == r
+
+
+def _header(data: bytes) -> bytes:
+    (n,) = struct.unpack_from("<I", data, 4)
+    return data[8:8 + n]
+
+
+def test_a_group_written_with_its_members_bytes_is_the_same_as_written_whole():
+    members = [trajectory(f"s-{i}", float(i % 2)) for i in range(3)]
+    group = TrainingGroup(group_id="task-1", trajectories=members, advantages=[1.0, -1.0, 0.5])
+    known = [(m, encode(m, packed=True)) for m in members]
+    assert encode(group, known, packed=True) == encode(group, packed=True)
+    assert encode(group, known) == encode(group)  # packed members are not spliced into JSON
+    assert decode(encode(group, known, packed=True), TrainingGroup) == group
+
+
+def test_mixed_encodings_on_one_topic_decode_alike():
+    records = [call("s-1", 0), call("s-1", 1, delta=True)]
+    wire = [encode(records[0]), encode(records[1], packed=True)]
+    assert [decode(d, CallRecorded) for d in wire] == records
+
+
+@pytest.mark.parametrize("data, problem", [
+    (MAGIC + b"\x01", "truncated"),
+    (container(b"{not json"), "not valid JSON"),
+    (container([1, 2]), "header must be"),
+    (container({"record": {}, "arrays": [["x", "<i8", 1]]}), "expected [path, dtype, count]"),
+    (container({"record": {"prompt_ids": None}, "arrays": [["prompt_ids", "<i4", 3]]}, b"\0" * 8), "runs past the end"),
+    (container({"record": {"prompt_ids": None}, "arrays": [["prompt_ids", "<i4", 1]]}, b"\0" * 8), "bytes after"),
+    (container({"record": {"request": None}, "arrays": [["request", "<i4", 1]]}, b"\0" * 4), "not a packed field"),
+    (container({"record": {"prompt_ids": [1]}, "arrays": [["prompt_ids", "<i4", 1]]}, b"\0" * 4), "not a packed field"),
+    (container({"record": {}, "arrays": [["traces.0.token_ids", "<i4", 1]]}, b"\0" * 4), "no 'traces'"),
+    (MAGIC + struct.pack("<I", 1 << 30) + b"{}", "runs past the end"),
+])
+def test_a_malformed_container_is_one_clear_error(data, problem):
+    with pytest.raises(RecordDecodeError, match="not a valid packed record") as e:
+        decode(data, CallRecorded)
+    assert problem in str(e.value)
+
+
+def test_packed_arrays_are_validated_like_json_ones():
+    good = encode(call(), packed=True)
+    head = orjson.loads(_header(good))
+    body = good[8 + len(_header(good)):]
+    negative = struct.pack("<5i", 1, 2, -3, 4, 5) + body[20:]  # a token id must be a vocabulary index
+    with pytest.raises(RecordDecodeError, match="prompt_ids.2"):
+        decode(container(head, negative), CallRecorded)
+    head["arrays"][1][2] = 2  # 2 completion ids for 3 logprobs
+    with pytest.raises(RecordDecodeError):
+        decode(container(head, body[:20] + body[20:28] + body[32:]), CallRecorded)
+    with pytest.raises(RecordDecodeError, match="schema_version"):
+        decode(encode(call().model_copy(update={"schema_version": 9}), packed=True), CallRecorded)
+
+
+def test_records_without_arrays_and_old_json_records_still_decode():
+    t = TaskRequest(task_id="t", instruction="x")
+    assert encode(t, packed=True) == encode(t)
+    c = call()
+    old = orjson.dumps(orjson.loads(encode(c)))  # JSON as every earlier build wrote it
+    assert decode(old, CallRecorded) == c
