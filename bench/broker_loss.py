@@ -52,7 +52,8 @@ IN_FLIGHT_S = 0.5  # a send this close before the kill may be waiting on the dyi
 def make_call(rng: random.Random, index: int) -> CallRecorded:
     """A CallRecorded of about SIZE encoded bytes (random ids: compression cannot shrink it)."""
     base = CallRecorded(session_id=f"bench-{index % 64}", call_index=index, provider="engine", prompt_ids=[])
-    ids_needed = max(0, (SIZE - len(encode(base))) // 7)
+    # packed (the default record format): 4 bytes an id, after the container's header
+    ids_needed = max(0, (SIZE - len(encode(base.model_copy(update={"prompt_ids": [1]}), packed=True))) // 4)
     return base.model_copy(update={"prompt_ids": [rng.randrange(10_000, 150_000) for _ in range(ids_needed)]})
 
 

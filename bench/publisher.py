@@ -87,15 +87,20 @@ def _call(index: int, ids: list[int]) -> CallRecorded:
 
 @lru_cache(maxsize=None)
 def ids_for(size: int) -> int:
-    """How many token ids make a CallRecorded ``size`` bytes on the wire, measured with ``encode``."""
+    """How many token ids make a CallRecorded ``size`` bytes on the wire, measured with ``wire``."""
     rng = random.Random(size)
-    base = len(encode(_call(0, [])))
+    base = len(wire(_call(0, [1])))
     probe = 1000
-    per_id = (len(encode(_call(0, _ids(rng, probe)))) - base) / probe
+    per_id = (len(wire(_call(0, _ids(rng, probe)))) - base) / probe
     n = max(0, round((size - base) / per_id))
     for _ in range(3):  # correct the estimate against a real event of that length
-        n = max(0, n + round((size - len(encode(_call(0, _ids(rng, n))))) / per_id))
+        n = max(0, n + round((size - len(wire(_call(0, _ids(rng, n))))) / per_id))
     return n
+
+
+def wire(record) -> bytes:
+    """The bytes the publisher writes for it (the default record format: packed)."""
+    return encode(record, packed=Settings.model_fields["record_format"].default == "packed")
 
 
 def _ids(rng: random.Random, n: int) -> list[int]:
@@ -283,7 +288,7 @@ def _run(go, pub: Publisher, pub0: Publisher, others: dict[str, Publisher], quic
         log(f"sequential {label} done")
         u, s = rounds[f"unbounded_{label}"], rounds[f"sequential_{label}"]
         results.append({
-            "size_bytes": size, "wire_bytes_mean": round(statistics.fmean(len(encode(e)) for e in pools[size][:50])),
+            "size_bytes": size, "wire_bytes_mean": round(statistics.fmean(len(wire(e)) for e in pools[size][:50])),
             "unbounded": {api: {"events": n_unb, "events_per_s": _stat(u, api, "events_per_s"), "mb_per_s": _stat(u, api, "mb_per_s"),
                                 "cpu_us_per_event": {k.removeprefix("cpu_us_per_event_"): _stat(u, api, k)["median"]
                                                      for k in ("cpu_us_per_event_python", "cpu_us_per_event_librdkafka",

@@ -27,15 +27,14 @@ fifth). Prints one JSON object:
   pass writes, at three session lengths, over the raw int32 bytes of the session's distinct tokens. These
   sessions take their ids uniformly from a 151k vocabulary (``incompressible_tokenize``), a worst case
   for compression, instead of the 16-word stand-in the other parts use; their logprobs, as in every
-  part, are float32 values at the 9 digits the gateway records (streams/synthetic.py). Beside each,
-  ``packed_arrays_computed``: the same records with their token arrays packed as binary (int32 ids,
-  uint8 masks, float32 logprobs), before and after zstd, computed from the records (not on a broker):
-  ``packed``, base64 inside the JSON text, and ``binary``, a JSON header followed by the raw arrays.
+  part, are float32 values at the 9 digits the gateway records (streams/synthetic.py). Each length runs
+  twice on the same sessions: records packed (the default, docs/events.md), then JSON (``*_json``).
 
 Top level, for issue 21: ``worker_calls_per_s``, ``worker_calls_per_cpu_s``, ``worker_drain_calls_per_s``,
 ``two_workers_calls_per_s``,
 ``group_latency_p99_ms``,
-``bytes_per_session_over_raw`` (the middle length: 24 turns, 8 with --quick).
+``bytes_per_session_over_raw`` (the middle length: 24 turns, 8 with --quick; packed) and
+``bytes_per_session_over_raw_json``.
 
     .venv/bin/python bench/streams.py [--quick] [--bootstrap HOST:PORT]
 """
@@ -43,14 +42,12 @@ Top level, for issue 21: ``worker_calls_per_s``, ``worker_calls_per_cpu_s``, ``w
 from __future__ import annotations
 
 import argparse
-import base64
 import hashlib
 import json
 import os
 import random
 import signal
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -342,91 +339,39 @@ def log_bytes(log_dir: Path, prefix: str) -> dict[str, int]:
 
 def bench_bytes(settings: Settings, log_dir: Path, turns_list: list[int], groups: int, words: dict, tmp: Path) -> dict:
     """Kafka bytes per session, at each number of turns, over the raw int32 bytes of the session's
-    distinct tokens (what prefix merging trains on: every token position of the session once).
-
-    Each pass has its own topic prefix and worker; bytes are the broker's log segments (compressed as
-    stored) of every topic of that prefix: calls, session events, trajectories, groups, the worker's
-    changelogs and ticks."""
+    distinct tokens (what prefix merging trains on: every token position of the session once), with
+    records packed (the default record format) and, in the pass after it on the same sessions, JSON."""
     out = {}
     for turns in turns_list:
-        pass_settings = settings.model_copy(update={"topic_prefix": f"bytes{uuid.uuid4().hex[:6]}."})
-        ensure_topics(pass_settings)
         recorded = sessions(groups, turns, words, f"t{turns}-", seed=7, tokenize=incompressible_tokenize)
         flat = [s for g in recorded for s in g]
-        worker = WorkerProcess(pass_settings, tmp / f"bytes-{turns}.log", ["--tick-interval", "1"]).start()
-        try:
-            publish(pass_settings, [r for s in flat for r in s.records])
-            group_records = read_topic(pass_settings, "groups", until=lambda m: len({x.key for x in m}) >= groups, timeout=300)
-            time.sleep(2)  # the changelog writes of the last group's clean-up
-        finally:
-            worker.stop()
-        by_topic = log_bytes(log_dir, pass_settings.topic_prefix)
-        trajectories = read_topic(pass_settings, "trajectories", timeout=60, idle=2.0, until=lambda m: len(m) >= len(flat))
-        written = {"calls": [encode(c) for s in flat for c in s.calls],
-                   "trajectories": [m.value for m in trajectories], "groups": [m.value for m in group_records]}
         raw = 4 * sum(len(t.token_ids) for s in flat
                       for t in assemble([CallTokens.from_record(c) for c in s.calls], "prefix_merging").traces)
-        total = sum(by_topic.values())
-        out[str(turns)] = {"sessions": len(flat), "raw_int32_bytes_per_session": round(raw / len(flat)),
-                           "kafka_bytes_per_session": round(total / len(flat)),
-                           "over_raw": round(total / raw, 2),
-                           "by_topic_per_session": {k: round(v / len(flat)) for k, v in sorted(by_topic.items())},
-                           "packed_arrays_computed": packed_comparison(written, len(flat))}
+        row: dict = {"sessions": len(flat), "raw_int32_bytes_per_session": round(raw / len(flat))}
+        for fmt, suffix in (("packed", ""), ("json", "_json")):
+            by_topic = _bytes_pass(settings.model_copy(update={"record_format": fmt}), log_dir, flat, groups, tmp, f"{turns}-{fmt}")
+            total = sum(by_topic.values())
+            row.update({f"kafka_bytes_per_session{suffix}": round(total / len(flat)), f"over_raw{suffix}": round(total / raw, 2),
+                        f"by_topic_per_session{suffix}": {k: round(v / len(flat)) for k, v in sorted(by_topic.items())}})
+        out[str(turns)] = row
     return out
 
 
-# Token ids, loss masks and logprobs as packed little-endian arrays (base64 in the JSON text): int32 ids,
-# uint8 mask, float32 logprobs. Not a wire format of ours: what issue 21 proposed, to weigh it.
-PACKED = {"prompt_ids": "i", "completion_ids": "i", "suffix_ids": "i", "token_ids": "i",
-          "loss_mask": "B", "completion_logprobs": "f", "logprobs": "f"}
-
-
-def _packed(value):
-    if isinstance(value, dict):
-        return {k: base64.b64encode(struct.pack(f"<{len(v)}{PACKED[k]}", *v)).decode()
-                if k in PACKED and isinstance(v, list) else _packed(v) for k, v in value.items()}
-    return [_packed(v) for v in value] if isinstance(value, list) else value
-
-
-def _binary(record: bytes) -> bytes:
-    """The record as a length-prefixed JSON header, each token array replaced by its length, followed by
-    the arrays' raw bytes (PACKED's types) in the header's order: packed arrays without base64."""
-    arrays: list[bytes] = []
-
-    def walk(value):
-        if isinstance(value, dict):
-            return {k: (arrays.append(struct.pack(f"<{len(v)}{PACKED[k]}", *v)) or len(v))
-                    if k in PACKED and isinstance(v, list) else walk(v) for k, v in value.items()}
-        return [walk(v) for v in value] if isinstance(value, list) else value
-
-    header = orjson.dumps(walk(orjson.loads(record)))
-    return struct.pack("<I", len(header)) + header + b"".join(arrays)
-
-
-def packed_comparison(written: dict[str, list[bytes]], sessions: int, chunk: int = 256 * 1024) -> dict:
-    """Bytes per session of the records a pass wrote (calls, trajectories, groups), as written (JSON) and
-    with their token arrays packed, before and after zstd (level 1, the publisher's) over chunks of
-    ``chunk`` bytes of each topic's records, about what one produce batch holds. Computed here from the
-    records, not measured on a broker."""
-    import cramjam
-
-    def zstd(records: list[bytes]) -> int:
-        total, buf = 0, bytearray()
-        for r in records:
-            buf += r
-            if len(buf) >= chunk:
-                total, buf = total + len(cramjam.zstd.compress(bytes(buf), level=1)), bytearray()
-        return total + (len(cramjam.zstd.compress(bytes(buf), level=1)) if buf else 0)
-
-    out: dict[str, dict] = {}
-    for topic, records in written.items():
-        packed = [orjson.dumps(_packed(orjson.loads(r))) for r in records]
-        binary = [_binary(r) for r in records]
-        out[topic] = {"json": round(sum(map(len, records)) / sessions), "packed": round(sum(map(len, packed)) / sessions),
-                      "binary": round(sum(map(len, binary)) / sessions), "json_zstd": round(zstd(records) / sessions),
-                      "packed_zstd": round(zstd(packed) / sessions), "binary_zstd": round(zstd(binary) / sessions)}
-    out["total"] = {k: sum(v[k] for v in out.values()) for k in next(iter(out.values()))}
-    return out
+def _bytes_pass(settings: Settings, log_dir: Path, flat: list[Recorded], groups: int, tmp: Path, tag: str) -> dict[str, int]:
+    """One pass with its own topic prefix and worker, records written in ``settings.record_format``:
+    bytes of the broker's log segments (compressed as stored) of every topic of that prefix (calls,
+    session events, trajectories, groups, the worker's changelogs and ticks)."""
+    settings = settings.model_copy(update={"topic_prefix": f"bytes{uuid.uuid4().hex[:6]}."})
+    ensure_topics(settings)
+    worker = WorkerProcess(settings, tmp / f"bytes-{tag}.log", ["--tick-interval", "1"]).start()
+    try:
+        publish(settings, [r for s in flat for r in s.records])
+        read_topic(settings, "groups", until=lambda m: len({x.key for x in m}) >= groups, timeout=300)
+        read_topic(settings, "trajectories", timeout=60, idle=2.0, until=lambda m: len(m) >= len(flat))
+        time.sleep(2)  # the changelog writes of the last group's clean-up
+    finally:
+        worker.stop()
+    return log_bytes(log_dir, settings.topic_prefix)
 
 
 def main() -> None:
@@ -481,6 +426,7 @@ def main() -> None:
                 turns_list = [4, 8, 16] if args.quick else [12, 24, 48]
                 result["bytes"] = bench_bytes(settings, broker.log_dir, turns_list, 1 if args.quick else 4, words, Path(tmp))
                 result["bytes_per_session_over_raw"] = result["bytes"][str(turns_list[1])]["over_raw"]
+                result["bytes_per_session_over_raw_json"] = result["bytes"][str(turns_list[1])]["over_raw_json"]
         finally:
             if broker is not None:
                 broker.stop()

@@ -21,7 +21,7 @@ from typer.core import TyperGroup
 
 # The order of --help: how a user meets the commands. Commands not listed follow, as registered.
 ORDER = ("demo", "infra", "engine", "models", "gateway", "gateway-key", "node", "harness", "rollout", "submit",
-         "status", "cancel", "streams", "train", "replay", "eval", "export", "forget", "ui")
+         "status", "cancel", "streams", "train", "replay", "eval", "export", "cat", "forget", "ui")
 
 
 class RootCommand(TyperGroup):

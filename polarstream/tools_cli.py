@@ -1,6 +1,6 @@
-"""``polarstream replay | eval | export``: re-derive, evaluate and export from the recorded topics.
+"""``polarstream replay | eval | export | cat``: re-derive, evaluate, export and print the recorded topics.
 
-All three read with their own throw-away consumer group and never commit, so they run beside live
+All four read with their own throw-away consumer group and never commit, so they run beside live
 collection and training without moving anyone's offsets. See docs/replay-and-eval.md.
 """
 
@@ -193,8 +193,48 @@ def export_command(
     _json({"out": out, "format": format, "source": settings.topic(source), **stats.to_dict()})
 
 
+def cat_command(
+    topic: Annotated[str, typer.Argument(help="calls | trajectories | groups | tasks | sessions | session-events | policy")],
+    limit: Annotated[Optional[int], typer.Option(help="stop after this many records")] = None,
+    prefix: Annotated[Optional[str], typer.Option(help=_PREFIX_HELP)] = None,
+    config: Annotated[Optional[Path], typer.Option(help=_CONFIG_HELP)] = None,
+) -> None:
+    """Print a topic's records as JSON lines, packed or JSON on the wire, in (time, partition, offset) order."""
+    import orjson
+
+    from infra.reach import require_kafka
+    from schemas import document
+
+    from .tools.kafka_read import ReadError, fresh_group, merged, plan_spans
+
+    settings = _settings(config, prefix)
+    try:
+        settings.topic(topic)
+    except ValueError as e:
+        raise _fail(str(e), 2) from None
+    require_kafka(settings)
+    shown = bad = 0
+    try:
+        for msg in merged(settings, plan_spans(settings, (topic,)), fresh_group("cat")):
+            if limit is not None and shown >= limit:
+                break
+            try:
+                record = document(msg.value)
+            except ValueError as e:
+                bad += 1
+                typer.echo(f"error: {msg.topic}[{msg.partition}]@{msg.offset}: not a record ({e})", err=True)
+                continue
+            sys.stdout.write(orjson.dumps(record).decode() + "\n")
+            shown += 1
+    except ReadError as e:
+        raise _fail(str(e)) from None
+    if bad:
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``replay``, ``eval`` and ``export`` to the root command."""
+    """Add ``replay``, ``eval``, ``export`` and ``cat`` to the root command."""
     app.command("replay")(replay_command)
     app.command("eval")(eval_command)
     app.command("export")(export_command)
+    app.command("cat")(cat_command)

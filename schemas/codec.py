@@ -86,7 +86,16 @@ def _decode_packed(data: bytes, cls: type[R]) -> R:
         obj, header = unpack(data)
     except PackedError as e:
         raise RecordDecodeError(cls.__name__, "", f"not a valid packed record ({e})") from None
-    return _validated(obj, _brackets(header), cls)
+    brackets = _brackets(header)
+    if brackets <= MAX_DEPTH:  # as decode's one pass: what it accepts, this accepts (tests/fuzz checks they agree)
+        try:
+            record = cls.model_validate(obj)
+        except ValidationError:
+            pass
+        else:
+            if record.schema_version == SCHEMA_VERSION:
+                return record
+    return _validated(obj, brackets, cls)
 
 
 def _decode_checked(data: bytes | str, cls: type[R]) -> R:

@@ -8,7 +8,9 @@ One input drives one of three checks (the first byte picks):
   raise ``RecordDecodeError``; a record that decodes must re-encode and decode to itself, and hold
   together (``consistent``).
 - ``mutate``: a valid sample record with one field set to a fuzzed JSON value (reaches the validators
-  that raw bytes rarely get to).
+  that raw bytes rarely get to), decoded as JSON and as a packed container (schemas/packed.py) with the
+  same content: both must decode to the same record or both be refused. Then the packed bytes of the
+  sample cut short or with one byte changed: refused with RecordDecodeError, or a consistent record.
 - ``delta``: random prompt / base sequences through ``encode_prompt`` and ``resolve_prompt``: the
   resolved prompt is the original exactly; a delta whose base is missing or too short raises DeltaError.
 
@@ -33,9 +35,12 @@ import orjson
 from schemas import RECORD_TYPES, CallRecorded, Trace, TrainingGroup, Trajectory
 from schemas.codec import RecordDecodeError, decode, encode
 from schemas.delta import DeltaError, encode_prompt, resolve_prompt
+from schemas.packed import ARRAYS, MAGIC
 from tests.fuzz.json_paths import paths
 
 TYPES = sorted(RECORD_TYPES)
+FIELD_DTYPES = {name: dtype for fields in ARRAYS.values() for name, dtype in fields.items()}
+FIELD_OWNERS = ("CallRecorded", "Trajectory", "TrainingGroup")  # the records that hold packed arrays
 
 
 class Inconsistent(AssertionError):
@@ -78,9 +83,53 @@ def check_decode(payload: bytes, type_name: str) -> None:
     except RecordDecodeError:
         return
     consistent(record)
-    again = decode(encode(record), cls)  # a consumer that re-publishes must be able to
-    if again != record:
-        raise Inconsistent(f"{type_name} does not round-trip: {record!r} != {again!r}")
+    for packed in (False, True):  # a consumer that re-publishes must be able to, in either encoding
+        again = decode(encode(record, packed=packed), cls)
+        if again != record:
+            raise Inconsistent(f"{type_name} does not round-trip (packed={packed}): {record!r} != {again!r}")
+
+
+def as_container(doc: dict) -> bytes | None:
+    """The JSON object with every packable list (by field name, with values its dtype holds) moved into
+    a packed container, whether or not the record is valid; None when there is none."""
+    import struct
+
+    entries, blobs = [], []
+    codes = {"<i4": ("i", lambda v: type(v) is int and -2**31 <= v < 2**31),
+             "|u1": ("B", lambda v: type(v) is int and 0 <= v < 256),
+             "<f8": ("d", lambda v: type(v) in (int, float))}
+
+    def walk(node, path):
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in list(items):
+            if isinstance(node, dict) and k in FIELD_DTYPES and isinstance(v, list) and v:
+                dtype = "<f8" if FIELD_DTYPES[k] == "<f4" else FIELD_DTYPES[k]
+                code, fits = codes[dtype]
+                if all(map(fits, v)):
+                    entries.append([".".join(map(str, (*path, k))), dtype, len(v)])
+                    blobs.append(struct.pack(f"<{len(v)}{code}", *v))
+                    node[k] = None
+                    continue
+            walk(v, (*path, k))
+
+    walk(doc, ())
+    if not entries:
+        return None
+    head = orjson.dumps({"record": doc, "arrays": entries})
+    return MAGIC + struct.pack("<I", len(head)) + head + b"".join(blobs)
+
+
+def check_agree(plain: bytes, packed: bytes, type_name: str) -> None:
+    """The same content in both encodings: the same record, or refused by both."""
+    cls = RECORD_TYPES[type_name]
+    got = []
+    for payload in (plain, packed):
+        try:
+            got.append(decode(payload, cls))
+        except RecordDecodeError:
+            got.append(None)
+    if got[0] != got[1]:
+        raise Inconsistent(f"{type_name}: JSON and packed decode differently: {got[0]!r} != {got[1]!r}")
 
 
 def samples() -> list[dict[str, Any]]:
@@ -91,6 +140,7 @@ def samples() -> list[dict[str, Any]]:
 
 
 _SAMPLES: list[dict[str, Any]] = []
+_PACKED: list[tuple[bytes, str]] = []
 
 
 def fuzzed_json(fdp: Any, depth: int = 0) -> Any:
@@ -124,7 +174,25 @@ def check_mutation(fdp: Any) -> None:
     for key in where[:-1]:
         node = node[key]
     node[where[-1]] = fuzzed_json(fdp)
-    check_decode(orjson.dumps(doc), type_name)
+    plain = orjson.dumps(doc)
+    check_decode(plain, type_name)
+    packed = as_container(orjson.loads(plain))
+    if packed is not None:
+        check_decode(packed, type_name)
+        check_agree(plain, packed, type_name)
+    check_damaged(fdp)
+
+
+def check_damaged(fdp: Any) -> None:
+    """A sample's packed bytes cut short or with one byte changed."""
+    if not _PACKED:
+        from tests.schemas.samples import sample_records
+
+        _PACKED.extend((encode(r, packed=True), type(r).__name__) for r in sample_records() if type(r).__name__ in FIELD_OWNERS)
+    data, type_name = fdp.PickValueInList(_PACKED)
+    at = fdp.ConsumeIntInRange(0, len(data) - 1)
+    damaged = data[:at] if fdp.ConsumeBool() else data[:at] + bytes([fdp.ConsumeIntInRange(0, 255)]) + data[at + 1:]
+    check_decode(damaged, type_name)
 
 
 def check_delta(fdp: Any) -> None:

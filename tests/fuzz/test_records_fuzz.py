@@ -67,7 +67,8 @@ def test_every_sample_still_round_trips():
     from tests.schemas.samples import sample_records
 
     for record in sample_records():
-        assert decode(encode(record), type(record)) == record
+        for packed in (False, True):
+            assert decode(encode(record, packed=packed), type(record)) == record
 
 
 @pytest.mark.parametrize("path", sorted(CRASHES.glob("crash-*")), ids=lambda p: p.name)

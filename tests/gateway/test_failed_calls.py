@@ -111,7 +111,7 @@ def test_a_session_with_a_failed_call_closes_and_trains_through_the_worker(polar
         assert traj.stats["missing_calls"] == 0 and traj.usable
     cfg = StreamsConfig(builder="prefix_merging")
     trajs = [build_trajectory(f, [CallTokens.from_record(c) for c in by_session[f.session_id]], cfg) for f in finished]
-    assert raw == encode(build_group("g", trajs, cfg))  # the worker = the pure functions, byte for byte
+    assert raw == encode(build_group("g", trajs, cfg), packed=True)  # the worker = the pure functions, byte for byte
 
 
 @pytest.mark.parametrize("provider", list(PROVIDERS))

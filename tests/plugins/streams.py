@@ -9,11 +9,12 @@ from streams.testing import WorkerProcess
 
 @pytest.fixture
 def streams_worker(polar_settings, tmp_path):
-    """Factory: ``streams_worker(*args)`` starts a worker; all are stopped at teardown."""
+    """Factory: ``streams_worker(*args, settings=...)`` starts a worker (with the test's settings unless
+    given others); all are stopped at teardown."""
     workers: list[WorkerProcess] = []
 
-    def make(*args: str) -> WorkerProcess:
-        w = WorkerProcess(polar_settings, tmp_path / f"worker{len(workers)}.log", list(args))
+    def make(*args: str, settings=None) -> WorkerProcess:
+        w = WorkerProcess(settings or polar_settings, tmp_path / f"worker{len(workers)}.log", list(args))
         workers.append(w)
         return w.start()
 

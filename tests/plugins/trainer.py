@@ -91,7 +91,8 @@ def publish_groups(settings, groups, partition: int | None = None) -> None:
 
     producer = Producer(settings.kafka_config(**{"acks": "all"}))
     for g in groups:
-        producer.produce(settings.topic("groups"), encode(g), key=g.key().encode(), partition=partition)
+        producer.produce(settings.topic("groups"), encode(g, packed=settings.record_format == "packed"),
+                         key=g.key().encode(), partition=partition)
     assert producer.flush(30) == 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import orjson
 import pytest
@@ -114,3 +115,29 @@ def test_records_without_arrays_and_old_json_records_still_decode():
     c = call()
     old = orjson.dumps(orjson.loads(encode(c)))  # JSON as every earlier build wrote it
     assert decode(old, CallRecorded) == c
+
+
+def test_the_stdlib_reader_in_the_docs_reads_both_encodings():
+    """docs/events.md shows a reader that needs nothing of ours: it must read what we write."""
+    text = (Path(__file__).parents[2] / "docs" / "events.md").read_text()
+    code = text.split("<!-- reader -->")[1].split("<!-- /reader -->")[0].split("```python")[1].split("```")[0]
+    scope: dict = {"__name__": "reader"}
+    exec(compile(code, "events.md reader", "exec"), scope)
+    assert len(code.strip().splitlines()) <= 30
+    for record in sample_records():
+        for packed in (False, True):
+            got = scope["read_record"](encode(record, packed=packed))
+            assert type(record).model_validate(got) == record or _f32_equal(type(record).model_validate(got), record)
+
+
+def _f32_equal(a, b) -> bool:
+    """Equal once each logprob is taken at the 9 digits the gateway records (the reader widens float32)."""
+    fix = lambda o: [v and float32_digits(v) for v in o] if isinstance(o, list) and o and isinstance(o[0], float) else o  # noqa: E731
+
+    def walk(x):
+        if isinstance(x, dict):
+            return {k: walk(fix(v)) for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        return x
+    return walk(a.model_dump()) == walk(b.model_dump())

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from polarstream.cli import app
 from polarstream.tools.forget import Target, forget, key_matches, matches, resolve_task
-from schemas import CallRecorded, SessionAssigned, TaskRequest, TrainingGroup, Trajectory, decode
+from schemas import CallRecorded, SessionAssigned, TaskRequest, Trace, TrainingGroup, Trajectory, decode
 from streams.testing import publish
 from streams.topology import app_id_for
 
@@ -30,7 +30,8 @@ def test_cli_needs_exactly_one_target():
 
 
 def _traj(sid, gid, task="T1"):
-    return Trajectory(session_id=sid, group_id=gid, task_id=task, reward=1.0)
+    trace = Trace(call_indices=[0], token_ids=[1, 2, 3], loss_mask=[0, 1, 1], logprobs=[0.0, -0.5, -0.25])
+    return Trajectory(session_id=sid, group_id=gid, task_id=task, reward=1.0, traces=[trace])
 
 
 def _all(settings, logical=None, topic=None):
@@ -56,7 +57,8 @@ def _all(settings, logical=None, topic=None):
 def test_forget_a_session_then_a_task(secure_settings):
     s = secure_settings
     a, b, c = _traj("a", "g1"), _traj("b", "g1"), _traj("c", "g2", task="T2")
-    publish(s, [a, b, c, TrainingGroup(group_id="g1", task_id="T1", trajectories=[a, b], advantages=[0.0, 0.0]),
+    publish(s.model_copy(update={"record_format": "json"}), [a])  # forget finds records in either encoding
+    publish(s, [b, c, TrainingGroup(group_id="g1", task_id="T1", trajectories=[a, b], advantages=[0.0, 0.0]),
                 TrainingGroup(group_id="g2", task_id="T2", trajectories=[c], advantages=[0.0])])
     calls = [CallRecorded(session_id=sid, call_index=0, provider="engine", prompt_ids=[1], task_id="T1") for sid in "ab"]
     publish(s, calls)

@@ -87,7 +87,7 @@ def test_secured_loop_records_no_secret_and_still_trains(secure_settings, script
     (raw,) = got.values()
     cfg = StreamsConfig(builder="prefix_merging")
     trajs = [build_trajectory(f, [CallTokens.from_record(c) for c in by_session[f.session_id]], cfg) for f in finished]
-    assert raw == encode(build_group("sec-group", trajs, cfg))  # same as the default stack: byte for byte
+    assert raw == encode(build_group("sec-group", trajs, cfg), packed=True)  # same as the default stack: byte for byte
     group = decode(raw, TrainingGroup)
     assert group.advantages[0] > 0 > group.advantages[1]
     for traj in group.trajectories:  # placeholders are stable, so token-in/token-out still merges

@@ -36,7 +36,7 @@ def test_gateway_recorded_sessions_merge_into_one_faithful_trace(polar_settings,
 
     cfg = StreamsConfig(builder="prefix_merging")
     trajs = [build_trajectory(f, [CallTokens.from_record(c) for c in by_session[f.session_id]], cfg) for f in finished]
-    assert raw == encode(build_group("gw-group", trajs, cfg))  # the worker = the pure functions, byte for byte
+    assert raw == encode(build_group("gw-group", trajs, cfg), packed=True)  # the worker = the pure functions, byte for byte
     assert group.advantages[0] > 0 > group.advantages[1] and group.masked == []
     for traj in group.trajectories:
         session_calls = sorted(by_session[traj.session_id], key=lambda c: c.call_index)

@@ -11,6 +11,7 @@ from the same inputs, and the trace structure must match the sessions' hand-decl
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import orjson
 import pytest
@@ -83,22 +84,25 @@ def expected_groups(groups, cfg: StreamsConfig) -> dict[str, TrainingGroup]:
     return out
 
 
-@pytest.mark.parametrize("builder", ["prefix_merging", "per_request"])
-def test_worker_builds_the_expected_groups(polar_settings, streams_worker, chat_tokenize, builder):
+@pytest.mark.parametrize("builder, written", [("prefix_merging", "packed"), ("per_request", "json")])
+def test_worker_builds_the_expected_groups(polar_settings, streams_worker, chat_tokenize, builder, written):
+    """``written``: the worker's record format; its inputs are published in the other one."""
     records, groups = scenario(chat_tokenize)
     cfg = StreamsConfig(builder=builder)  # deadlines do not change output bytes
     expected = expected_groups(groups, cfg)
     assert len(expected) == 5
     publish_raw(polar_settings, "calls", b"g0-s0", b"\x00 not json")
-    publish(polar_settings, records)
+    other = "json" if written == "packed" else "packed"
+    publish(polar_settings.model_copy(update={"record_format": other}), records)
 
-    worker = streams_worker("--builder", builder, *WORKER_ARGS)
+    worker = streams_worker("--builder", builder, *WORKER_ARGS,
+                            settings=polar_settings.model_copy(update={"record_format": written}))
     msgs = read_topic(polar_settings, "groups", until=lambda m: len({x.key for x in m}) >= 5, timeout=90, idle=1.5)
     got, duplicates = dedupe(msgs, TrainingGroup)
     assert worker.alive(), worker.log_text()[-3000:]
     assert set(got) == set(expected), worker.log_text()[-3000:]
     for event_id, group in expected.items():
-        assert got[event_id] == encode(group)  # byte for byte
+        assert got[event_id] == encode(group, packed=written == "packed")  # byte for byte
     assert duplicates == 0  # an uninterrupted run re-sends nothing
 
     by_gid = {g.group_id: g for g in expected.values()}
@@ -181,9 +185,10 @@ def test_records_past_the_topic_limits_arrive_in_parts(polar_settings, streams_w
     cfg = StreamsConfig(builder="per_request")
     trajs = [build_trajectory(s.finished, [CallTokens.from_record(c) for c in s.calls], cfg) for s in sessions]
     want = build_group("big", trajs, cfg)
-    limits = {"trajectories": 2 * max(len(encode(tr)) for t in trajs for tr in t.traces) + BATCH_OVERHEAD + 512,
-              "groups": 2 * max(len(encode(t)) for t in trajs) + BATCH_OVERHEAD + 1024}
-    assert len(encode(want)) > limits["groups"] and max(len(encode(t)) for t in trajs) > limits["trajectories"]
+    wire = partial(encode, packed=True)  # what the worker writes (the default record format)
+    limits = {"trajectories": 2 * max(len(wire(tr)) for t in trajs for tr in t.traces) + BATCH_OVERHEAD + 512,
+              "groups": 2 * max(len(wire(t)) for t in trajs) + BATCH_OVERHEAD + 1024}
+    assert len(wire(want)) > limits["groups"] and max(len(wire(t)) for t in trajs) > limits["trajectories"]
     specs = dict(load_specs())  # a copy: load_specs is cached for every later caller
     for name, limit in limits.items():
         specs[name] = dataclasses.replace(specs[name], config={**specs[name].config, "max.message.bytes": str(limit)})
@@ -197,7 +202,7 @@ def test_records_past_the_topic_limits_arrive_in_parts(polar_settings, streams_w
 
     publish(polar_settings, [r for s in sessions for r in s.records])
     worker = streams_worker("--builder", "per_request", *WORKER_ARGS)
-    parts = split_record(want, limits["groups"] - BATCH_OVERHEAD)
+    parts = split_record(want, limits["groups"] - BATCH_OVERHEAD, packed=True)
     msgs = read_topic(polar_settings, "groups", until=lambda m: len(m) >= len(parts), timeout=90, idle=1.5)
     got, duplicates = dedupe(msgs, TrainingGroup)
     assert worker.alive(), worker.log_text()[-3000:]
@@ -206,7 +211,7 @@ def test_records_past_the_topic_limits_arrive_in_parts(polar_settings, streams_w
     (whole,) = [w for w in (joiner.add(decode(d, TrainingGroup)) for d in got.values()) if w is not None]
     assert encode(whole) == encode(want)
     on_topic = [decode(m.value, Trajectory) for m in read_topic(polar_settings, "trajectories", until=bool, idle=2.0)]
-    assert all(len(encode(t)) <= limits["trajectories"] - BATCH_OVERHEAD for t in on_topic)
+    assert all(len(wire(t)) <= limits["trajectories"] - BATCH_OVERHEAD for t in on_topic)
     assert sorted(encode(w) for w in map(joiner.add, on_topic) if w is not None) == sorted(encode(t) for t in trajs)
     stats = worker.stats()
     assert stats.get("groups.split") == 1 and stats.get("groups.parts") == len(parts) > 1

@@ -81,13 +81,14 @@ def test_policy_version_is_the_first_calls():
     assert Sample.of(t).policy_version == 3
 
 
-def test_eval_state_skips_undecodable_messages():
+def test_eval_state_reads_both_encodings_and_skips_undecodable_messages():
     state = EvalState("polar.trajectories", (1,), 1.0)
-    good = traj("t", 0, 1.0)
-    assert state.feed(RawMessage("trajectories", 0, 0, 0, b"t", encode(good)))
-    assert not state.feed(RawMessage("trajectories", 0, 1, 0, b"t", b"{not json"))
+    assert state.feed(RawMessage("trajectories", 0, 0, 0, b"t", encode(traj("t", 0, 1.0))))
+    assert state.feed(RawMessage("trajectories", 0, 1, 0, b"t", encode(traj("t", 1, 0.0), packed=True)))
+    assert not state.feed(RawMessage("trajectories", 0, 2, 0, b"t", b"{not json"))
+    assert not state.feed(RawMessage("trajectories", 0, 3, 0, b"t", b"PSR1\x00"))  # a truncated container
     report = state.report()
-    assert report["source"]["undecodable"] == 1 and report["cells"][0]["pass@1"] == 1.0
+    assert report["source"]["undecodable"] == 2 and report["cells"][0]["pass@1"] == 0.5
 
 
 def test_bad_k_is_refused():

@@ -21,7 +21,8 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 
 def messages(topic, records):
-    return [RawMessage(topic, 0, i, 0, r.key().encode(), encode(r)) for i, r in enumerate(records)]
+    # every other record packed: a topic written by an old (JSON) and a new (packed) producer
+    return [RawMessage(topic, 0, i, 0, r.key().encode(), encode(r, packed=i % 2 == 1)) for i, r in enumerate(records)]
 
 
 def test_filters_and_counts():

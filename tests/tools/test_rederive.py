@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import pytest
 
@@ -107,21 +108,23 @@ def test_a_trace_too_large_for_any_part_is_counted_not_emitted():
     assert stages.counters["trajectories.oversized"] == 12
 
 
-def test_records_past_the_limits_go_out_in_parts_that_join_to_them():
+@pytest.mark.parametrize("packed", [False, True], ids=["json", "packed"])
+def test_records_past_the_limits_go_out_in_parts_that_join_to_them(packed):
     from schemas import Parts
 
+    wire = partial(encode, packed=packed)  # the encoding written, which the parts are sized in
     records, groups = scenario()
     cfg = StreamsConfig(builder="per_request", group_deadline_s=4, missing_calls_grace_s=2, missing_calls_timeout_s=3)
     want = expected(groups, cfg)
     trajs = [t for ts, _ in want.values() for t in ts]
-    trace = max(len(encode(tr)) for t in trajs for tr in t.traces)
+    trace = max(len(wire(tr)) for t in trajs for tr in t.traces)
     traj_limit = 3 * trace + 4096 + 1000  # a few traces a part: per_request trajectories split
-    group_limit = max(len(encode(t)) for t in trajs) + 4096 + 1000  # about one member a part
-    stages = Rederiver(cfg, Limits(traj_limit, group_limit))
+    group_limit = max(len(wire(t)) for t in trajs) + 4096 + 1000  # about one member a part
+    stages = Rederiver(cfg, Limits(traj_limit, group_limit), packed=packed)
     out = feed(stages, records) + stages.drain()
     joiner, got_groups, got_trajs = Parts(), {}, []
     for r in out:
-        assert len(encode(r)) <= (group_limit if r.TOPIC == "groups" else traj_limit) - 4096
+        assert len(wire(r)) <= (group_limit if r.TOPIC == "groups" else traj_limit) - 4096
         if (whole := joiner.add(r)) is not None:
             if r.TOPIC == "groups":
                 got_groups[whole.group_id] = encode(whole)

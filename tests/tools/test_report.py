@@ -15,7 +15,7 @@ def test_files(tmp_path):
     state = EvalState("t.polar.trajectories", (2,), 1.0)
     for i, t in enumerate([traj("a", 0, 1.0), traj("a", 1, 0.0), traj("a", 0, 1.0, attempt=1, version=1),
                            traj("b", 0, 1.0, version=1, harness="claude_code")]):
-        state.feed(RawMessage("trajectories", 0, i, 0, None, encode(t)))
+        state.feed(RawMessage("trajectories", 0, i, 0, None, encode(t, packed=i % 2 == 1)))  # both encodings
     report = state.report()
     paths = write_report(report, tmp_path / "out")
     assert [p.name for p in paths] == ["eval.json", "eval.png", "eval.html"]

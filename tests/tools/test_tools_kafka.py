@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from infra.topics import delete_topics, ensure_topics
 from polarstream.cli import app
-from schemas import DeltaError, SessionEvent, TrainingGroup, Trajectory, decode, resolve_prompt
+from schemas import CallRecorded, DeltaError, SessionEvent, TrainingGroup, Trajectory, decode, resolve_prompt
 from streams.synthetic import Recorded, SessionSpec, record_group, record_session
 from streams.testing import WorkerProcess, dedupe, publish, publish_raw, read_topic
 
@@ -119,12 +119,12 @@ def run(infra, tmp_path_factory, chat_tokenize):
     settings = infra.settings.model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:10]}.", "data_dir": tmp / "polar"})
     ensure_topics(settings)
     batch_a, batch_b, sessions = scenario(chat_tokenize)
-    publish(settings, batch_a)
+    publish(settings.model_copy(update={"record_format": "json"}), batch_a)  # as an earlier build wrote them
     time.sleep(1.0)
     mid = time.time()
     time.sleep(0.5)
     publish_raw(settings, "calls", b"gm-s1", b"\x00 not json")
-    publish(settings, batch_b)
+    publish(settings, batch_b)  # packed (the default): the worker, replay and the tools read both
     worker = WorkerProcess(settings, tmp / "worker.log", WORKER_ARGS).start()
     prefixes = [settings.topic_prefix]  # replays add theirs; all are deleted at the end
     try:
@@ -309,6 +309,23 @@ def test_export_jsonl_with_a_reward_filter(run, tmp_path):
     assert len(rows) == 9 and all(r["reward"] >= 1 and r["advantage"] is None for r in rows)
     for r in rows:
         assert len(r["input_ids"]) == len(r["loss_mask"]) == len(r["logprobs"]) == r["num_tokens"]
+
+
+def test_cat_prints_records_of_either_encoding_as_json_lines(run):
+    """Batch A went out as JSON, batch B packed: ``polarstream cat`` prints both alike, and says which
+    message is not a record (the one undecodable call) instead of stopping at it."""
+    res = run.cli("cat", "calls")
+    assert res.exit_code == 1 and "not a record" in res.output
+    printed = {p["event_id"]: p for p in map(json.loads, res.stdout.splitlines())}
+    published = {c.event_id: c for group in run.sessions.values() for s in group for c in s.calls}
+    assert set(published) < set(printed)  # and the orphan call
+    assert all(CallRecorded.model_validate(printed[e]) == c for e, c in published.items())
+    assert {bool(c.prompt_delta) for c in published.values()} == {True, False}  # both prompt forms shown
+    res = run.cli("cat", "groups", "--limit", "2")
+    assert res.exit_code == 0 and len(res.stdout.splitlines()) == 2
+    assert {TrainingGroup.model_validate(json.loads(line)).event_id for line in res.stdout.splitlines()} <= set(run.groups)
+    res = run.cli("cat", "nope")
+    assert res.exit_code == 2 and "unknown topic" in res.output
 
 
 def test_eval_follow_keeps_the_report_current(polar_settings, tmp_path):

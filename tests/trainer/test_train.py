@@ -35,7 +35,9 @@ def test_train_consumes_checkpoints_to_s3_publishes_and_resumes(polar_settings, 
     raw.produce(polar_settings.topic("groups"), b"{not json", key=b"g")  # bad input: skipped, counted, logged
     raw.flush(10)
     del raw
-    publish_groups(polar_settings, [groups[0], groups[1], groups[1], groups[2], groups[3]], 0)  # g1 redelivered
+    # the first two as JSON (an earlier build's records), the rest packed: the trainer reads both
+    publish_groups(polar_settings.model_copy(update={"record_format": "json"}), groups[:2], 0)
+    publish_groups(polar_settings, [groups[1], groups[2], groups[3]], 0)  # g1 redelivered, in the other encoding
 
     summary = train(_cfg(trainer_model_dir, tmp_path / "run", tensorboard=True, progress=True), polar_settings)
     assert summary["step"] == 2 and summary["policy_version"] == 2

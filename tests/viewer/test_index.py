@@ -16,13 +16,13 @@ def indexed(recs, with_group: bool = True) -> RunIndex:
     """An index fed with the sessions' calls and finished events, their trajectories and the group."""
     cfg, idx, trajs = StreamsConfig(), RunIndex("p."), []
     for r in recs:
-        for c in r.calls:
-            idx.feed("calls", encode(c))
+        for i, c in enumerate(r.calls):
+            idx.feed("calls", encode(c, packed=i % 2 == 1))  # both encodings, as on a topic of old and new records
         idx.feed("session-events", encode(r.finished))
         trajs.append(build_trajectory(r.finished, [CallTokens.from_record(c) for c in r.calls], cfg))
-        idx.feed("trajectories", encode(trajs[-1]))
+        idx.feed("trajectories", encode(trajs[-1], packed=len(trajs) % 2 == 1))
     if with_group:
-        idx.feed("groups", encode(build_group(recs[0].finished.group_id, trajs, cfg)))
+        idx.feed("groups", encode(build_group(recs[0].finished.group_id, trajs, cfg), packed=True))
     return idx
 
 
