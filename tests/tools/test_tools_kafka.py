@@ -334,7 +334,7 @@ def test_eval_follow_keeps_the_report_current(polar_settings, tmp_path):
     from polarstream.tools.eval_run import run_eval
     from tests.tools.samples import traj
 
-    publish(polar_settings, [traj("a", 0, 1.0), traj("a", 1, 0.0)])
+    publish(polar_settings.model_copy(update={"record_format": "json"}), [traj("a", 0, 1.0), traj("a", 1, 0.0)])  # then packed
     reports, stop = [], threading.Event()
     follower = threading.Thread(target=run_eval, kwargs=dict(
         settings=polar_settings, ks=(2,), out_dir=tmp_path, follow=True, refresh_s=0.2, duration_s=60,
