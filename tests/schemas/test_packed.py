@@ -141,3 +141,17 @@ def _f32_equal(a, b) -> bool:
             return [walk(v) for v in x]
         return x
     return walk(a.model_dump()) == walk(b.model_dump())
+
+
+@pytest.mark.parametrize("n", [40, 4000], ids=["one by one", "in bulk"])
+def test_float32s_come_back_at_the_gateways_nine_digits(n):
+    """Both ways of restoring (formatting few values, numpy for many) give what float32_digits gives."""
+    import random
+
+    from schemas.packed import restore_float32
+
+    rng = random.Random(n)
+    values = [f32(-rng.random() * rng.choice([1e-9, 1e-6, 1e-3, 1.0, 30.0, 1e5])) for _ in range(n)]
+    values[:6] = [0.0, -0.0, -1.0, f32(-1e-30), f32(-9.9999999e8), f32(-3e38)]
+    got = restore_float32(struct.pack(f"<{n}f", *values))
+    assert [repr(v) for v in got] == [repr(v) for v in values]  # -0.0 stays -0.0
