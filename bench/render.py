@@ -194,6 +194,10 @@ def _streams(r: dict) -> Iterator[dict | None]:
                      dig(b, "per_request", "trainable_tokens"), anchor, "tokens", None, "must be equal: same samples")
     yield comparison(area, "assembly speed (fold + build + verify)", dig(r, "assembly", "prefix_merging", "calls_per_s"),
                      dig(r, "assembly", "per_request", "calls_per_s"), anchor, "calls/s", True)
+    area = "Kafka bytes per session: packed records vs JSON (same sessions, every topic, as stored)"
+    for turns, row in (r.get("bytes") or {}).items():
+        yield comparison(area, f"{turns} turns", row.get("kafka_bytes_per_session"), row.get("kafka_bytes_per_session_json"),
+                         "json", "bytes", False, "zstd on the broker takes most of the difference")
 
 
 def _trainer(r: dict) -> Iterator[dict | None]:

@@ -18,8 +18,6 @@ an array; an empty list stays JSON, and a record without arrays (a task, a sessi
 from __future__ import annotations
 
 import struct
-import sys
-from array import array
 from collections.abc import Iterable
 
 import numpy as np
@@ -42,8 +40,7 @@ PACKED_FIELDS = frozenset(name for fields in ARRAYS.values() for name in fields)
 _NESTED: dict[type, tuple[str, ...]] = {CallRecorded: ("prompt_delta",), Trajectory: ("traces",),
                                         TrainingGroup: ("trajectories",)}
 PACKABLE = (CallRecorded, Trajectory, TrainingGroup)
-_TYPECODE = {"<i4": "i", "|u1": "B", "<f4": "f", "<f8": "d"}
-_SWAP = sys.byteorder == "big"  # the wire is little-endian
+_ITEMSIZE = {"<i4": 4, "|u1": 1, "<f4": 4, "<f8": 8}  # numpy reads each as little-endian on any machine
 # The most a level of nesting adds to one array's entry in the header ("trajectories.1023." and the
 # like): how the parts of a split record are sized before they are nested (schemas/parts.py).
 NESTING_BYTES_PER_ARRAY = 32
@@ -87,7 +84,7 @@ def pack(record: BaseModel, encoded: Iterable[tuple[Record, bytes]] = (), defaul
         data = known.get(id(model))
         if data is None:
             return walk(model, prefix)
-        head, arrays, body = _parts(data)  # what this process packed: its header is spliced, not re-parsed
+        head, arrays, body = _parts(data)  # what this process packed: its record's JSON goes in as it is
         entries.extend([prefix + path, dtype, n] for path, dtype, n in arrays)
         blobs.append(body)
         return orjson.Fragment(head)
@@ -193,18 +190,15 @@ def unpack(data: bytes) -> tuple[dict, bytes]:
     obj, at = head["record"], _START + n
     for entry in head["arrays"]:
         if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
-                and entry[1] in _TYPECODE and type(entry[2]) is int and entry[2] >= 0):
+                and entry[1] in _ITEMSIZE and type(entry[2]) is int and entry[2] >= 0):
             raise PackedError(f"array entry {str(entry)[:80]}: expected [path, dtype, count]")
         path, dtype, count = entry
-        size = count * array(_TYPECODE[dtype]).itemsize
+        size = count * _ITEMSIZE[dtype]
         if at + size > len(data):
             raise PackedError(f"{path}: {count} x {dtype} runs past the end")
-        values = array(_TYPECODE[dtype])
-        values.frombytes(data[at:at + size])
+        blob = data[at:at + size]
         at += size
-        if _SWAP:
-            values.byteswap()
-        _place(obj, path, restore_float32(data[at - size:at]) if dtype == "<f4" else values.tolist())
+        _place(obj, path, restore_float32(blob) if dtype == "<f4" else np.frombuffer(blob, dtype).tolist())
     if at != len(data):
         raise PackedError(f"{len(data) - at} bytes after the last array")
     return obj, header

@@ -44,7 +44,7 @@ URL_ARGS = ("engine", "gateway")  # besides every *url argument
 REQUIRED = {
     "engine_url": "{dead_url}", "model": "{model_dir}", "tasks_file": "{tasks_file}", "to_prefix": "r1",
     "format": "jsonl", "out": "{root}/out.jsonl", "task_id": "t1", "session_id": "s1", "name": "tiny",
-    "source": "a", "target": "b", "index": "0", "action": "status",
+    "source": "a", "target": "b", "index": "0", "action": "status", "topic": "calls",
 }
 EXTRA = {("forget",): ["--session", "s1"]}
 
