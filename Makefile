@@ -48,7 +48,7 @@ demo: venv system
 	$(VENV)/bin/polarstream demo
 
 test: venv system harnesses datasets-peer
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 test-fast: venv
 	$(PY) -m pytest -q -ra -m "not integration and not harness and not slow"

@@ -132,6 +132,11 @@ class Settings(BaseSettings):
         return self.s3_endpoint or f"http://127.0.0.1:{self.s3_port}"
 
     @property
+    def packed(self) -> bool:
+        """Records are written packed (binary token arrays), else JSON: the one place that decides."""
+        return self.record_format == "packed"
+
+    @property
     def checkpoint_url(self) -> str:
         return self.storage_url or f"file://{self.data_dir / 'checkpoints'}"
 

@@ -306,7 +306,7 @@ class Publisher:
         return result
 
     def _encode(self, record: Record) -> tuple[str, bytes]:
-        return self.settings.topic(record.TOPIC), encode(record, packed=self.settings.record_format == "packed")
+        return self.settings.topic(record.TOPIC), encode(record, packed=self.settings.packed)
 
     def _produce_async(self, record: Record, topic: str, data: bytes,
                        loop: asyncio.AbstractEventLoop) -> asyncio.Future[Delivery] | None:

@@ -70,15 +70,19 @@ def decode(data: bytes | str, cls: type[R]) -> R:
     # The usual case in one pass: pydantic-core parses and validates the JSON text itself, a third
     # faster than orjson.loads then model_validate. A payload with enough brackets to nest past the
     # limit, or one that fails, takes the checked path below, whose errors name the field.
-    if _brackets(data) <= MAX_DEPTH:
-        try:
-            record = cls.model_validate_json(data)
-        except ValidationError:
-            pass
-        else:
-            if record.schema_version == SCHEMA_VERSION:
-                return record
+    if _brackets(data) <= MAX_DEPTH and (record := _one_pass(cls.model_validate_json, data)) is not None:
+        return record
     return _decode_checked(data, cls)
+
+
+def _one_pass(validate, payload) -> Record | None:
+    """The record when ``validate`` accepts it at this build's schema version, else None (the checked
+    path then says why). Both encodings go through it, so they accept the same records."""
+    try:
+        record = validate(payload)
+    except ValidationError:
+        return None
+    return record if record.schema_version == SCHEMA_VERSION else None
 
 
 def _decode_packed(data: bytes, cls: type[R]) -> R:
@@ -87,14 +91,8 @@ def _decode_packed(data: bytes, cls: type[R]) -> R:
     except PackedError as e:
         raise RecordDecodeError(cls.__name__, "", f"not a valid packed record ({e})") from None
     brackets = _brackets(header)
-    if brackets <= MAX_DEPTH:  # as decode's one pass: what it accepts, this accepts (tests/fuzz checks they agree)
-        try:
-            record = cls.model_validate(obj)
-        except ValidationError:
-            pass
-        else:
-            if record.schema_version == SCHEMA_VERSION:
-                return record
+    if brackets <= MAX_DEPTH and (record := _one_pass(cls.model_validate, obj)) is not None:
+        return record
     return _validated(obj, brackets, cls)
 
 

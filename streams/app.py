@@ -118,7 +118,7 @@ def create_app(
     # The stages write the tables' stores, and their changelog goes out compacted at each commit.
     stores = {name: table.data for name, table in tables.items()}
     rt = Runtime(app, topo, config, stores, topics, stats_path, source=SourceLog(settings), changelog=Changelog(tables),
-                 packed=settings.record_format == "packed")
+                 packed=settings.packed)
     for table in tables.values():
         table.on_recover(rt.recovered)  # in-memory deadlines are rebuilt from the recovered tables
     session_agent.register(rt)

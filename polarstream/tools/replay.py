@@ -153,7 +153,7 @@ def replay(source: Settings, target: Settings, spans: list[Span], config: Stream
         if on_message:
             on_message(msg)
 
-    packed = target.record_format == "packed"
+    packed = target.packed
     stages = Rederiver(config, output_limits(), packed=packed)
     stream = merged(source, spans, fresh_group("replay"))
     with Publisher(target, client_id="polarstream-replay") as pub:

@@ -91,7 +91,7 @@ def publish_groups(settings, groups, partition: int | None = None) -> None:
 
     producer = Producer(settings.kafka_config(**{"acks": "all"}))
     for g in groups:
-        producer.produce(settings.topic("groups"), encode(g, packed=settings.record_format == "packed"),
+        producer.produce(settings.topic("groups"), encode(g, packed=settings.packed),
                          key=g.key().encode(), partition=partition)
     assert producer.flush(30) == 0
 
