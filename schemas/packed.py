@@ -104,6 +104,8 @@ def _to_bytes(values: list, dtype: str, path: str) -> tuple[str, bytes]:
             return dtype, bytes(values)
         if dtype == "<i4":
             return dtype, struct.pack(f"<{n}i", *values)
+        if n >= _VECTOR_FROM:
+            return _float32_or_64(struct.pack(f"<{n}d", *values))
         blob = struct.pack(f"<{n}f", *values)
     except OverflowError:  # a float past float32's range
         return "<f8", struct.pack(f"<{n}d", *values)
@@ -114,9 +116,21 @@ def _to_bytes(values: list, dtype: str, path: str) -> tuple[str, bytes]:
     return dtype, blob
 
 
+def _float32_or_64(doubles: bytes) -> tuple[str, bytes]:
+    """Many floats: as float32 when they all come back exactly from it, else as the float64s given.
+    Checked in numpy, not as lists: a trace's 15k logprobs in a third of the time."""
+    values = np.frombuffer(doubles, "<f8")
+    with np.errstate(over="ignore"):  # past float32's range: inf, which then does not compare equal
+        singles = values.astype("<f4")
+    if np.array_equal(_restored(singles), values):
+        return "<f4", singles.tobytes()
+    return "<f8", doubles
+
+
 _DIGITS = "{:.9g}".format  # schemas.float32_digits, without the float
 _VECTOR_FROM = 256  # below this many values, formatting them is faster than numpy's fixed cost
 _POW10 = np.array([10.0 ** k for k in range(23)])  # exact doubles
+_FORMATS: dict[int, str] = {}  # "[%.9g,%.9g,...]" by length (< _VECTOR_FROM): one % for a whole list
 
 
 def restore_float32(blob: bytes) -> list[float]:
@@ -125,11 +139,28 @@ def restore_float32(blob: bytes) -> list[float]:
     encoder checks that this gives back every value exactly (else it writes float64), so the few values
     where the fast path's rounding differs from formatting cannot change a record."""
     values = np.frombuffer(blob, "<f4")
-    if len(values) >= _VECTOR_FROM:
-        return _nine_digits(values)
+    if len(values) < _VECTOR_FROM and values.all():  # a call's logprobs: few, all sampled
+        return _formatted(values)
+    return _restored(values).tolist()
+
+
+def _restored(values: np.ndarray) -> np.ndarray:
+    """``restore_float32`` as float64s. A trace's logprobs are mostly zeros (its prompt positions),
+    exact as they are (-0.0 too): only the others are restored."""
+    out = values.astype(np.float64)
+    nonzero = np.flatnonzero(values)
+    sampled = values[nonzero]
+    out[nonzero] = _formatted(sampled) if len(sampled) < _VECTOR_FROM else _nine_digits(sampled)
+    return out
+
+
+def _formatted(values: np.ndarray) -> list[float]:
     widened = values.tolist()
-    try:  # one parse of all the digits: twice as fast as float() on each
-        restored = orjson.loads(f"[{','.join(map(_DIGITS, widened))}]")
+    fmt = _FORMATS.get(len(widened))
+    if fmt is None:
+        fmt = _FORMATS[len(widened)] = f"[{','.join(['%.9g'] * len(widened))}]"
+    try:  # one format and one parse of all the digits: 2.5x as fast as float() on each
+        restored = orjson.loads(fmt % tuple(widened))
     except orjson.JSONDecodeError:  # inf or nan: float32 overflowed (the encoder then writes float64)
         return [float(_DIGITS(v)) for v in widened]
     if int in set(map(type, restored)):  # "0", "-0", "2": integral float32s, exact as they are (-0.0 too)
@@ -137,7 +168,7 @@ def restore_float32(blob: bytes) -> list[float]:
     return restored
 
 
-def _nine_digits(values: np.ndarray) -> list[float]:
+def _nine_digits(values: np.ndarray) -> np.ndarray:
     """``restore_float32`` in bulk: x rounded to an integer of 9 digits after scaling by an exact power
     of ten, then scaled back by one correctly rounded division or product, the same double as parsing
     those digits; values out of that range (or not finite) are formatted one by one."""
@@ -152,7 +183,7 @@ def _nine_digits(values: np.ndarray) -> list[float]:
     scaled = np.where(k >= 0, mag * _POW10[np.clip(k, 0, 22)], mag / _POW10[np.clip(-k, 0, 22)])
     digits = np.round(scaled)  # half to even on the scaled value, as the exact one almost always rounds
     back = np.where(k >= 0, digits / _POW10[np.clip(k, 0, 22)], digits * _POW10[np.clip(-k, 0, 22)])
-    out = np.where(ok, np.copysign(back, x), x).tolist()
+    out = np.where(ok, np.copysign(back, x), x)
     for i in np.flatnonzero(ok & ((k > 22) | (k < -22))).tolist():
         out[i] = float(_DIGITS(float(x[i])))
     return out

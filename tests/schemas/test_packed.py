@@ -155,3 +155,19 @@ def test_float32s_come_back_at_the_gateways_nine_digits(n):
     values[:6] = [0.0, -0.0, -1.0, f32(-1e-30), f32(-9.9999999e8), f32(-3e38)]
     got = restore_float32(struct.pack(f"<{n}f", *values))
     assert [repr(v) for v in got] == [repr(v) for v in values]  # -0.0 stays -0.0
+
+
+def test_a_traces_mostly_zero_logprobs_come_back_exact():
+    """A trace's logprobs are zeros at its prompt positions: only the sampled ones are restored."""
+    import random
+
+    from schemas.packed import restore_float32
+
+    rng = random.Random(7)
+    for sampled in (3, 300):  # formatted, and in bulk
+        values = [0.0] * 2000
+        for i in rng.sample(range(2000), sampled):
+            values[i] = f32(-rng.random() * rng.choice([1e-6, 1e-3, 1.0, 30.0]))
+        values[5], values[6] = -0.0, -2.0  # a signed zero stays; an integral one stays a float
+        got = restore_float32(struct.pack("<2000f", *values))
+        assert [repr(v) for v in got] == [repr(v) for v in values]
