@@ -98,9 +98,14 @@ def ids_for(size: int) -> int:
     return n
 
 
+# What a Publisher with the default settings writes (read once: wire() runs in a sizing loop, and building
+# Settings reads the environment and the cluster file each time).
+DEFAULT_PACKED = Settings.model_fields["record_format"].default == "packed"
+
+
 def wire(record) -> bytes:
-    """The bytes the publisher writes for it (the default record format: packed)."""
-    return encode(record, packed=Settings.model_fields["record_format"].default == "packed")
+    """The bytes the publisher writes for it, in the default record format."""
+    return encode(record, packed=DEFAULT_PACKED)
 
 
 def _ids(rng: random.Random, n: int) -> list[int]:

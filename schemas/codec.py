@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import TypeVar, get_args
 
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from .packed import PackedError, is_packed, pack, unpack
+from .packed import ARRAYS, PackedError, Slot, is_packed, pack, read, unpack
 from .records import SCHEMA_VERSION, Record
 
 R = TypeVar("R", bound=Record)
@@ -87,13 +87,98 @@ def _one_pass(validate, payload) -> Record | None:
 
 def _decode_packed(data: bytes, cls: type[R]) -> R:
     try:
-        obj, header = unpack(data)
+        obj, header, slots = read(data)
     except PackedError as e:
         raise RecordDecodeError(cls.__name__, "", f"not a valid packed record ({e})") from None
     brackets = _brackets(header)
+    if brackets <= MAX_DEPTH and (record := _arrays_aside(cls, obj, slots)) is not None:
+        return record
+    for slot in slots:
+        slot.fill()
     if brackets <= MAX_DEPTH and (record := _one_pass(cls.model_validate, obj)) is not None:
         return record
     return _validated(obj, brackets, cls)
+
+
+def _arrays_aside(cls: type[R], obj: dict, slots: list[Slot]) -> R | None:
+    """The record validated with its arrays as empty lists, then given them: what ``model_validate`` of
+    the whole object returns, without pydantic checking their elements one by one (two thirds of a
+    call's validation, most of a trajectory's). The arrays came from typed buffers: their elements are
+    checked in numpy instead, and the model validators of every model on their paths run again with
+    them in place. None when anything does not hold; the caller then validates the whole object."""
+    if not _arrays_checkable(cls):
+        return None
+    for slot in slots:
+        if not slot.valid_elements(_DTYPES.get(slot.name, "")):
+            return None
+    record = _one_pass(cls.model_validate, obj)
+    if record is None:
+        return None
+    touched: dict[int, BaseModel] = {}
+    try:
+        for slot in slots:
+            node: object = record
+            if "." in slot.path:  # a nested model's array: every model on the way validates again
+                *steps, _ = slot.path.split(".")
+                chain = [record]
+                for step in steps:
+                    node = node[int(step)] if step.isdigit() else getattr(node, step)
+                    if isinstance(node, BaseModel):
+                        chain.append(node)
+                for model in reversed(chain):  # inner models first, as pydantic validates them
+                    touched.setdefault(id(model), model)
+            else:
+                touched.setdefault(id(record), record)
+            node.__dict__[slot.name] = slot.values()
+        for model in touched.values():
+            for validator in _after_validators(type(model)):
+                if validator(model) is not model:  # one that returns another model: let pydantic run it
+                    return None
+    except (ValueError, AssertionError, AttributeError, IndexError, TypeError):
+        return None
+    return record
+
+
+# The dtype each packed field is written in (a logprob field also takes "<f8", see Slot.valid_elements).
+_DTYPES = {name: dtype for fields in ARRAYS.values() for name, dtype in fields.items()}
+_CHECKABLE: dict[type, bool] = {}
+_AFTER: dict[type, list] = {}
+
+
+def _after_validators(model: type[BaseModel]) -> list:
+    found = _AFTER.get(model)
+    if found is None:
+        found = _AFTER[model] = [d.func for d in model.__pydantic_decorators__.model_validators.values()
+                                 if d.info.mode == "after"]
+    return found
+
+
+def _models_in(annotation: object) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _arrays_checkable(cls: type) -> bool:
+    """Whether ``_arrays_aside`` gives what validating the whole record gives, for records of ``cls``:
+    no model on the way to an array has a field validator or a model validator that runs before the
+    fields (it would see the empty lists); "after" ones are run again with the arrays in place."""
+    ok = _CHECKABLE.get(cls)
+    if ok is None:
+        seen, todo = set(), [cls]
+        ok = True
+        while todo:
+            model = todo.pop()
+            if model in seen:
+                continue
+            seen.add(model)
+            decorators = model.__pydantic_decorators__
+            if decorators.field_validators or decorators.validators or decorators.root_validators or any(
+                    d.info.mode != "after" for d in decorators.model_validators.values()):
+                ok = False
+            todo.extend(m for field in model.model_fields.values() for m in _models_in(field.annotation))
+        ok = _CHECKABLE[cls] = ok
+    return ok
 
 
 def _decode_checked(data: bytes | str, cls: type[R]) -> R:

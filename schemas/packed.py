@@ -118,7 +118,7 @@ def _to_bytes(values: list, dtype: str, path: str) -> tuple[str, bytes]:
 
 def _float32_or_64(doubles: bytes) -> tuple[str, bytes]:
     """Many floats: as float32 when they all come back exactly from it, else as the float64s given.
-    Checked in numpy, not as lists: a trace's 15k logprobs in a third of the time."""
+    Checked in numpy rather than as lists: a trace has thousands of logprobs."""
     values = np.frombuffer(doubles, "<f8")
     with np.errstate(over="ignore"):  # past float32's range: inf, which then does not compare equal
         singles = values.astype("<f4")
@@ -147,6 +147,8 @@ def restore_float32(blob: bytes) -> list[float]:
 def _restored(values: np.ndarray) -> np.ndarray:
     """``restore_float32`` as float64s. A trace's logprobs are mostly zeros (its prompt positions),
     exact as they are (-0.0 too): only the others are restored."""
+    if len(values) >= _VECTOR_FROM and values.all():  # a long completion: no zeros to keep, no index to copy through
+        return _nine_digits(values)
     out = values.astype(np.float64)
     nonzero = np.flatnonzero(values)
     sampled = values[nonzero]
@@ -206,6 +208,44 @@ def _parts(data: bytes) -> tuple[bytes, list, memoryview]:
 def unpack(data: bytes) -> tuple[dict, bytes]:
     """The record as a JSON object with its arrays in place, and its header (for a depth check).
     Raises PackedError on a malformed container."""
+    obj, header, slots = read(data)
+    for slot in slots:
+        slot.fill()
+    return obj, header
+
+
+class Slot:
+    """Where one array of a container goes: its field, still an empty list in the record's JSON object
+    (``node[name]``), and its bytes; ``values()`` are what a JSON record would hold there."""
+
+    __slots__ = ("path", "node", "name", "dtype", "blob")
+
+    def __init__(self, path: str, node: dict, name: str, dtype: str, blob: bytes):
+        self.path, self.node, self.name, self.dtype, self.blob = path, node, name, dtype, blob
+
+    def values(self) -> list:
+        return restore_float32(self.blob) if self.dtype == "<f4" else np.frombuffer(self.blob, self.dtype).tolist()
+
+    def fill(self) -> None:
+        self.node[self.name] = self.values()
+
+    def valid_elements(self, expected: str) -> bool:
+        """Whether every element passes its field's element type, checked in numpy: token ids (int32)
+        are not negative, a loss mask holds 0 and 1, logprobs are finite. False also when the dtype is
+        not the field's own (``expected``; a logprob field takes "<f8" too), which the models then judge."""
+        if self.dtype != expected and not (expected == "<f4" and self.dtype == "<f8"):
+            return False
+        values = np.frombuffer(self.blob, self.dtype)
+        if self.dtype == "<i4":
+            return bool(values.min() >= 0)
+        if self.dtype == "|u1":
+            return bool(values.max() <= 1)
+        return bool(np.isfinite(values).all())
+
+
+def read(data: bytes) -> tuple[dict, bytes, list[Slot]]:
+    """The record's JSON object with an empty list where each array goes, its header, and the arrays'
+    slots in the order they were written. Raises PackedError on a malformed container."""
     if len(data) < _START:
         raise PackedError("truncated before the header length")
     (n,) = _LENGTH.unpack_from(data, len(MAGIC))
@@ -218,7 +258,7 @@ def unpack(data: bytes) -> tuple[dict, bytes]:
         raise PackedError(f"header is not valid JSON ({e})") from None
     if not isinstance(head, dict) or not isinstance(head.get("record"), dict) or not isinstance(head.get("arrays"), list):
         raise PackedError('header must be {"record": {...}, "arrays": [...]}')
-    obj, at = head["record"], _START + n
+    obj, at, slots = head["record"], _START + n, []
     for entry in head["arrays"]:
         if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
                 and entry[1] in _ITEMSIZE and type(entry[2]) is int and entry[2] >= 0):
@@ -227,15 +267,17 @@ def unpack(data: bytes) -> tuple[dict, bytes]:
         size = count * _ITEMSIZE[dtype]
         if at + size > len(data):
             raise PackedError(f"{path}: {count} x {dtype} runs past the end")
-        blob = data[at:at + size]
+        node, name = _slot(obj, path)
+        slots.append(Slot(path, node, name, dtype, data[at:at + size]))
         at += size
-        _place(obj, path, restore_float32(blob) if dtype == "<f4" else np.frombuffer(blob, dtype).tolist())
     if at != len(data):
         raise PackedError(f"{len(data) - at} bytes after the last array")
-    return obj, header
+    return obj, header, slots
 
 
-def _place(obj: dict, path: str, values: list) -> None:
+def _slot(obj: dict, path: str) -> tuple[dict, str]:
+    """The object and field name that ``path`` names, which must be a packed field written as null;
+    it is set to an empty list (so a second array for the same path is refused)."""
     *steps, name = path.split(".")
     node: object = obj
     for step in steps:
@@ -247,4 +289,5 @@ def _place(obj: dict, path: str, values: list) -> None:
             raise PackedError(f"{path}: no {step!r} in the record")
     if name not in PACKED_FIELDS or not isinstance(node, dict) or node.get(name, 0) is not None:
         raise PackedError(f"{path}: not a packed field written as null")
-    node[name] = values
+    node[name] = []
+    return node, name

@@ -109,6 +109,75 @@ def test_packed_arrays_are_validated_like_json_ones():
         decode(encode(call().model_copy(update={"schema_version": 9}), packed=True), CallRecorded)
 
 
+def test_packed_records_decode_with_their_arrays_set_aside():
+    """The fast path (arrays checked in numpy, not by pydantic one by one) is the one taken for every
+    record that holds arrays, and gives what validating the whole record gives."""
+    from schemas import codec
+    from schemas.packed import read
+
+    members = [trajectory(f"s-{i}", float(i % 2)) for i in range(2)]
+    group = TrainingGroup(group_id="task-1", trajectories=members, advantages=[1.0, -1.0])
+    for record in (call(), call("s-1", 1, delta=True), members[0], group):
+        obj, _, slots = read(encode(record, packed=True))
+        aside = codec._arrays_aside(type(record), obj, slots)
+        assert aside is not None and aside == record == decode(encode(record), type(record))
+
+
+def test_a_record_with_a_validator_that_would_see_the_empty_arrays_is_validated_whole():
+    from pydantic import field_validator
+
+    from schemas import codec
+
+    class Checked(Trajectory):
+        @field_validator("task_set")
+        @classmethod
+        def _named(cls, value: str) -> str:
+            return value
+
+    assert codec._arrays_checkable(Trajectory) and codec._arrays_checkable(TrainingGroup)
+    assert not codec._arrays_checkable(Checked)
+    whole = trajectory()
+    assert decode(encode(whole, packed=True), Checked) == Checked.model_validate(whole.model_dump())
+
+
+def _trace_container(arrays: list[tuple[str, str, bytes, int]]) -> bytes:
+    """A packed Trajectory of one trace whose arrays are given as (field, dtype, bytes, count)."""
+    doc = orjson.loads(encode(trajectory()))
+    trace = doc["traces"] = doc["traces"][:1]
+    for name, *_ in arrays:
+        trace[0][name] = None
+    head = {"record": doc, "arrays": [[f"traces.0.{name}", dtype, n] for name, dtype, _, n in arrays]}
+    return container(head, b"".join(blob for _, _, blob, _ in arrays))
+
+
+IDS3 = ("token_ids", "<i4", struct.pack("<3i", 5, 6, 7), 3)
+LOGPROBS3 = ("logprobs", "<f4", struct.pack("<3f", 0.0, -0.5, -1.25), 3)
+
+
+@pytest.mark.parametrize("arrays, accepted", [
+    ([IDS3, ("loss_mask", "|u1", bytes([0, 1, 1]), 3), LOGPROBS3], True),
+    ([IDS3, ("loss_mask", "|u1", bytes([0, 2, 1]), 3), LOGPROBS3], False),  # a mask is 0 or 1
+    ([IDS3, ("loss_mask", "|u1", bytes([0, 1]), 2), LOGPROBS3], False),  # lengths differ: the model validator
+    ([("token_ids", "<i4", struct.pack("<3i", 5, -6, 7), 3), ("loss_mask", "|u1", bytes(3), 3), LOGPROBS3], False),
+    ([IDS3, ("loss_mask", "|u1", bytes(3), 3), ("logprobs", "<f8", struct.pack("<3d", 0.0, float("inf"), 1.0), 3)], False),
+    ([("token_ids", "<f8", struct.pack("<3d", 5.0, 6.0, 7.0), 3), ("loss_mask", "|u1", bytes(3), 3), LOGPROBS3], True),
+    ([("token_ids", "<f8", struct.pack("<3d", 5.0, 6.5, 7.0), 3), ("loss_mask", "|u1", bytes(3), 3), LOGPROBS3], False),
+    ([IDS3, ("loss_mask", "<i4", struct.pack("<3i", 0, 1, 0), 3), LOGPROBS3], True),  # another dtype: judged by the model
+])
+def test_arrays_set_aside_are_judged_as_the_json_record_is(arrays, accepted):
+    """A packed record decodes exactly when the JSON record with the same content does, to the same
+    record, whatever dtype its writer chose for each array."""
+    packed = _trace_container(arrays)
+    plain = orjson.dumps(document(packed))
+    if accepted:
+        assert decode(packed, Trajectory) == decode(plain, Trajectory)
+        return
+    with pytest.raises(RecordDecodeError):
+        decode(plain, Trajectory)
+    with pytest.raises(RecordDecodeError):
+        decode(packed, Trajectory)
+
+
 def test_records_without_arrays_and_old_json_records_still_decode():
     t = TaskRequest(task_id="t", instruction="x")
     assert encode(t, packed=True) == encode(t)
