@@ -8,7 +8,7 @@ from typing import TypeVar, get_args
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from .packed import ARRAYS, PackedError, Slot, is_packed, pack, read, unpack
+from .packed import PackedError, Slot, is_packed, pack, read, unpack
 from .records import SCHEMA_VERSION, Record
 
 R = TypeVar("R", bound=Record)
@@ -104,12 +104,12 @@ def _arrays_aside(cls: type[R], obj: dict, slots: list[Slot]) -> R | None:
     """The record validated with its arrays as empty lists, then given them: what ``model_validate`` of
     the whole object returns, without pydantic checking their elements one by one (two thirds of a
     call's validation, most of a trajectory's). The arrays came from typed buffers: their elements are
-    checked in numpy instead, and the model validators of every model on their paths run again with
+    checked on their bytes instead (Slot.valid_elements), and the model validators of every model on their paths run again with
     them in place. None when anything does not hold; the caller then validates the whole object."""
     if not _arrays_checkable(cls):
         return None
     for slot in slots:
-        if not slot.valid_elements(_DTYPES.get(slot.name, "")):
+        if not slot.valid_elements():
             return None
     record = _one_pass(cls.model_validate, obj)
     if record is None:
@@ -139,8 +139,6 @@ def _arrays_aside(cls: type[R], obj: dict, slots: list[Slot]) -> R | None:
     return record
 
 
-# The dtype each packed field is written in (a logprob field also takes "<f8", see Slot.valid_elements).
-_DTYPES = {name: dtype for fields in ARRAYS.values() for name, dtype in fields.items()}
 _CHECKABLE: dict[type, bool] = {}
 _AFTER: dict[type, list] = {}
 

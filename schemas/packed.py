@@ -35,7 +35,9 @@ ARRAYS: dict[type, dict[str, str]] = {
     PromptDelta: {"suffix_ids": "<i4"},
     Trace: {"token_ids": "<i4", "loss_mask": "|u1", "logprobs": "<f4"},
 }
-PACKED_FIELDS = frozenset(name for fields in ARRAYS.values() for name in fields)
+# The dtype each packed field is written in, by field name (a logprob field also takes "<f8").
+FIELD_DTYPES: dict[str, str] = {name: dtype for fields in ARRAYS.values() for name, dtype in fields.items()}
+PACKED_FIELDS = frozenset(FIELD_DTYPES)
 # The fields through which records nest the models above.
 _NESTED: dict[type, tuple[str, ...]] = {CallRecorded: ("prompt_delta",), Trajectory: ("traces",),
                                         TrainingGroup: ("trajectories",)}
@@ -229,12 +231,12 @@ class Slot:
     def fill(self) -> None:
         self.node[self.name] = self.values()
 
-    def valid_elements(self, expected: str) -> bool:
+    def valid_elements(self) -> bool:
         """Whether every element passes its field's element type: token ids (int32) are not negative,
         a loss mask holds 0 and 1, logprobs are finite. False also when the dtype is not the field's own
-        (``expected``; a logprob field takes "<f8" too), which the models then judge. Checked on the
+        (FIELD_DTYPES; a logprob field takes "<f8" too), which the models then judge. Checked on the
         bytes, at C speed: a sign byte, or the top byte of a float that could hold an all-ones exponent."""
-        dtype, blob = self.dtype, self.blob
+        dtype, blob, expected = self.dtype, self.blob, FIELD_DTYPES[self.name]
         if dtype != expected and not (expected == "<f4" and dtype == "<f8"):
             return False
         if dtype == "<i4":

@@ -35,11 +35,10 @@ import orjson
 from schemas import RECORD_TYPES, CallRecorded, Trace, TrainingGroup, Trajectory
 from schemas.codec import RecordDecodeError, decode, encode
 from schemas.delta import DeltaError, encode_prompt, resolve_prompt
-from schemas.packed import ARRAYS, MAGIC
+from schemas.packed import FIELD_DTYPES, MAGIC
 from tests.fuzz.json_paths import paths
 
 TYPES = sorted(RECORD_TYPES)
-FIELD_DTYPES = {name: dtype for fields in ARRAYS.values() for name, dtype in fields.items()}
 FIELD_OWNERS = ("CallRecorded", "Trajectory", "TrainingGroup")  # the records that hold packed arrays
 
 
