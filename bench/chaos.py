@@ -465,6 +465,12 @@ def audit(pipe: Pipeline) -> dict:
         "trainer_starts": pipe.trainer_starts(),
         "consumed_to_end": {int(p): o for p, o in consumed.items()} == {p: o for p, o in ends.items()} if info else False,
         "hashes": hashes,
+        # where each task that was not trained got to: the first thing to read when a run misses its deadline
+        "untrained": [{"task": t, "groups_on_topic": len(by_task.get(t, ())),
+                       "sessions_with_calls": len({c.session_id for c in recorded if c.task_id == t}),
+                       "calls": sum(1 for c in recorded if c.task_id == t),
+                       "ledger_failures": sum(1 for e in ledger if "failed" in e and e["session"].startswith(f"{t}."))}
+                      for t in pipe.tasks if trained_by_task[t] == 0],
     }
 
 
@@ -530,6 +536,7 @@ def main() -> None:
         "acked_calls_lost": got["acked_calls_lost"],
         "groups_trained_twice": got["groups_trained_twice"],
         "groups_skipped": got["groups_skipped"],
+        "untrained": got["untrained"],
         "hashes_equal": hashes_equal,
         "tasks": got["tasks"], "tasks_hash_differs": differing,
         "kills_by_component": dict(collections.Counter(k.kind for k in chaos.kills)),

@@ -7,6 +7,11 @@ event loop hands work over with ``_call``.
 Flow control: while the pipeline has no room the assigned partitions are paused, but ``poll`` keeps
 being called, so the node stays in the group however long its sessions run. A session is committed
 as *live* (ledger metadata) before it starts and as *done* after its finished event is acknowledged.
+
+librdkafka keeps a partition's pause flag across a revoke and a later re-assignment, and a pause right
+after an assignment can drop the assignment's start offset (librdkafka#1849, #2190): a partition paused
+when it left would never be fetched again. So the intake pauses only partitions it holds a ledger for,
+resumes each one before it leaves, and seeks every partition it resumes to the next offset it expects.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ log = logging.getLogger("polarstream.node")
 # How often a pending partition's commit is asked for again: each ask can block the intake thread for
 # up to its 10 s timeout while the broker does not answer, so not once per record fetched.
 RESUME_RETRY_S = 1.0
+# How long the intake waits after a session's live mark could not be committed before it asks again.
+COMMIT_RETRY_S = 0.5
 
 
 class SessionIntake:
@@ -48,6 +55,8 @@ class SessionIntake:
         self.cancelled: dict[str, str] = {}  # task_id -> reason (filled by TaskWatcher)
         self.skipped = 0
         self._paused = False
+        self._paused_parts: set[int] = set()  # partitions paused in the consumer (see the module docstring)
+        self._next: dict[int, int] = {}  # partition -> offset of the next record to take
         self._admitting = True
         self._stopping = False
         self._closed = False
@@ -77,11 +86,8 @@ class SessionIntake:
         self._pending.update(tp.partition for tp in partitions)
         if partitions:
             self._resume([tp.partition for tp in partitions])
-        if self._paused and partitions:
-            try:
-                consumer.pause(partitions)
-            except KafkaException:  # not assigned yet (cooperative): a message that arrives is sought back
-                pass
+        # Not paused here even when the pipeline is full: the next loop pauses it (a record fetched before
+        # then is sought back).
         log.info("node %s: assigned partitions %s", self.cfg.node_id, sorted(tp.partition for tp in partitions))
 
     def _resume(self, partitions: list[int]) -> None:
@@ -98,7 +104,9 @@ class SessionIntake:
             committed = []
         for tp in committed:
             if tp.error is None and tp.partition in self._pending:
-                self.ledgers[tp.partition] = PartitionLedger.resume(self.cfg.node_id, max(tp.offset, 0), tp.metadata)
+                ledger = PartitionLedger.resume(self.cfg.node_id, max(tp.offset, 0), tp.metadata)
+                self.ledgers[tp.partition] = ledger
+                self._next[tp.partition] = ledger.committed
                 self._pending.discard(tp.partition)
         if self._pending:  # whatever kept them pending (the call failed, or a partition's answer did)
             self._resume_after = time.monotonic() + RESUME_RETRY_S
@@ -119,29 +127,42 @@ class SessionIntake:
 
     def _drop(self, partitions: list[TopicPartition], reason: str) -> None:
         gone = {tp.partition for tp in partitions}
+        paused = sorted(gone & self._paused_parts)
+        if paused:  # it would come back paused if it were ever assigned here again
+            try:
+                self._consumer.resume([TopicPartition(self.topic, p) for p in paused])
+            except KafkaException as e:
+                log.warning("node %s: resuming partitions %s before they leave failed (%s)", self.cfg.node_id, paused, e)
         for p in gone:
             self.ledgers.pop(p, None)
             self._pending.discard(p)
+            self._paused_parts.discard(p)
+            self._next.pop(p, None)
         if self._stopping or self._loop is None:
             return
         for job in list(self.pipeline.jobs.values()):
             if job.partition in gone:
                 self._loop.call_soon_threadsafe(self.pipeline.abandon, job, reason)
 
-    def _commit_now(self, partitions: list[int]) -> None:
+    def _commit_now(self, partitions: list[int]) -> bool:
+        """Commit the partitions' ledgers; False when the broker refused or could not be reached."""
         if self._closed:
-            return
+            return False
         offsets = [TopicPartition(self.topic, p, self.ledgers[p].lowest_open(), metadata=self.ledgers[p].metadata())
                    for p in partitions if p in self.ledgers]
         if not offsets:
-            return
+            return True
         try:
             self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as e:
             log.warning("node %s: commit failed (%s); the sessions may be re-run after a rebalance", self.cfg.node_id, e)
+            return False
+        return True
 
     def _read_again(self, partition: int, offset: int) -> None:
         """Not ours to take yet: the next polls fetch this record again."""
+        if partition in self._next:
+            self._next[partition] = offset
         self._consumer.seek(TopicPartition(self.topic, partition, offset))
 
     def _poll_one(self, timeout: float):
@@ -169,6 +190,7 @@ class SessionIntake:
         if self._paused or not (self._admitting and self.pipeline.has_room()):
             self._read_again(p, off)
             return None
+        self._next[p] = off + 1
         try:
             record = decode(msg.value() or b"", SessionAssigned)
         except RecordDecodeError as e:
@@ -182,16 +204,36 @@ class SessionIntake:
             self.skipped += 1
             self._commit_now([p])
             return None
-        self._commit_now([p])  # the session is now on record as live here
+        if not self._commit_now([p]):
+            # Not on record as live here: if the partition moved now, its next owner would run the same
+            # attempt again beside this one. Taken again once a commit goes through.
+            ledger.undeliver(off, delivery)
+            self._read_again(p, off)
+            time.sleep(COMMIT_RETRY_S)  # the next poll fetches it again at once: not a tight loop of failing commits
+            return None
         return record, p, off, delivery
 
     def _set_paused(self, paused: bool) -> None:
-        if paused == self._paused or self._closed:
+        """While ``paused``, every partition with a ledger is paused (one assigned meanwhile on the next
+        call); on resuming, each is sought to its next offset (librdkafka#2190)."""
+        if self._closed:
             return
-        assignment = self._consumer.assignment()
-        if assignment:
-            (self._consumer.pause if paused else self._consumer.resume)(assignment)
         self._paused = paused
+        if paused:
+            new = [p for p in self.ledgers if p not in self._paused_parts]
+            if new:
+                self._consumer.pause([TopicPartition(self.topic, p) for p in new])
+                self._paused_parts.update(new)
+        elif self._paused_parts:
+            parts = sorted(self._paused_parts)
+            self._paused_parts.clear()
+            self._consumer.resume([TopicPartition(self.topic, p) for p in parts])
+            for p in parts:
+                if p in self._next:
+                    try:
+                        self._consumer.seek(TopicPartition(self.topic, p, self._next[p]))
+                    except KafkaException as e:  # fetched from where it was; only #2190's case stays unfetched
+                        log.warning("node %s: seeking partition %d to %d failed (%s)", self.cfg.node_id, p, self._next[p], e)
 
     def _finish(self, partition: int, offset: int) -> None:
         ledger = self.ledgers.get(partition)

@@ -65,6 +65,13 @@ class PartitionLedger:
         self.live[offset] = attempt
         return Delivery(skip=False, attempt=attempt, lost_attempt=lost)
 
+    def undeliver(self, offset: int, delivery: Delivery) -> None:
+        """Take back a delivery that was never run (its live mark could not be committed): the record
+        is delivered again later, as the same attempt."""
+        self.live.pop(offset, None)
+        if delivery.lost_attempt is not None:
+            self.inherited[offset] = delivery.lost_attempt
+
     def finish(self, offset: int) -> None:
         """Mark a session finished and advance the commit point over every contiguous finished offset."""
         self.live.pop(offset, None)

@@ -42,13 +42,14 @@ def test_quick_chaos_run_loses_nothing_and_trains_what_an_uninterrupted_run_trai
     out = last_json_object(p.stdout)
     assert p.returncode == 0 and out is not None, p.stderr[-3000:] + "\n" + post_mortem(run)
     chaos, ref = out["runs"]["chaos"], out["runs"]["reference"]
+    why = f"{json.dumps({k: v for k, v in out.items() if k != 'runs'}, indent=1)}\n{p.stderr[-3000:]}\n{post_mortem(run)}"
 
-    assert out["kills"] == 5 and set(out["kills_by_component"]) == {"node", "worker", "trainer", "broker", "s3"}, out["kill_log"]
-    assert all(k["recover_s"] is not None for k in out["kill_log"]), out["kill_log"]  # each one came back
-    assert chaos["acked_calls"] > 0 and out["acked_calls_lost"] == 0 and chaos["acked_calls_duplicated"] == 0
-    assert out["groups_trained_twice"] == 0 and out["groups_skipped"] == 0 and chaos["tasks_with_two_groups"] == 0
-    assert out["hashes_equal"] and out["tasks_hash_differs"] == [] and ref["tasks"] == chaos["tasks"] >= 3, post_mortem(run)
-    assert chaos["consumed_to_end"] and ref["consumed_to_end"]
-    assert out["trained_sessions_with_holes"] == 0 == ref["trained_sessions_with_holes"]
-    assert chaos["trainer_starts"] >= 2  # the trainer was killed and resumed from its S3 checkpoint
+    assert out["kills"] == 5 and set(out["kills_by_component"]) == {"node", "worker", "trainer", "broker", "s3"}, why
+    assert all(k["recover_s"] is not None for k in out["kill_log"]), why  # each one came back
+    assert chaos["acked_calls"] > 0 and out["acked_calls_lost"] == 0 and chaos["acked_calls_duplicated"] == 0, why
+    assert out["groups_trained_twice"] == 0 and out["groups_skipped"] == 0 and chaos["tasks_with_two_groups"] == 0, why
+    assert out["hashes_equal"] and out["tasks_hash_differs"] == [] and ref["tasks"] == chaos["tasks"] >= 3, why
+    assert chaos["consumed_to_end"] and ref["consumed_to_end"], why
+    assert out["trained_sessions_with_holes"] == 0 == ref["trained_sessions_with_holes"], why
+    assert chaos["trainer_starts"] >= 2, why  # the trainer was killed and resumed from its S3 checkpoint
     print("\nchaos:", json.dumps({k: out[k] for k in ("kills_by_component", "recovery_s", "restarts_unplanned", "wall_s")}))

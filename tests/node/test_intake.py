@@ -5,11 +5,12 @@ exits instead of serving on without taking sessions."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from types import SimpleNamespace
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from gateway.config import GatewayConfig
 from gateway.node.config import NodeConfig
@@ -92,3 +93,100 @@ async def test_a_node_whose_intake_dies_exits_nonzero(polar_settings, tmp_path, 
     assert node.intake is not None and node.intake.assigned()
     node.pipeline.has_room = lambda: 1 / 0  # a bug in the intake's loop
     assert await asyncio.wait_for(serving, 30) == 1
+
+
+def drive(intakes: list[SessionIntake], seconds: float, room: dict[str, bool]) -> list[tuple[str, int, int]]:
+    """Each intake's run loop, in turns: pause or resume as its pipeline has room, then poll once."""
+    got, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        for intake in intakes:
+            intake._set_paused(not room[intake.cfg.node_id])
+            one = intake._poll_one(0.1)
+            if one is not None:
+                got.append((intake.cfg.node_id, one[1], one[2]))
+    return got
+
+
+def test_partitions_that_leave_a_paused_node_are_fetched_when_they_come_back(polar_settings, tmp_path):
+    """librdkafka keeps a partition's pause across a revoke and a later assignment: a node that was full
+    when a partition left, and has room when it comes back, must take that partition's sessions."""
+    def intake(node_id: str) -> SessionIntake:
+        cfg = NodeConfig(work_dir=tmp_path / node_id, cache_dir=tmp_path, runtime="subprocess", node_id=node_id, run_workers=8)
+        return SessionIntake(polar_settings, cfg, pipeline(tmp_path / node_id, [], run_workers=8), session_timeout_ms=6000)
+
+    a, b = intake("a"), intake("b")
+    room = {"a": True, "b": False}  # no sessions are published until the end
+    t0 = time.monotonic()
+    try:
+        a._subscribe()
+        while len(a.ledgers) < 4 and time.monotonic() - t0 < 60:  # a owns every partition
+            drive([a], 0.3, room)
+        assert len(a.ledgers) == 4, a.ledgers
+        room["a"] = False  # then a is full: its partitions are paused
+        drive([a], 0.5, room)
+        b._subscribe()
+        while not (b.ledgers and len(a.ledgers) + len(b.ledgers) == 4) and time.monotonic() - t0 < 120:
+            drive([a, b], 0.3, room)  # b joins: some partitions leave a while a is paused
+        moved = set(b.ledgers)
+        assert moved and not moved & set(a.ledgers), (a.ledgers, b.ledgers)
+        room["a"] = True  # a has room again, then b leaves: its partitions come back to a
+        drive([a], 0.5, room)
+        b._close()
+        while len(a.ledgers) < 4 and time.monotonic() - t0 < 180:
+            drive([a], 0.3, room)
+        assert set(a.ledgers) == {0, 1, 2, 3}
+        pub = Publisher(polar_settings)
+        try:
+            for i in range(16):
+                pub.publish_sync(job(i, command=["true"], task_id=f"t{i}").assigned, timeout=30)
+        finally:
+            pub.close()
+        got = drive([a], 8, room)
+        assert len(got) == 16 == len(set(got)), (moved, got)  # every session taken, once, by a
+        assert {p for _, p, _ in got} >= moved, (moved, got)  # the partitions that left while a was paused too
+    finally:
+        a._close()
+        if not b._closed:
+            b._close()
+
+
+class CommitRefused:
+    """The intake's consumer, whose ``commit`` fails (as in a rebalance) while ``refusing``."""
+
+    def __init__(self, consumer):
+        self._consumer, self.refusing, self.refused = consumer, True, 0
+
+    def commit(self, *args, **kwargs):
+        if self.refusing:
+            self.refused += 1
+            raise KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION))
+        return self._consumer.commit(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._consumer, name)
+
+
+def test_a_session_whose_live_mark_cannot_be_committed_is_not_run_until_it_can(polar_settings, tmp_path):
+    """Run without its live mark on record, a session would be run again as the same attempt by the
+    partition's next owner: it is taken only once the mark is committed."""
+    pub = Publisher(polar_settings)
+    try:
+        for i in range(4):
+            pub.publish_sync(job(i, command=["true"], task_id=f"t{i}").assigned, timeout=30)
+    finally:
+        pub.close()
+    cfg = NodeConfig(work_dir=tmp_path, cache_dir=tmp_path, runtime="subprocess", node_id="n1", run_workers=8)
+    intake = SessionIntake(polar_settings, cfg, pipeline(tmp_path, [], run_workers=8), session_timeout_ms=6000)
+    intake._consumer = consumer = CommitRefused(intake._consumer)
+    try:
+        intake._subscribe()
+        assert poll_for(intake, 8) == []  # fetched, refused, sought back
+        assert consumer.refused >= 2 and all(not led.live for led in intake.ledgers.values()), intake.ledgers
+        consumer.refusing = False
+        got = poll_for(intake, 6)
+        assert len(got) == 4 == len(set(got)), got
+        committed = intake._consumer.committed([TopicPartition(intake.topic, p) for p in intake.ledgers], timeout=10)
+        live = {(tp.partition, int(off)) for tp in committed if tp.metadata for off in json.loads(tp.metadata)["live"]}
+        assert live == set(got)  # each one on record as live here before it was handed over
+    finally:
+        intake._close()

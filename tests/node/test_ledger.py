@@ -61,3 +61,19 @@ def test_commit_point_follows_the_first_delivery_after_a_gap():
     led.deliver(510, 0)
     led.finish(510)
     assert led.lowest_open() == 501 and led.done == {510}
+
+
+def test_a_delivery_taken_back_is_delivered_again_as_the_same_attempt():
+    dead = PartitionLedger.resume("n1", 0, None)
+    dead.deliver(0, 0)
+    heir = PartitionLedger.resume("n2", 0, dead.metadata())
+    first = heir.deliver(0, 0)
+    assert (first.attempt, first.lost_attempt) == (1, 0)
+    heir.undeliver(0, first)  # its live mark could not be committed: not run
+    assert json.loads(heir.metadata())["live"] == {"0": 0}  # the lost attempt is still on record
+    again = heir.deliver(0, 0)
+    assert again.__dict__ == first.__dict__ and not again.skip
+    fresh = PartitionLedger.resume("n1", 5, None)
+    d = fresh.deliver(5, 0)
+    fresh.undeliver(5, d)
+    assert fresh.lowest_open() == 5 and fresh.deliver(5, 0).__dict__ == d.__dict__
