@@ -104,8 +104,9 @@ def _arrays_aside(cls: type[R], obj: dict, slots: list[Slot]) -> R | None:
     """The record validated with its arrays as empty lists, then given them: what ``model_validate`` of
     the whole object returns, without pydantic checking their elements one by one (two thirds of a
     call's validation, most of a trajectory's). The arrays came from typed buffers: their elements are
-    checked on their bytes instead (Slot.valid_elements), and the model validators of every model on their paths run again with
-    them in place. None when anything does not hold; the caller then validates the whole object."""
+    checked on their bytes instead (Slot.valid_elements), and the model validators of every model on
+    their paths run again with them in place. None when anything does not hold; the caller then
+    validates the whole object."""
     if not _arrays_checkable(cls):
         return None
     for slot in slots:

@@ -228,12 +228,11 @@ class SessionIntake:
             parts = sorted(self._paused_parts)
             self._paused_parts.clear()
             self._consumer.resume([TopicPartition(self.topic, p) for p in parts])
-            for p in parts:
-                if p in self._next:
-                    try:
-                        self._consumer.seek(TopicPartition(self.topic, p, self._next[p]))
-                    except KafkaException as e:  # fetched from where it was; only #2190's case stays unfetched
-                        log.warning("node %s: seeking partition %d to %d failed (%s)", self.cfg.node_id, p, self._next[p], e)
+            for p in parts:  # each has a ledger, so a next offset (both are set in _resume, dropped in _drop)
+                try:
+                    self._consumer.seek(TopicPartition(self.topic, p, self._next[p]))
+                except KafkaException as e:  # fetched from where it was; only #2190's case stays unfetched
+                    log.warning("node %s: seeking partition %d to %d failed (%s)", self.cfg.node_id, p, self._next[p], e)
 
     def _finish(self, partition: int, offset: int) -> None:
         ledger = self.ledgers.get(partition)
