@@ -14,6 +14,9 @@ Choosing a turn for a prompt (parsed as ChatML: ``<|im_start|>role\\n...<|im_end
    already in the conversation, matched ones included (so concurrent conversations each advance
    through the script independently, and no state is kept between requests);
 3. else ``fallback`` (a turn), or the model samples if the script has none.
+
+``delay_s`` makes every answer that many seconds late: a slow model, so tests reach the gateway's paths
+for long generations (keep-alives, timeouts) that an engine answering at once never does.
 """
 
 from __future__ import annotations
@@ -105,6 +108,7 @@ class Script:
     turns: tuple[Turn, ...]
     fallback: Turn | None = None
     skip_system: bool = False  # match in the last user/tool message, past any system message after it
+    delay_s: float = 0.0  # every answer this late (a slow model)
 
     @classmethod
     def load(cls, path: str | Path, tokenizer) -> "Script":
@@ -127,11 +131,14 @@ class Script:
             data = {"turns": data}
         if not isinstance(data, dict) or not isinstance(data.get("turns"), list) or not data["turns"]:
             raise ScriptError(f"{path}: expected a non-empty 'turns' list")
-        unknown = set(data) - {"turns", "fallback", "skip_system"}
+        unknown = set(data) - {"turns", "fallback", "skip_system", "delay_s"}
         if unknown:
-            raise ScriptError(f"{path}: unknown keys {sorted(unknown)} (allowed: turns, fallback, skip_system)")
+            raise ScriptError(f"{path}: unknown keys {sorted(unknown)} (allowed: turns, fallback, skip_system, delay_s)")
         if not isinstance(data.get("skip_system", False), bool):
             raise ScriptError(f"{path}: skip_system must be true or false")
+        delay = data.get("delay_s", 0)
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 600:
+            raise ScriptError(f"{path}: delay_s must be a number of seconds from 0 to 600, got {delay!r}")
         return data
 
     @classmethod
@@ -139,7 +146,7 @@ class Script:
         """A script from ``read``'s contents, every turn rendered through ``tokenizer``."""
         turns = tuple(_turn(tokenizer, t, f"{path}: turns[{i}]") for i, t in enumerate(data["turns"]))
         fallback = _turn(tokenizer, data["fallback"], f"{path}: fallback") if data.get("fallback") else None
-        return cls(turns, fallback, bool(data.get("skip_system", False)))
+        return cls(turns, fallback, bool(data.get("skip_system", False)), float(data.get("delay_s", 0)))
 
     def choose(self, prompt_text: str) -> str | None:
         """The scripted output for a prompt (see the module docstring), or None to let the model sample."""

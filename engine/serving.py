@@ -121,6 +121,8 @@ class Engine:
 
     async def run(self, jobs: list[Job]) -> list[Job]:
         """Submit jobs and wait for all; a cancelled request (client gone) aborts its sequences."""
+        if self.script is not None and self.script.delay_s:
+            await asyncio.sleep(self.script.delay_s)  # the script's slow model (a client leaving cancels it)
         futures = [asyncio.wrap_future(self.batcher.submit(j)) for j in jobs]
         try:
             return list(await asyncio.gather(*futures))

@@ -130,5 +130,8 @@ class ProviderAdapter(Protocol):
     def render_stream_error(self, err: RequestError) -> bytes:
         """An error as the provider sends it mid-stream (SSE event)."""
 
+    def render_keepalive(self) -> bytes:
+        """Bytes sent while a streamed answer is still generating, which every SDK of the provider skips."""
+
     def render_count_tokens(self, n: int) -> dict[str, Any]:
         """Answer to the provider's count-tokens route."""

@@ -124,9 +124,10 @@ def error_response(adapter: ProviderAdapter, err: RequestError) -> Response:
     return JSON(adapter.render_error(err), status_code=err.status, headers=err.headers)
 
 
-# A streamed call still running after KEEPALIVE_AFTER_S gets its 200 and an SSE comment every
-# KEEPALIVE_EVERY_S, so proxies and harness timeouts do not cut a long generation; content still goes out
-# only once the call is durably recorded. Quicker calls answer in one body, with a real status on error.
+# A streamed call still running after KEEPALIVE_AFTER_S gets its 200 and the provider's own keep-alive at
+# once and every KEEPALIVE_EVERY_S (adapter.render_keepalive: a ping, a comment, a blank line), so proxies
+# and harness timeouts do not cut a long generation; content still goes out only once the call is durably
+# recorded. Quicker calls answer in one body, with a real status on error.
 KEEPALIVE_AFTER_S = 2.0
 KEEPALIVE_EVERY_S = 10.0
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -145,11 +146,12 @@ async def _streamed(adapter: ProviderAdapter, req: Any, call: Awaitable[Any]) ->
 
 
 async def _kept_alive(adapter: ProviderAdapter, req: Any, task: asyncio.Future) -> AsyncIterator[bytes]:
-    yield b": polarstream: generating\n\n"
+    keepalive = adapter.render_keepalive()
+    yield keepalive  # sends the 200 and its headers now
     while not task.done():
         await asyncio.wait({task}, timeout=KEEPALIVE_EVERY_S)
         if not task.done():
-            yield b": keep-alive\n\n"
+            yield keepalive
     try:
         yield b"".join(adapter.render_stream(req, task.result()))
     except RequestError as e:  # past the 200: the error goes out in the provider's streamed error shape

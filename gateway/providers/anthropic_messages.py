@@ -171,6 +171,10 @@ class AnthropicMessages:
         """An ``event: error`` SSE event (the SDKs raise on it)."""
         return sse(self.render_error(err), "error")
 
+    def render_keepalive(self) -> bytes:
+        """The API's own ``ping`` event: the SDKs drop pings before they fold events into a message."""
+        return sse({"type": "ping"}, "ping")
+
     def render_count_tokens(self, n: int) -> dict[str, Any]:
         """``/v1/messages/count_tokens`` answer."""
         return {"input_tokens": n}

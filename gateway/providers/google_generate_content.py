@@ -16,6 +16,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from gateway.canonical import ChatRequest, ChatResponse, ContextLengthError, Message, RequestError, Sampling, Tool, ToolCall
 from gateway.providers.arguments import arguments_object, normalize_arguments
 from gateway.providers.common import (
@@ -186,8 +188,19 @@ class GoogleGenerateContent:
         return {"error": {"code": err.status, "message": message, "status": error_status(err.status, _STATUS, "INTERNAL")}}
 
     def render_stream_error(self, err: RequestError) -> bytes:
-        """A ``data:`` chunk holding only the error object (google-genai raises on it)."""
-        return sse(self.render_error(err))
+        """The error object as a bare JSON line, not a ``data:`` event (docs/gateway.md, keep-alives).
+
+        Every google-genai raises on it: Python on a non-``data:`` line whose JSON starts ``{"error":``,
+        JS (1.x, bundled by Gemini CLI and pi) only when a whole network chunk parses as such JSON. A
+        ``data:`` error reaches JS 1.x as an empty answer instead.
+        """
+        return orjson.dumps(self.render_error(err)) + b"\n"
+
+    def render_keepalive(self) -> bytes:
+        """A blank line. Google sends no keep-alive, and its SDKs read any other line as JSON: Python
+        parses each non-``data:`` line, JS 1.30 (Gemini CLI) matches only ``^\\s*data: `` at the buffer's
+        start. Both skip whitespace."""
+        return b"\n"
 
     def render_count_tokens(self, n: int) -> dict[str, Any]:
         """``:countTokens`` answer."""

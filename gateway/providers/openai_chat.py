@@ -166,6 +166,10 @@ class OpenAIChat:
         """An error as the API sends it mid-stream: a ``data:`` line with an ``error`` object."""
         return sse(self.render_error(err))
 
+    def render_keepalive(self) -> bytes:
+        """An SSE comment: the OpenAI SDKs (Python, JS, Codex's Rust client) skip lines starting with ':'."""
+        return b": keep-alive\n\n"
+
     def render_count_tokens(self, n: int) -> dict[str, Any]:
         """vLLM's ``/tokenize`` count shape (Chat Completions has no count route)."""
         return {"count": n}

@@ -200,6 +200,10 @@ class OpenAIResponses:
             ]
         )
 
+    def render_keepalive(self) -> bytes:
+        """An SSE comment: the OpenAI SDKs (Python, JS, Codex's Rust client) skip lines starting with ':'."""
+        return b": keep-alive\n\n"
+
     def render_count_tokens(self, n: int) -> dict[str, Any]:
         """``/v1/responses/input_tokens`` answer."""
         return {"object": "response.input_tokens", "input_tokens": n}

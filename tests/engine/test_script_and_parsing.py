@@ -86,6 +86,8 @@ def test_script_without_fallback_lets_the_model_sample(tok, tmp_path):
     ("turns: [{match: '(', text: hi}]\n", "bad match regex"),
     ("turns: [{tool_calls: [{arguments: {}}]}]\n", "tool_calls[0]"),
     ("turns: [{raw: x, text: y}]\n", "'raw' excludes"),
+    ("turns: [hi]\ndelay_s: -1\n", "delay_s must be a number of seconds"),
+    ("turns: [hi]\ndelay_s: soon\n", "delay_s must be a number of seconds"),
 ])
 def test_bad_scripts_name_the_problem(tok, tmp_path, content, error):
     path = tmp_path / "bad.yaml"
@@ -117,3 +119,11 @@ def test_normalize_messages_like_vllm():
     assert [c["function"]["arguments"] for c in out[1]["tool_calls"]] == [{"x": 1}, {}]
     with pytest.raises(EngineError):
         normalize_messages([{"content": "no role"}])
+
+
+def test_delay_s_is_read_and_defaults_to_none(tok, tmp_path):
+    path = tmp_path / "slow.yaml"
+    path.write_text("turns: [hi]\ndelay_s: 2.5\n")
+    assert Script.load(path, tok).delay_s == 2.5
+    path.write_text("turns: [hi]\n")
+    assert Script.load(path, tok).delay_s == 0.0

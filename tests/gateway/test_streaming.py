@@ -30,7 +30,7 @@ def test_a_slow_call_gets_its_200_and_keepalive_comments_then_the_answer(polar_s
         r = _post(gw, "slow")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     head, _, rest = r.text.partition("event: message_start")
-    assert head.startswith(": polarstream: generating") and head.count(": keep-alive") >= 2
+    assert head.startswith("event: ping\n") and head.count("event: ping") >= 3  # Anthropic's own keep-alive
     assert "event: message_stop" in rest  # the whole answer follows the comments
     (call,) = read_calls(polar_settings, 1, session_id="slow")
     assert call.completion_ids and not call.error
@@ -41,9 +41,9 @@ def test_a_failure_after_the_200_arrives_as_the_providers_stream_error(polar_set
     with ThreadedServer(slow_front(scripted_engine.url, 0.8, fail=True)) as up:
         gw = gateway_factory(polar_settings, up.url)
         r = _post(gw, "slow-fail")
-    assert r.status_code == 200 and ": keep-alive" in r.text
-    (event,) = [line for line in r.text.splitlines() if line.startswith("data: ")]
-    err = orjson.loads(event[6:])
+    assert r.status_code == 200 and r.text.startswith("event: ping\n")
+    (event,) = [e for e in r.text.split("\n\n") if e.startswith("event: error\n")]
+    err = orjson.loads(event.partition("data: ")[2])
     assert err["type"] == "error" and "engine fell over" in err["error"]["message"]
     (call,) = read_calls(polar_settings, 1, session_id="slow-fail")
     assert call.error.startswith("500")  # recorded before the harness saw it
@@ -53,7 +53,7 @@ def test_a_quick_call_is_one_body_with_a_length_and_google_without_alt_sse_is_a_
         polar_settings, scripted_engine, gateway_factory):
     gw = gateway_factory(polar_settings, scripted_engine.url)
     r = _post(gw, "quick")
-    assert r.status_code == 200 and int(r.headers["content-length"]) == len(r.content) and ": keep-alive" not in r.text
+    assert r.status_code == 200 and int(r.headers["content-length"]) == len(r.content) and "event: ping" not in r.text[:40]
     google = {"contents": [{"role": "user", "parts": [{"text": "Create hello.txt"}]}]}
     path = "/v1beta/models/gemini-x:streamGenerateContent"
     arr = _post(gw, "g-json", path, google)

@@ -73,29 +73,36 @@ ROWS = {"claude_code/anthropic.messages", "codex/openai.responses", "gemini_cli/
         "pi/anthropic.messages", "pi/google.generate_content"}
 
 
-async def test_every_cli_in_the_sandbox(polar_settings, tmp_path, harness_cache, engine_server_factory, tiny_model_dir,
-                                        rollout_server):
-    script = tmp_path / "script.yaml"
-    script.write_text(yaml.safe_dump(SCRIPT))
-    engine = engine_server_factory(script=script, script_window=256)
-    cfg = NodeConfig(work_dir=tmp_path / "node", cache_dir=harness_cache, runtime="bwrap", node_id="all", run_workers=3,
-                     ready_target=2)
-    node = Node(polar_settings, cfg, GatewayConfig(engine_urls=[engine.url], model=str(tiny_model_dir)))
+async def run_write_tasks(settings, script: dict, engine_server_factory, model_dir: Path, rollout_url: str, node_dir: Path,
+                          cache: Path, clis: list[tuple[dict, str]], prefix: str, agent_s: int, polls: int) -> None:
+    """One task per (harness spec, shell tool) through one in-process bwrap node and the scripted engine:
+    "Write the number 7 to answer.txt using <tool>." (task ids ``<prefix><i>``), until all have finished."""
+    script_path = node_dir.with_name(node_dir.name + "-script.yaml")
+    script_path.write_text(yaml.safe_dump(script))
+    engine = engine_server_factory(script=script_path, script_window=256)
+    cfg = NodeConfig(work_dir=node_dir, cache_dir=cache, runtime="bwrap", node_id=prefix, run_workers=3, ready_target=2)
+    node = Node(settings, cfg, GatewayConfig(engine_urls=[engine.url], model=str(model_dir)))
     await node.start()
     try:
-        async with httpx.AsyncClient(base_url=rollout_server.url) as client:
-            for i, (spec, tool) in enumerate(HARNESSES):
-                task = {"task_id": f"cli{i}", "instruction": f"Write the number 7 to answer.txt using {tool}.",
-                        "num_samples": 1, "min_valid": 1, "harness": spec, "timeouts": {"agent_s": 240},
+        async with httpx.AsyncClient(base_url=rollout_url) as client:
+            for i, (spec, tool) in enumerate(clis):
+                task = {"task_id": f"{prefix}{i}", "instruction": f"Write the number 7 to answer.txt using {tool}.",
+                        "num_samples": 1, "min_valid": 1, "harness": spec, "timeouts": {"agent_s": agent_s},
                         "evaluator": {"kind": "command", "command": "test \"$(cat answer.txt)\" = 7"}}
                 assert (await client.post("/tasks", json=task)).status_code == 202
-            for _ in range(900):
-                done = [(await client.get(f"/tasks/cli{i}")).json()["finished"] for i in range(len(HARNESSES))]
-                if sum(done) == len(HARNESSES):
+            for _ in range(polls):
+                done = [(await client.get(f"/tasks/{prefix}{i}")).json()["finished"] for i in range(len(clis))]
+                if sum(done) == len(clis):
                     break
                 await asyncio.sleep(1)
     finally:
         await node.stop(drain=False)
+
+
+async def test_every_cli_in_the_sandbox(polar_settings, tmp_path, harness_cache, engine_server_factory, tiny_model_dir,
+                                        rollout_server):
+    await run_write_tasks(polar_settings, SCRIPT, engine_server_factory, tiny_model_dir, rollout_server.url,
+                          tmp_path / "node", harness_cache, HARNESSES, "cli", agent_s=240, polls=900)
     fin = {int(e.task_id[3:]): e for e in await asyncio.to_thread(session_events, polar_settings) if e.kind == "finished"}
     report = {i: (HARNESSES[i][0], e.status, e.reward, e.num_calls, round(e.metrics.get("run_s", 0)), e.detail[-200:])
               for i, e in fin.items()}

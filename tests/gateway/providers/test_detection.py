@@ -42,7 +42,7 @@ def test_registry_holds_one_adapter_per_provider():
     for name, adapter in ADAPTERS.items():
         assert adapter.name == name
         for method in ("parse_request", "parse_count_tokens", "render_response", "render_stream", "render_error",
-                       "render_stream_error", "render_count_tokens"):
+                       "render_stream_error", "render_keepalive", "render_count_tokens"):
             assert callable(getattr(adapter, method))
     with pytest.raises(TypeError):
         ADAPTERS["x"] = ADAPTERS["openai.chat"]  # read-only

@@ -2,6 +2,7 @@
 
 import json
 
+import orjson
 import pytest
 
 from gateway.canonical import RequestError, ToolCall
@@ -131,6 +132,8 @@ def test_echo_with_our_ids_and_signature_matches_generated_calls():
 def test_errors():
     assert G.render_error(RequestError(429, "slow down")) == {"error": {"code": 429, "message": "slow down", "status": "RESOURCE_EXHAUSTED"}}
     assert G.render_error(RequestError(504, "engine timed out"))["error"]["status"] == "DEADLINE_EXCEEDED"
-    (name, data), = events(G.render_stream_error(RequestError(500, "boom")))
-    assert name is None and data == {"error": {"code": 500, "message": "boom", "status": "INTERNAL"}}
-    assert G.render_stream_error(RequestError(500, "boom")).startswith(b'data: {"error":')  # google-genai keys on this prefix
+    # A bare JSON line: google-genai (Python) keys on the '{"error":' prefix, the JS SDK on a chunk that parses.
+    assert orjson.loads(G.render_stream_error(RequestError(500, "boom"))) == {
+        "error": {"code": 500, "message": "boom", "status": "INTERNAL"}}
+    assert G.render_stream_error(RequestError(500, "boom")).startswith(b'{"error":')
+    assert G.render_keepalive().strip() == b""  # whitespace: the only keep-alive both Google SDKs skip
