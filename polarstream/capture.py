@@ -11,6 +11,7 @@ capture is part of the warm-start cache key).
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -82,7 +83,9 @@ def capture(harness: str, api: str, settings: Settings, env: dict[str, str], run
         procs.stop_all()
     shape = _shape(harness, api, version, calls, procs.log_dir)
     cached.parent.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps(shape.to_json(), indent=1))
+    partial = cached.with_name(f".{cached.name}.{os.getpid()}")
+    partial.write_text(json.dumps(shape.to_json(), indent=1))
+    partial.replace(cached)  # atomic: a concurrent capture (another test process) never reads half a file
     return shape
 
 

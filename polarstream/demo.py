@@ -10,6 +10,7 @@ trained on the previous step's groups.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import time
@@ -135,7 +136,7 @@ def demo_model(cfg: DemoConfig, settings: Settings, train: list[tuple[str, str]]
         info.update(_gate_rates(cfg, out, train, shape))  # cached by a run with the gate off: measure it now
         record.write_text(json.dumps(info, indent=2))
         return out, info
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")  # its own: another process may build the same one
     shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.monotonic()
     warm_start(base, tmp, family, system=SYSTEM, tools=TOOLS, steps=steps, lr=cfg.sft_lr, p_tool=cfg.p_tool,
@@ -146,8 +147,13 @@ def demo_model(cfg: DemoConfig, settings: Settings, train: list[tuple[str, str]]
             "seconds": round(time.monotonic() - t0, 1),
             **({"shape": f"{shape.harness} {shape.version} over {shape.api}", "base": base.name} if shape else {})}
     (tmp / "warmstart.json").write_text(json.dumps(info, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    if not (out / "warmstart.json").exists():
+        shutil.rmtree(out, ignore_errors=True)  # a half-built one from an older layout
+    try:
+        tmp.rename(out)
+    except OSError:  # a concurrent process finished the same warm start first: theirs is the same, keep it
+        shutil.rmtree(tmp, ignore_errors=True)
+        info = json.loads((out / "warmstart.json").read_text())
     return out, info
 
 

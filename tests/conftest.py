@@ -2,6 +2,39 @@
 
 from pathlib import Path
 
+import pytest
+
 pytest_plugins = sorted(
     f"tests.plugins.{p.stem}" for p in (Path(__file__).parent / "plugins").glob("*.py") if p.stem != "__init__"
 )
+
+# The modules that took the longest in `make test` (its --durations), longest first. `make test` runs two
+# pytest-xdist workers with --dist load, which deals the tests out in collection order, round robin at
+# first: putting these first starts the long ones at once, on both workers, and the short ones fill in
+# (a long test dealt out last leaves one worker idle while the other finishes it). Not --dist loadfile:
+# it keys tests by node id, and schemathesis' five tests share one (tests/fuzz), so four never ran.
+HEAVY_FIRST = (
+    "demo/test_learning.py", "infra/test_chaos.py", "security/test_mirror_cli.py", "demo/test_cli_demo.py",
+    "demo/test_demo.py", "bench/test_bench_shape.py", "rollout/test_cluster.py", "streams/test_kill.py",
+    "harnesses/test_all_clis.py", "mirror/test_multi_dc.py", "node/test_node_inprocess.py", "streams/test_worker.py",
+    "harnesses/test_slow_engine.py", "trainer/test_kill.py", "infra/test_kafka_cluster.py", "security/test_secure_e2e.py",
+    "fuzz/test_gateway_fuzz.py", "gateway/test_router.py", "trainer/test_ddp.py",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under xdist, HEAVY_FIRST's modules first, in its order; every other module after, as collected (a
+    stable sort). In one process the order is left as collected."""
+    if not getattr(config.option, "numprocesses", None):
+        return
+    root = Path(__file__).parent
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+
+    def key(item) -> int:
+        try:
+            return rank.get(str(Path(item.fspath).relative_to(root)), len(rank))
+        except ValueError:
+            return len(rank)
+
+    items.sort(key=key)

@@ -8,6 +8,8 @@ the weights on a step without signal.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -35,16 +37,37 @@ def test_reward_is_the_demo_evaluators_rule():
 PROBLEMS = demo_tasks.split(0)[0][::11]
 
 
+WARM = dict(steps=80, batch_size=8, drills=32, p_tool=0.25, seed=0)
+
+
 @pytest.fixture(scope="module")
-def warm_model(tmp_path_factory):
+def warm_model():
+    """The warm start, built once per machine: cached under the cache dir by its settings and the code that
+    makes it (polarstream/warmstart.py and the tiny model's build), as the demo caches its own; ~3 minutes
+    of a busy 2-core machine otherwise, in every suite."""
+    import hashlib
+    import os
+    import shutil
+
+    import polarstream.warmstart
     from engine.models import ensure_model
+    from infra.settings import CACHE_DIR
     from polarstream.warmstart import warm_start
 
     torch.set_num_threads(THREADS)
-    out = tmp_path_factory.mktemp("warm") / "model"
-    # The demo's rule: the tool path is shown now and then, and never which path is rewarded.
-    warm_start(ensure_model("tiny"), out, PROBLEMS, system=SYSTEM, tools=TOOLS, steps=80, batch_size=8, drills=32,
-               p_tool=0.25, seed=0, progress=False)
+    base = ensure_model("tiny")
+    source = Path(polarstream.warmstart.__file__).read_bytes()
+    key = hashlib.sha256(repr((sorted(WARM.items()), PROBLEMS, SYSTEM, TOOLS, base.name, THREADS)).encode() + source).hexdigest()[:12]
+    out = CACHE_DIR / "models" / f"test-learning-warm-{key}"
+    if not (out / "config.json").exists():
+        tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        # The demo's rule: the tool path is shown now and then, and never which path is rewarded.
+        warm_start(base, tmp, PROBLEMS, system=SYSTEM, tools=TOOLS, progress=False, **WARM)
+        try:
+            tmp.rename(out)
+        except OSError:  # another test process built it first: the same model
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
