@@ -23,6 +23,8 @@ and ``duplicates`` (``publish_failures``: sends that were never acknowledged).
 
 from __future__ import annotations
 
+MEASURES = ('producers/', 'schemas/', 'infra/')  # the code these figures describe (bench/_provenance.py)
+
 import argparse
 import asyncio
 import json

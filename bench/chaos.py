@@ -34,6 +34,8 @@ component, ``masked_samples`` the members left out of trained groups.
 
 from __future__ import annotations
 
+MEASURES = ('gateway/', 'streams/', 'trainer/', 'producers/', 'engine/', 'schemas/', 'infra/', 'polarstream/tools/', 'bench/_chaos_agent.py')  # the code these figures describe (bench/_provenance.py)
+
 import argparse
 import collections
 import contextlib

@@ -11,6 +11,8 @@ many decode steps the engine ran (batching at work: steps stay ~``tokens`` whate
 
 from __future__ import annotations
 
+MEASURES = ('engine/',)  # the code these figures describe (bench/_provenance.py)
+
 import argparse
 import asyncio
 import json

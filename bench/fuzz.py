@@ -16,6 +16,8 @@ and answered vs recorded.
 
 from __future__ import annotations
 
+MEASURES = ('gateway/', 'producers/', 'schemas/')  # the code these figures describe (bench/_provenance.py)
+
 import argparse
 import asyncio
 import json

@@ -39,10 +39,18 @@ time goes: ``added_latency_ms_mean`` and ``added_latency_stages_ms_mean``, the g
 call in each stage of its pipeline (``polar_gateway_stage_seconds`` from its /metrics, read around each
 session's timed calls); what the stages leave of the mean is HTTP, parsing the request and rendering the answer.
 
+Issue 47's bars against rllm-model-gateway, from the same rounds, all at the top level (``versus_peer``):
+``gateway_calls_per_s_vs_peer_16`` and ``_64`` (ours ÷ peer, calls/s), ``gateway_cpu_ms_per_call_vs_peer``
+(each server process's own CPU counters over its 16-client loads, per call; ``gateway_cpu_ms_per_call`` and
+``peer_cpu_ms_per_call`` beside it) and ``gateway_added_p50_less_ack_vs_peer`` (extend_80kb's added p50 less
+the publish stage, the wait for Kafka's acknowledgement: ``gateway_publish_ack_ms_mean``).
+
     .venv/bin/python bench/gateway.py [--quick] [--bootstrap HOST:PORT]
 """
 
 from __future__ import annotations
+
+MEASURES = ('gateway/', 'producers/', 'schemas/', 'engine/')  # the code these figures describe (bench/_provenance.py)
 
 import argparse
 import asyncio
@@ -294,12 +302,38 @@ async def run_load(target: dict, world: dict, clients: int, total: int, max_byte
                     session += 1
                     conv = Conversation(world, target["provider"], max_bytes)
 
+        cpu0 = server_cpu_s(target)
         t0 = time.perf_counter()
         await asyncio.gather(*(client(i) for i in range(clients)))
         wall = time.perf_counter() - t0
+        cpu = server_cpu_s(target) - cpu0 if cpu0 is not None else None
     return {"clients": clients, "requests": total, "errors": len(errors), "first_error": errors[0] if errors else None,
             "calls_per_s": round(total / wall, 1), "p50_ms": pct(latencies, 0.5), "p99_ms": pct(latencies, 0.99),
+            "server_cpu_ms_per_call": round(cpu * 1000 / total, 3) if cpu is not None else None,
             "request_kb": [round(min(sizes) / 1024, 1), round(max(sizes) / 1024, 1)] if sizes else []}
+
+
+def server_cpu_s(target: dict) -> float | None:
+    """CPU seconds (user + system) the target's server process and its children have used so far: the
+    process's own counters, so a proxied call's CPU is the change over a load divided by its calls."""
+    pid = target.get("pid")
+    if pid is None:
+        return None
+    total = 0.0
+    for p in [pid, *_children(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 EXTEND_FROM, EXTEND_TO = 75_000, 86_000  # bytes: the extend_80kb calls timed
@@ -463,9 +497,15 @@ def medians(passes: list[dict]) -> dict:
         out[c] = {"clients": runs[0]["clients"], "requests": runs[0]["requests"], "rounds": len(runs),
                   **{k: round(statistics.median(r[k] for r in runs), 2) for k in MEDIANS},
                   "calls_per_s_min": min(r["calls_per_s"] for r in runs), "calls_per_s_max": max(r["calls_per_s"] for r in runs),
+                  "server_cpu_ms_per_call": _median_or_none([r.get("server_cpu_ms_per_call") for r in runs]),
                   "errors": sum(r["errors"] for r in runs), "first_error": next((r["first_error"] for r in runs if r["first_error"]), None),
                   "request_kb": runs[-1]["request_kb"]}
     return out
+
+
+def _median_or_none(values: list) -> float | None:
+    values = [v for v in values if isinstance(v, (int, float))]
+    return round(statistics.median(values), 3) if values else None
 
 
 def pooled(runs: list[dict]) -> dict:
@@ -520,10 +560,42 @@ def headline(out: dict, peers: dict) -> dict:
                # (gateway/metrics.py); the rest of the mean is HTTP, parsing the request and rendering the answer.
                "added_latency_ms_mean": added(out, ours, direct, "extend_80kb", "mean_ms"),
                "added_latency_stages_ms_mean": out.get(ours, {}).get("extend_80kb", {}).get("stage_mean_ms")}
+    figures.update(versus_peer(out, ours, peer, direct))
     if figures["peer_calls_per_s_16_clients"] is None:
         figures["peer_calls_per_s_16_clients_reason"] = (out.get(peer, {}).get("failed")
                                                          or peers.get("rllm-model-gateway", "not measured"))
     return figures
+
+
+def versus_peer(out: dict, ours: str, peer: str, direct: str) -> dict:
+    """Issue 47's gateway bars, each ours ÷ the peer's from the same rounds (None where either is missing).
+
+    - calls/s at 16 and 64 clients (bar: >= 1.0);
+    - the gateway process's CPU ms per proxied call at 16 clients, from its own counters (bar: <= 1.5);
+    - p50 added latency on extend_80kb, ours less the publish stage (the wait for Kafka's acknowledgement,
+      which the peer, recording nothing durably, does not pay), over the peer's added p50 (bar: <= 1.5).
+    """
+    def get(name: str, *keys: str):
+        d = out.get(name, {})
+        for k in keys:
+            d = d.get(k, {}) if isinstance(d, dict) else {}
+        return d if isinstance(d, (int, float)) else None
+
+    def ratio(a, b):
+        return round(a / b, 3) if a is not None and b else None
+
+    ack = get(ours, "extend_80kb", "stage_mean_ms", "publish")
+    ours_added = added(out, ours, direct, "extend_80kb", "p50_ms")
+    less_ack = round(ours_added - ack, 2) if ours_added is not None and ack is not None else None
+    return {"gateway_calls_per_s_vs_peer_16": ratio(get(ours, "16", "calls_per_s"), get(peer, "16", "calls_per_s")),
+            "gateway_calls_per_s_vs_peer_64": ratio(get(ours, "64", "calls_per_s"), get(peer, "64", "calls_per_s")),
+            "gateway_cpu_ms_per_call": get(ours, "16", "server_cpu_ms_per_call"),
+            "peer_cpu_ms_per_call": get(peer, "16", "server_cpu_ms_per_call"),
+            "gateway_cpu_ms_per_call_vs_peer": ratio(get(ours, "16", "server_cpu_ms_per_call"),
+                                                     get(peer, "16", "server_cpu_ms_per_call")),
+            "gateway_added_p50_less_ack_ms": less_ack, "gateway_publish_ack_ms_mean": ack,
+            "peer_added_p50_ms": added(out, peer, direct, "extend_80kb", "p50_ms"),
+            "gateway_added_p50_less_ack_vs_peer": ratio(less_ack, added(out, peer, direct, "extend_80kb", "p50_ms"))}
 
 
 async def bench(args: argparse.Namespace) -> None:
@@ -561,12 +633,13 @@ async def bench(args: argparse.Namespace) -> None:
         ours_2proc = f"http://127.0.0.1:{gw2_port}"
         wait_http(ours + "/health", procs[-2])
         wait_http(ours_2proc + "/health", procs[-1])
+        pids = {ours: procs[-2].pid, ours_2proc: procs[-1].pid}  # the 2-process one counts its workers too
         secret = settings.session_secret
 
         def ours_target(provider: str, base: str = ours) -> dict:
             path = "/v1/messages" if provider == "anthropic" else "/v1/chat/completions"
             return {"provider": provider, "scenarios": True, "forget": (base, settings.admin_token), "metrics": base + "/metrics",
-                    "url": lambda sid: (base + path, {"x-api-key": mint_session_key(sid, secret)})}
+                    "pid": pids[base], "url": lambda sid: (base + path, {"x-api-key": mint_session_key(sid, secret)})}
 
         targets: dict[str, dict] = {
             "direct_engine.chat_stream": {"provider": "chat", "scenarios": True,
@@ -583,7 +656,8 @@ async def bench(args: argparse.Namespace) -> None:
             procs.append(spawn([str(PEERS / "rllm/bin/rllm-model-gateway"), "--host", "127.0.0.1", "--port", str(rport),
                                 "--worker", stub + "/v1", "--store", "memory", "--log-level", "warning"], tmp / "rllm.log"))
             wait_http(f"http://127.0.0.1:{rport}/health", procs[-1])
-            targets["rllm-model-gateway.chat_stream"] = {"provider": "chat", "scenarios": True, "url": lambda sid, p=rport: (
+            targets["rllm-model-gateway.chat_stream"] = {"provider": "chat", "scenarios": True, "pid": procs[-1].pid,
+                                                         "url": lambda sid, p=rport: (
                 f"http://127.0.0.1:{p}/sessions/{sid}/v1/chat/completions", {})}
             peers["rllm-model-gateway"] = "0.1.0 from PyPI (python3.11 venv), --store memory; Chat only (no Anthropic route in 0.1.0)"
         else:

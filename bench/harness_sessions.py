@@ -42,6 +42,8 @@ token ratio), ``unexplained_breaks`` (summed over rows), ``turns``, ``wall_s`` a
 
 from __future__ import annotations
 
+MEASURES = ('gateway/', 'engine/', 'streams/', 'tests/harnesses/test_all_clis.py')  # the code these figures describe (bench/_provenance.py)
+
 import argparse
 import asyncio
 import json

@@ -16,6 +16,8 @@ Prints one JSON object.
 
 from __future__ import annotations
 
+MEASURES = ('infra/',)  # the code these figures describe (bench/_provenance.py)
+
 import argparse
 import json
 import os

@@ -32,6 +32,15 @@ holds for any encoding of the ids), and prints one JSON object:
   rounds against ``wrap_future``, the same wait through a thread-safe future (the publisher's async path
   before deliveries were handed to the loop in batches), so a change to single-publish latency shows.
 
+- kafka_perf_test: the reference, Kafka's own ``kafka-producer-perf-test`` (``ProducerPerformance`` from
+  the kafka-tools jar of the same Kafka version) against the same broker and topic, 4 KB records, acks=all,
+  idempotent, linger 5 ms, compression off, in the same interleaved rounds as the unbounded targets. Its
+  payload is the tool's own (random letters), so it is set beside ``publish_many_uncompressed``:
+  ``events_per_s_4kb_uncompressed_vs_kafka_perf`` is ours ÷ the tool's, a ratio that the host's speed on
+  the day mostly cancels out of. It sends ``PERF_RECORDS_FACTOR`` times our count per pass, in a JVM
+  started for the pass, so its JIT has warmed before most of its records (its own figure excludes the
+  JVM's start).
+
 Every rounds block records the load average and the CPU of this process and of the broker per pass.
 All of it runs on two long-lived publishers, connected before anything is measured: the default one
 (linger 5 ms) and, for sequential, the gateway's (linger 0).
@@ -41,6 +50,8 @@ All of it runs on two long-lived publishers, connected before anything is measur
 
 from __future__ import annotations
 
+MEASURES = ('producers/', 'schemas/', 'infra/kafka.py', 'infra/topics.py', 'infra/settings.py')  # the code these figures describe (bench/_provenance.py)
+
 import argparse
 import asyncio
 import gc
@@ -48,6 +59,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -238,6 +250,30 @@ async def sequential(pub: Publisher, events: list[CallRecorded], api: str = "pub
             "latency_p99_ms": percentile(latencies, 0.99), "latency_mean_ms": round(statistics.fmean(latencies), 3)}
 
 
+PERF_TOOL = "kafka_perf_test"
+PERF_RECORDS_FACTOR = 3
+
+
+def kafka_perf_test(settings: Settings, records: int, size: int) -> dict:
+    """One pass of Kafka's own producer perf tool on the bench's broker and topic: its events/s and MB/s."""
+    from infra.maven import classpath
+
+    topic = settings.topic("calls")
+    props = [f"bootstrap.servers={settings.kafka_bootstrap}", "acks=all", "enable.idempotence=true", "linger.ms=5",
+             "compression.type=none", "batch.size=1048576", "max.in.flight.requests.per.connection=5",
+             "max.block.ms=20000"]  # a missing topic fails the pass instead of waiting a minute
+    out = subprocess.run(["java", "-Xmx512m", "-cp", classpath("kafka", settings), "org.apache.kafka.tools.ProducerPerformance",
+                          "--topic", topic, "--num-records", str(records), "--record-size", str(size), "--throughput", "-1",
+                          "--command-property", *props], capture_output=True, text=True, timeout=300)
+    # the last line: "N records sent, R records/sec (M MB/sec), ... ms avg latency, ..."
+    last = next((line for line in reversed(out.stdout.splitlines()) if "records sent" in line), "")
+    if out.returncode != 0 or not last:
+        raise RuntimeError(f"kafka-producer-perf-test failed ({out.returncode}): {(out.stderr or out.stdout)[-500:]}")
+    rate = float(last.split(" records/sec")[0].rsplit(",", 1)[1])
+    mb = float(last.split("(")[1].split(" MB/sec")[0])
+    return {"events": records, "events_per_s": round(rate, 1), "mb_per_s": round(mb, 2)}
+
+
 def _stat(block: dict, target: str, key: str) -> dict:
     """min and median (and max) of one metric over a target's passes."""
     s = summary([p[key] for p in block["targets"][target]["passes"]])
@@ -256,14 +292,15 @@ def run(settings: Settings, quick: bool, broker_pid) -> dict:
     # the compression lever, beside the zstd default: off, and lz4
     uncompressed, lz4 = Publisher(settings, compression="none"), Publisher(settings, compression="lz4")
     try:
-        return _run(loop.run_until_complete, pub, pub0, {UNCOMPRESSED: uncompressed, LZ4: lz4}, quick, broker_pid)
+        return _run(loop.run_until_complete, pub, pub0, {UNCOMPRESSED: uncompressed, LZ4: lz4}, quick, broker_pid, settings)
     finally:
         for p in (pub, pub0, uncompressed, lz4):
             p.close()
         loop.close()
 
 
-def _run(go, pub: Publisher, pub0: Publisher, others: dict[str, Publisher], quick: bool, broker_pid) -> dict:
+def _run(go, pub: Publisher, pub0: Publisher, others: dict[str, Publisher], quick: bool, broker_pid,
+         settings: Settings) -> dict:
     rng = random.Random(0)
     counts = COUNTS[quick]
     go(pipelined(pub, [make_call(4096, rng, i) for i in range(300)]))  # warm up broker JIT, topics, connections
@@ -281,9 +318,11 @@ def _run(go, pub: Publisher, pub0: Publisher, others: dict[str, Publisher], quic
         unb = cycle(pools[size], n_unb)
         # Unbounded, the publisher and the broker keep both cores busy: a pass under 1 CPU s per s (this
         # process + the broker) was starved by other load and is flagged (not re-run: the budget is 120 s).
+        reference = {PERF_TOOL: lambda: kafka_perf_test(settings, n_unb * PERF_RECORDS_FACTOR, size)} if size == 4096 else {}
         rounds[f"unbounded_{label}"] = interleaved(
             {**{api: (lambda api=api: go(unbounded(pub, unb, api, broker_pid))) for api in ("publish", "publish_many")},
-             **{name: (lambda p=p: go(unbounded(p, unb, "publish_many", broker_pid))) for name, p in others.items()}},
+             **{name: (lambda p=p: go(unbounded(p, unb, "publish_many", broker_pid))) for name, p in others.items()},
+             **reference},
             ROUNDS, cpu_floor=1.0, retries=0, warmup=True, **cpu)
         log(f"unbounded {label} done")
         seq = cycle(pools[size], n_seq)
@@ -299,6 +338,8 @@ def _run(go, pub: Publisher, pub0: Publisher, others: dict[str, Publisher], quic
                                                      for k in ("cpu_us_per_event_python", "cpu_us_per_event_librdkafka",
                                                                "cpu_us_per_event_broker")}}
                           for api in ("publish", "publish_many", *others)},
+            **({PERF_TOOL: {"events": n_unb * PERF_RECORDS_FACTOR, "events_per_s": _stat(u, PERF_TOOL, "events_per_s"),
+                            "mb_per_s": _stat(u, PERF_TOOL, "mb_per_s")}} if PERF_TOOL in u["targets"] else {}),
             "pipelined": go(pipelined(pub, cycle(pools[size], n_pipe))),
             "sequential": {"events": n_seq, "latency_p50_ms": _stat(s, "publish", "latency_p50_ms")["median"],
                            "latency_p99_ms": _stat(s, "publish", "latency_p99_ms")["median"],
@@ -321,6 +362,9 @@ def _run(go, pub: Publisher, pub0: Publisher, others: dict[str, Publisher], quic
             "events_per_s_4kb_publish": four["publish"]["events_per_s"]["median"],
             "events_per_s_4kb_uncompressed": four[UNCOMPRESSED]["events_per_s"]["median"],
             "events_per_s_4kb_lz4": four[LZ4]["events_per_s"]["median"],
+            "kafka_perf_events_per_s_4kb": results[0][PERF_TOOL]["events_per_s"]["median"],
+            "events_per_s_4kb_uncompressed_vs_kafka_perf": round(
+                four[UNCOMPRESSED]["events_per_s"]["median"] / results[0][PERF_TOOL]["events_per_s"]["median"], 3),
             "events_per_s_64kb": max(big[api]["events_per_s"]["median"] for api in ("publish", "publish_many")),
             "latency_p99_ms_at_5k": statistics.median(p["latency_p99_ms"] for p in passes),
             "latency_p99_ms_at_5k_unfrozen": statistics.median(

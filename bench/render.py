@@ -21,6 +21,8 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from bench._provenance import changed_for, entry_provenance
+
 START = "<!-- bench:results:start -->"
 END = "<!-- bench:results:end -->"
 # START and END have a marker's shape: never one, or a figure marked after the results section would swallow it.
@@ -177,6 +179,13 @@ def _gateway(r: dict) -> Iterator[dict | None]:
                 for q in ("p50", "p99"):
                     yield comparison(area, f"{q} latency ({ours})", dig(res, ours, key, f"{q}_ms"),
                                      dig(res, anchor, key, f"{q}_ms"), anchor, "ms", False, GATEWAY_NOTE)
+    peer = "rllm-model-gateway.chat_stream"
+    bars = "Gateway bars vs rllm-model-gateway (issue 47), same stub, chat_stream, same rounds"
+    yield comparison(bars, "gateway process CPU ms per proxied call, 16 clients (bar: ≤ 1.5× the peer)",
+                     r.get("gateway_cpu_ms_per_call"), r.get("peer_cpu_ms_per_call"), peer, "ms", False, GATEWAY_NOTE)
+    yield comparison(bars, "p50 added ms on the 80 KB extending call, ours less the publish's ack wait (bar: ≤ 1.5×)",
+                     r.get("gateway_added_p50_less_ack_ms"), r.get("peer_added_p50_ms"), peer, "ms", False,
+                     "the ack wait, measured as the gateway's publish stage, is reported beside it: gateway_publish_ack_ms_mean")
     one, two = "polarstream.chat_stream", "polarstream_2proc.chat_stream"
     for text, path, unit, hib in metrics:
         yield comparison("Gateway: 2 processes behind the session router vs 1 (chat_stream)", text,
@@ -238,6 +247,10 @@ def _publisher(r: dict) -> Iterator[dict | None]:
                          f"events/s, {kb} (median)",
                          dig(u, "publish_many", "events_per_s", "median"), dig(u, "publish_many_lz4", "events_per_s", "median"),
                          "compression.type=lz4", "events/s", True, "events of random ids: what zstd saves is bytes, not events/s")
+        yield comparison("Publisher vs Kafka's own kafka-producer-perf-test (same broker and topic, compression off, same rounds)",
+                         f"events/s, {kb} (median)", dig(u, "publish_many_uncompressed", "events_per_s", "median"),
+                         dig(item, "kafka_perf_test", "events_per_s", "median"), "kafka-producer-perf-test", "events/s", True,
+                         "the perf tool sends 3x the records per pass, in a JVM started for it (its JIT warms on the way)")
         s = item.get("sequential") or {}
         for q in ("p50", "p99"):
             yield comparison("Publisher: one publish awaited at a time, batched wakeups vs one wakeup per event",
@@ -305,18 +318,22 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def provenance(run: dict, stale: dict | None) -> str:
-    """'measured at <commit>; changed since: <packages or nothing>', with a dirty tree said loudly."""
-    m = run.get("machine", {})
-    where = f"measured at `{m.get('git_commit') or '?'}`"
-    if m.get("git_dirty"):
+def provenance(run: dict, stale: dict | None, name: str) -> str:
+    """'measured at <commit>; changed since: <its inputs that changed, or nothing>' for one benchmark's
+    figures, with a dirty tree said loudly. ``stale``: benchmark name -> ``_provenance.changed_for``."""
+    entry = (run.get("benchmarks") or {}).get(name) or {}
+    prov = entry_provenance(entry, run)
+    where = f"{name}: measured at `{prov.get('git_commit') or '?'}`"
+    if prov.get("git_dirty"):
         where += " **(dirty: uncommitted changes)**"
-    where += f" ({run.get('mode', '?')} run, {str(m.get('date', '?'))[:10]})"
-    if stale is None:
+    date = prov.get("date") or run.get("machine", {}).get("date", "?")
+    where += f" ({entry.get('mode') or run.get('mode', '?')} run, {str(date)[:10]})"
+    mine = (stale or {}).get(name)
+    if mine is None:
         return f"_{where}._"
-    if not stale.get("known"):
+    if not mine.get("known"):
         return f"_{where}; changed since: unknown (commit not in this repository)._"
-    changed = ", ".join(f"`{p}`" for p in stale.get("packages", [])) or "nothing"
+    changed = ", ".join(f"`{p}`" for p in mine.get("packages", [])) or "nothing"
     return f"_{where}; changed since: {changed}._"
 
 
@@ -361,16 +378,21 @@ def render(run: dict, stale: dict | None = None) -> str:
     """The generated results section (between the START and END markers); ``stale`` from bench/_provenance."""
     m, out = run.get("machine", {}), [START, ""]
     mode = run.get("mode", "?")
+    benches = run.get("benchmarks", {})
     out.append(f"## Results ({mode} run)\n")
-    if m.get("git_dirty"):
-        files = ", ".join((m.get("git_dirty_files") or [])[:5]) or "files not recorded"
-        out.append(f"> **DIRTY: measured with uncommitted changes** ({files}): these numbers describe no commit.\n")
+    dirty = [n for n, e in benches.items() if entry_provenance(e, run).get("git_dirty")]
+    if dirty:
+        out.append(f"> **DIRTY: {', '.join(dirty)} measured with uncommitted changes**: those numbers describe no commit.\n")
     la = run.get("load_avg") or {}
     load = f" Load average {fmt(la.get('before'))} before, {fmt(la.get('after'))} after." if la else ""
-    out.append(f"Measured {m.get('date', '?')} at commit `{m.get('git_commit')}`; {len(run.get('benchmarks', {}))} benchmarks "
-               f"in {fmt(run.get('seconds'))} s, one at a time.{load} Written by `bench/run_all.py` into "
+    ran = run.get("ran") or list(benches)
+    out.append(f"Last run {m.get('date', '?')} at commit `{m.get('git_commit')}`: {len(ran)} of {len(benches)} benchmarks "
+               f"ran, in {fmt(run.get('seconds'))} s, one at a time.{load} The others kept the figures of the commit "
+               "they last ran at: `make bench` reruns a benchmark only when the code it measures changed "
+               "(`bench/_provenance.py`; `--all` reruns every one). Written by `bench/run_all.py` into "
                "`bench/results/latest.json`; this section is generated from that file.\n")
-    out.append(provenance(run, stale))
+    out.append(table(["benchmark", "measured at", "date", "host index", "changed since"], [
+        [n, *_prov_cells(run, stale, n)] for n in benches]))
     if mode == "quick":
         out.append("\n**Quick mode**: every script ran with `--quick` (smaller workloads), so the numbers are "
                    "noisier than a full run's.")
@@ -381,7 +403,6 @@ def render(run: dict, stale: dict | None = None) -> str:
         ["memory", f"{fmt(m.get('memory_gb'))} GB"], ["load average (1 min) at start", fmt(m.get("load_avg_1m"))],
         ["OS", fmt(m.get("os"))], ["Python", fmt(m.get("python"))], ["Java", fmt(m.get("java"))], *versions, *peers])]
 
-    benches = run.get("benchmarks", {})
     out += ["\n### Benchmarks run\n", table(["benchmark", "status", "seconds", "kind", "load before → after", "command"], [
         [n, e.get("status", "?"), fmt(e.get("seconds")), kind(e, n),
          f"{fmt((e.get('load_avg') or {}).get('before'))} → {fmt((e.get('load_avg') or {}).get('after'))}",
@@ -398,7 +419,7 @@ def render(run: dict, stale: dict | None = None) -> str:
         out += [f"\n#### {area}\n", comparison_table([c for _, c in group])]
         notes = dict.fromkeys(f"{c['note']} (bench/{n}.py)" for n, c in group if c.get("note"))
         out += [f"\n- {note}" for note in notes]
-        out.append("\n" + provenance(run, stale))
+        out += ["\n" + provenance(run, stale, n) for n in dict.fromkeys(n for n, _ in group)]
     if not rows:
         out.append("\nNo comparisons in this run.")
 
@@ -408,7 +429,7 @@ def render(run: dict, stale: dict | None = None) -> str:
         out.append("Targets compared in one benchmark ran in rounds (A B A B ...), so load changes hit them alike. "
                    "A pass whose CPU/wall fell under the floor was flagged and re-run; *flagged* counts such passes.")
         for n, title, block in blocks:
-            out += [f"\n#### {n}: {title or 'rounds'}\n", rounds_table(title, block), "\n" + provenance(run, stale)]
+            out += [f"\n#### {n}: {title or 'rounds'}\n", rounds_table(title, block), "\n" + provenance(run, stale, n)]
 
     out.append("\n### All numbers\n")
     for name, e in benches.items():
@@ -420,13 +441,29 @@ def render(run: dict, stale: dict | None = None) -> str:
             if e.get("stderr_tail"):
                 tail = "\n".join(e["stderr_tail"].strip().splitlines()[-25:]).replace("```", "'''")
                 out.append(f"```\n{tail}\n```\n")
+        if e.get("last_attempt"):
+            la = e["last_attempt"]
+            out.append(f"**Its last rerun did not finish** ({fmt(la.get('status'))}: {fmt(la.get('error'))}, at "
+                       f"`{(la.get('provenance') or {}).get('git_commit', '?')}`): these are the figures of the last good run.\n")
         for problem in e.get("comparison_problems", []):
             out.append(f"- comparisons problem: {fmt(problem)}\n")
         for title, header, body in number_tables(e.get("result") or {}):
             out.append((f"`{title}`\n\n" if title else "") + table(header, body) + "\n")
-        out.append(provenance(run, stale) + "\n")
+        out.append(provenance(run, stale, name) + "\n")
     out += ["", END]
     return "\n".join(out)
+
+
+def _prov_cells(run: dict, stale: dict | None, name: str) -> list[str]:
+    entry = run["benchmarks"][name]
+    prov = entry_provenance(entry, run)
+    mine = (stale or {}).get(name) or {}
+    changed = "?" if not mine else ", ".join(f"`{p}`" for p in mine.get("packages", [])) or "nothing"
+    if mine and not mine.get("known"):
+        changed = "unknown commit"
+    index = (entry.get("host_index") or {}).get("before", {}).get("index")
+    return [f"`{prov.get('git_commit') or '?'}`" + (" (dirty)" if prov.get("git_dirty") else ""),
+            str(prov.get("date") or run.get("machine", {}).get("date", "?"))[:10], fmt(index), changed]
 
 
 def comparison_table(rows: list[dict]) -> str:
@@ -437,9 +474,13 @@ def comparison_table(rows: list[dict]) -> str:
 
 def render_marker(run: dict, stale: dict | None, name: str, key: str) -> str:
     """What goes between ``<!-- bench:NAME:KEY -->`` and ``<!-- /bench -->`` (see the module docstring)."""
+    if name == "capacity":  # a model over several benchmarks' figures (bench/_capacity.py), not a benchmark
+        from bench import _capacity
+
+        return ("\n" + _capacity.render(run) + "\n" + "\n\n".join(provenance(run, stale, n) for n in _capacity.SOURCES) + "\n")
     entry = (run.get("benchmarks") or {}).get(name) or {}
     result = entry.get("result") or {}
-    prov = provenance(run, stale)
+    prov = provenance(run, stale, name)
     if key == "provenance":
         return prov
     if key == "comparisons":
@@ -487,16 +528,18 @@ def pages(root: Path) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
+def stalenesses(run: dict, root: Path) -> dict:
+    """Benchmark name -> what changed in the code it measures since it ran (bench/_provenance.changed_for)."""
+    return {name: changed_for(name, entry, run, root) for name, entry in (run.get("benchmarks") or {}).items()}
+
+
 def render_docs(run: dict, root: Path, results_doc: Path | None = None, stale: dict | None = None) -> list[Path]:
     """Re-render the results section of ``results_doc`` and every marker in README.md and docs/*.md.
 
-    ``stale`` defaults to what changed in the measured code since the run's commit (bench/_provenance).
+    ``stale`` defaults to what changed, per benchmark, in the code it measures since it ran (``stalenesses``).
     Returns the pages whose text changed."""
     if stale is None:
-        from bench._provenance import changed_since
-
-        m = run.get("machine", {})
-        stale = changed_since(m.get("git_commit_full") or m.get("git_commit"), root)
+        stale = stalenesses(run, root)
     results_doc = results_doc or root / "docs/benchmarks.md"
     changed = []
     for page in dict.fromkeys([*pages(root), results_doc]):

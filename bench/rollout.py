@@ -24,6 +24,8 @@ sessions/min, run-slot utilization (busy run slot seconds / (run slots x wall)) 
 
 from __future__ import annotations
 
+MEASURES = ('gateway/node/', 'gateway/runtimes/', 'schemas/')  # the code these figures describe (bench/_provenance.py)
+
 import argparse
 import asyncio
 import json

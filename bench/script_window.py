@@ -14,6 +14,8 @@ call are medians over rounds and ``rounds`` keeps min, spread and CPU/wall (engi
 
 from __future__ import annotations
 
+MEASURES = ('engine/',)  # the code these figures describe (bench/_provenance.py)
+
 import argparse
 import json
 import os

@@ -41,6 +41,8 @@ Top level, for issue 21: ``worker_calls_per_s``, ``worker_calls_per_cpu_s``, ``w
 
 from __future__ import annotations
 
+MEASURES = ('streams/', 'producers/', 'schemas/')  # the code these figures describe (bench/_provenance.py)
+
 import argparse
 import hashlib
 import json

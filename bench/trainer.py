@@ -48,6 +48,8 @@ loss values must agree, step times are compared. Prints one JSON object on stdou
 
 from __future__ import annotations
 
+MEASURES = ('trainer/', 'streams/assembly.py', 'streams/builders.py', 'schemas/', 'bench/trl_peer.py')  # the code these figures describe (bench/_provenance.py)
+
 import argparse
 import json
 import os

@@ -114,7 +114,7 @@ def test_quick_publisher_run_gives_a_page_that_matches_its_json(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = json.loads(out.read_text())
-    assert run["format"] == 2 and run["mode"] == "quick"
+    assert run["format"] == 3 and run["mode"] == "quick"
     m = run["machine"]
     assert m["cores"] == os.cpu_count() and m["memory_gb"] > 0 and m["cpu_model"] and m["date"]
     assert m["versions"]["torch"] and m["versions"]["confluent-kafka"] and m["versions"]["kafka_broker"]

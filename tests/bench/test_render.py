@@ -182,9 +182,9 @@ def test_rounds_dirty_tree_and_staleness_are_on_the_page():
     block = interleaved({"per_request": lambda: {"calls": 3}, "prefix_merging": lambda: None}, 3, progress=False)
     run["benchmarks"]["streams"]["result"]["assembly"]["rounds"] = block
     run["machine"].update(git_dirty=True, git_dirty_files=["gateway/app.py"])
-    md = render(run, {"known": True, "packages": ["gateway/"], "files": ["gateway/app.py"]})
-    assert "**DIRTY: measured with uncommitted changes** (gateway/app.py)" in md
-    assert md.count("changed since: `gateway/`") >= 4  # under every table: comparisons, rounds, numbers
+    md = render(run, {n: {"known": True, "packages": ["gateway/"], "files": ["gateway/app.py"]} for n in run["benchmarks"]})
+    assert "**DIRTY: gateway, streams, custom, broken measured with uncommitted changes**" in md
+    assert md.count("streams: measured at") >= 3 and md.count("changed since: `gateway/`") >= 4  # comparisons, rounds, numbers
     rounds = section(md, "#### streams: assembly.rounds")
     (_, header, rows), = tables(rounds)
     assert header[:3] == ["target", "passes", "wall s min"] and [r[0] for r in rows] == ["per_request", "prefix_merging"]
