@@ -133,8 +133,9 @@ class Gateway:
         plan = PromptPlan([])
         prev = None if req.side_call else st.tip_for(key)
         try:
-            try:  # in a worker thread: tokenizing a fresh 80 KB prompt must not stall other sessions' calls
-                plan = await asyncio.to_thread(plan_prompt, self.template, prev, req)
+            try:  # whole renders in a worker thread: tokenizing a fresh 80 KB prompt must not stall other sessions' calls
+                plan = plan_prompt(self.template, prev, req, cheap_only=True) or await asyncio.to_thread(
+                    plan_prompt, self.template, prev, req)
             except TemplateError as e:
                 raise RequestError(400, str(e)) from None
             marks.append(time.perf_counter())

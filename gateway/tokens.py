@@ -102,7 +102,11 @@ def divergence(prev: Turn, req: ChatRequest) -> str:
 WINDOW_CHECK_EVERY = 16  # bridges checked against a full render: a chain's first extension and every Nth call
 
 
-def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool) -> list[int] | None:
+class WholeRender(Exception):
+    """Raised, with ``cheap_only``, where a plan would render the whole history."""
+
+
+def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool, cheap_only: bool = False) -> list[int] | None:
     """The bridge after ``prev``'s sampled ids, rendered from a window of the history.
 
     Rendering the whole history twice to diff it costs time in proportion to the session; the glue only
@@ -117,6 +121,8 @@ def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool
     appended = req.messages[n + 1 :]
 
     def full() -> list[int] | None:
+        if cheap_only:
+            raise WholeRender
         return template.bridge_ids(req.messages[: n + 1], appended, req.tools, prev.completion_ids, reasoning=req.reasoning)
 
     _, k = _leading_system(req.messages)
@@ -147,25 +153,36 @@ def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool
     return expected
 
 
-def plan_prompt(template: ChatTemplate, prev: Turn | None, req: ChatRequest) -> PromptPlan:
-    """The prompt ids for ``req`` and how they relate to the session's main chain."""
+def plan_prompt(template: ChatTemplate, prev: Turn | None, req: ChatRequest, *, cheap_only: bool = False) -> PromptPlan | None:
+    """The prompt ids for ``req`` and how they relate to the session's main chain.
+
+    With ``cheap_only``, None instead of a plan that renders the whole history (a first call, a break, a
+    checked bridge): the gateway plans the common case, an extension rendered from a window, on its
+    event loop, and sends only those to a worker thread (a thread hop per call, and the GIL handed back
+    and forth with the loop, cost more than the window's render)."""
 
     def fresh(reason: str) -> PromptPlan:
+        if cheap_only:
+            raise WholeRender
         return PromptPlan(template.prompt_ids(req.messages, req.tools, reasoning=req.reasoning), break_reason=reason)
 
-    if req.side_call:
-        return fresh("side_call")
-    if prev is None:
-        return fresh("first_call")
-    reason = divergence(prev, req)
-    if reason == "retry":
-        # The same request again (the harness did not get, or did not accept, the answer): the same
-        # prompt ids as that call, so it extends what that call extended (a sibling of it).
-        return PromptPlan(list(prev.prompt_ids), prev.extends_call_index, "retry")
-    if reason:
-        return fresh(reason)
-    n = len(prev.messages)
-    bridge = _bridge(template, prev, req, check=prev.extends_call_index is None or (prev.call_index + 1) % WINDOW_CHECK_EVERY == 0)
-    if bridge is None:
-        return fresh("template_not_append_only")
-    return PromptPlan([*prev.full_sequence, *bridge], extends_call_index=prev.call_index, history_offset=n)
+    try:
+        if req.side_call:
+            return fresh("side_call")
+        if prev is None:
+            return fresh("first_call")
+        reason = divergence(prev, req)
+        if reason == "retry":
+            # The same request again (the harness did not get, or did not accept, the answer): the same
+            # prompt ids as that call, so it extends what that call extended (a sibling of it).
+            return PromptPlan(list(prev.prompt_ids), prev.extends_call_index, "retry")
+        if reason:
+            return fresh(reason)
+        n = len(prev.messages)
+        check = prev.extends_call_index is None or (prev.call_index + 1) % WINDOW_CHECK_EVERY == 0
+        bridge = _bridge(template, prev, req, check=check, cheap_only=cheap_only)
+        if bridge is None:
+            return fresh("template_not_append_only")
+        return PromptPlan([*prev.full_sequence, *bridge], extends_call_index=prev.call_index, history_offset=n)
+    except WholeRender:
+        return None

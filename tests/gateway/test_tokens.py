@@ -161,3 +161,24 @@ def test_a_template_whose_glue_reads_the_whole_history_falls_back_to_full_render
         n = len(prev.messages)
         full = tpl.bridge_ids(req.messages[: n + 1], req.messages[n + 1 :], req.tools, prev.completion_ids)
         assert plan_prompt(tpl, prev, req).prompt_ids == [*prev.full_sequence, *full]
+
+
+def test_cheap_only_plans_windowed_extensions_and_leaves_whole_renders_to_the_caller(tpl):
+    tpl.window_level = 2
+    pairs = _long_session(tpl, 20)
+    first_prev, first_req = pairs[0]
+    assert plan_prompt(tpl, None, first_req, cheap_only=True) is None  # a first call renders everything
+    assert plan_prompt(tpl, first_prev, first_req, cheap_only=True) is None  # the chain's first extension is checked
+    cheap = 0
+    for prev, req in pairs[3:]:
+        plan = plan_prompt(tpl, prev, req, cheap_only=True)
+        full = plan_prompt(tpl, prev, req)
+        checked = (prev.call_index + 1) % 16 == 0  # tokens.WINDOW_CHECK_EVERY
+        assert (plan is None) == checked, prev.call_index
+        if plan is not None:  # the same plan as the whole render would give
+            cheap += 1
+            assert (plan.prompt_ids, plan.extends_call_index) == (full.prompt_ids, full.extends_call_index)
+    assert cheap >= 15
+    broken = _req([Message("system", "Other."), *first_req.messages[1:]])
+    assert plan_prompt(tpl, first_prev, broken, cheap_only=True) is None  # a break renders afresh
+    assert plan_prompt(tpl, first_prev, _req(first_prev.messages), cheap_only=True).break_reason == "retry"
