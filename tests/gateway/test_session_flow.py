@@ -128,7 +128,7 @@ def test_parallel_sub_agent_and_main_calls_overlap_and_both_chains_merge(polar_s
     spans = [(c.timings.received_at, c.timings.received_at + c.timings.total_ms / 1000) for c in calls]
     assert max(s for s, _ in spans[:3]) < min(e for _, e in spans[:3]), spans
     # two rounds of three calls (2 x delay), not six one after another (6 x delay); the margin is for a
-    # loaded machine (6.1 s was seen with two test workers on 2 cores)
+    # loaded machine (6.1 s was seen with test workers sharing 2 cores)
     assert wall < 5 * delay, wall
     # the first round starts three chains; each call of the second extends its own chain's call
     # (each planned before any chain had a tip: all three are first calls)
