@@ -69,7 +69,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._procs import kafka_for_bench, server_env, spawn, stop, wait_http  # after the path insert: run as a script
-from bench._rounds import interleaved  # noqa: E402
+from bench._rounds import interleaved, proc_cpu_s  # noqa: E402
 PEERS = Path.home() / ".cache" / "polarstream" / "peers"
 CALL = {"name": "Bash", "arguments": {"command": "ls -la src/ && git status --short", "description": "List files"}}
 WORDS = ("the file function value return error test module import class config server request session token "
@@ -326,16 +326,7 @@ def server_cpu_s(target: dict) -> float | None:
     """CPU seconds (user + system) the target's server process and its children have used so far: the
     process's own counters, so a proxied call's CPU is the change over a load divided by its calls."""
     pid = target.get("pid")
-    if pid is None:
-        return None
-    total = 0.0
-    for p in [pid, *_children(pid)]:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-    return total
+    return None if pid is None else proc_cpu_s([pid, *_children(pid)])
 
 
 def _children(pid: int) -> list[int]:
@@ -536,12 +527,7 @@ def server_pids(procs: list[subprocess.Popen], kafka) -> list[int]:
     pids = [p.pid for p in procs if p.poll() is None]
     pid = kafka.pid() if kafka is not None else None
     pids += [pid] if pid else []
-    for parent in list(pids):
-        try:
-            pids += [int(c) for c in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
-        except OSError:
-            pass
-    return pids
+    return [c for parent in pids for c in (parent, *_children(parent))]
 
 
 def added(results: dict, target: str, anchor: str, scenario: str, key: str) -> float | None:
