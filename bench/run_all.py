@@ -388,9 +388,8 @@ def load_previous(path: Path, mode: str) -> dict:
     if run.get("mode") != mode:
         return {}
     for entry in (run.get("benchmarks") or {}).values():  # recorded before entries had their own: the run's
-        if entry.get("status") != "missing" and not entry.get("provenance"):
-            m = run.get("machine", {})
-            entry["provenance"] = {k: m.get(k) for k in ("git_commit", "git_commit_full", "git_dirty", "date")}
+        if entry.get("status") != "missing":
+            entry["provenance"] = entry_provenance(entry, run)
     return run
 
 
