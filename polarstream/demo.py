@@ -92,6 +92,9 @@ class StepResult:
     wall_s: float
     policy_version: int
     trace_tokens: int = 0  # what the trainer runs through: every token of every training sequence
+    entropy: float | None = None  # the trainer's step: mean entropy of the trained tokens, gradient norm,
+    grad_norm: float | None = None  # and the learning rate it used (from the PolicyVersion it published)
+    lr: float | None = None
     group_ids: list[str] = field(default_factory=list)  # report.md links each to its viewer page
 
     @property
@@ -187,6 +190,7 @@ class Watcher:
         self.groups: dict[str, TrainingGroup] = {}
         self.parts = Parts()
         self.policy: PolicyVersion | None = None
+        self.policies: dict[int, PolicyVersion] = {}
 
     def poll(self, timeout: float = 0.5) -> None:
         for item in self.consumer.poll(timeout):
@@ -197,8 +201,10 @@ class Watcher:
                 whole = self.parts.add(rec)  # a group sent in parts counts once all of them are in
                 if whole is not None:
                     self.groups[whole.group_id] = whole
-            elif isinstance(rec, PolicyVersion) and (self.policy is None or rec.version >= self.policy.version):
-                self.policy = rec
+            elif isinstance(rec, PolicyVersion):
+                self.policies[rec.version] = rec
+                if self.policy is None or rec.version >= self.policy.version:
+                    self.policy = rec
 
     def close(self) -> None:
         self.consumer.close()
@@ -235,8 +241,11 @@ def consumer_lag(settings: Settings) -> dict[str, int]:
     return lag
 
 
-def _step_result(step: int, groups: list[TrainingGroup], wall_s: float, version: int) -> StepResult:
+def _step_result(step: int, groups: list[TrainingGroup], wall_s: float, version: int,
+                 trained: PolicyVersion | None = None) -> StepResult:
+    """``trained``: the PolicyVersion the trainer published after training on ``groups``."""
     trajs = [t for g in groups for t in g.trajectories]
+    m = trained.metrics if trained is not None else {}
     return StepResult(
         step=step,
         reward=sum(t.reward for t in trajs) / len(trajs) if trajs else 0.0,
@@ -249,6 +258,9 @@ def _step_result(step: int, groups: list[TrainingGroup], wall_s: float, version:
         policy_version=version,
         trace_tokens=sum(len(tr.loss_mask) for t in trajs for tr in t.traces),
         group_ids=[g.group_id for g in groups],
+        entropy=m.get("entropy"),
+        grad_norm=m.get("grad_norm"),
+        lr=m.get("lr"),
     )
 
 
@@ -257,11 +269,12 @@ def _view(cfg: DemoConfig, results: list[StepResult], lag: dict[str, int], statu
     from rich.table import Table
 
     t = Table(title=f"polarstream demo - {status}", expand=False)
-    for col in ("step", "reward", "samples", "tokens/s", "merge rate", "policy"):
+    for col in ("step", "reward", "entropy", "grad norm", "samples", "tokens/s", "merge rate", "policy"):
         t.add_column(col, justify="right")
+    num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for r in results[-12:]:
-        t.add_row(str(r.step), f"{r.reward:.2f}", str(r.samples), f"{r.sampled_tokens / max(r.wall_s, 1e-9):.0f}",
-                  f"{r.merge_rate:.0%}", str(r.policy_version))
+        t.add_row(str(r.step), f"{r.reward:.2f}", num(r.entropy, ".3f"), num(r.grad_norm, ".2f"), str(r.samples),
+                  f"{r.sampled_tokens / max(r.wall_s, 1e-9):.0f}", f"{r.merge_rate:.0%}", str(r.policy_version))
     held = ", ".join(f"{k} {v:.2f}" for k, v in (heldout or {}).items()) or "-"
     t.caption = (f"held-out pass@1: {held}\n"
                  "consumer lag: " + (", ".join(f"{k}={v}" for k, v in sorted(lag.items())) or "-"))
@@ -428,7 +441,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                 wanted = submit(batch, f"s{step:03d}", cfg.samples, "demo-arith")
                 wait(live, wanted, f"step {step + 1}/{cfg.steps}", started, version=step + 1)
                 results.append(_step_result(step, [watcher.groups[g] for g in sorted(wanted)], time.monotonic() - started,
-                                            watcher.policy.version))
+                                            watcher.policy.version, watcher.policies.get(step + 1)))
                 if on_step is not None:
                     on_step(step, metrics)
                 lag = consumer_lag(settings)

@@ -143,6 +143,7 @@ class RunConfig:
     max_new_tokens: int = 48
     seed: int = 0
     loss_norm: str = "token_mean"
+    lr_saturation: float | None = None  # None: the trainer's default (TrainConfig.lr_saturation); 1: off
 
 
 @dataclass
@@ -152,6 +153,7 @@ class StepLog:
     signal: bool  # some sample had a non-zero advantage
     moved: bool  # the weights changed across the step
     tokens: int
+    lr: float = 0.0  # the rate this step trained with (after the reward-saturation scale)
 
 
 @dataclass
@@ -171,7 +173,7 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunC
     from streams.advantages import compute_advantages
     from trainer.config import TrainConfig
     from trainer.loss import LossConfig
-    from trainer.optim import apply_update, has_signal, param_groups
+    from trainer.optim import apply_update, has_signal, param_groups, saturation_scale
     from trainer.packing import assign_weights, pack, sample_from_trace
     from trainer.step import accumulate_gradients
 
@@ -180,7 +182,8 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunC
     gen = torch.Generator().manual_seed(cfg.seed)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    tcfg = TrainConfig(lr=cfg.lr, weight_decay=0.0, loss_norm=cfg.loss_norm, temperature=cfg.temperature)
+    tcfg = TrainConfig(lr=cfg.lr, weight_decay=0.0, loss_norm=cfg.loss_norm, temperature=cfg.temperature,
+                       **({} if cfg.lr_saturation is None else {"lr_saturation": cfg.lr_saturation}))
     optimizer = torch.optim.AdamW(param_groups(model, tcfg.weight_decay), lr=tcfg.lr)
     log = RunLog()
     prompt_of, score = task_io(tok, system, tools, shape)
@@ -199,6 +202,9 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunC
                     batch.append(s)
             rewards += rs
         model.train()
+        lr = tcfg.lr * saturation_scale(sum(rewards) / len(rewards), tcfg.lr_saturation, tcfg.lr_saturation_floor)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
         before = [p.detach().clone() for p in model.parameters()]
         batch = assign_weights(batch, cfg.loss_norm)
         signal = has_signal(batch)
@@ -206,7 +212,7 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunC
             accumulate_gradients(model, pack(batch, 1 << 14), LossConfig(), cfg.temperature)
         apply_update(model, optimizer, batch, grad_clip=1.0)
         moved = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
-        entry = StepLog(step, sum(rewards) / len(rewards), signal, moved, sum(len(s.trained) for s in batch))
+        entry = StepLog(step, sum(rewards) / len(rewards), signal, moved, sum(len(s.trained) for s in batch), lr)
         log.steps.append(entry)
         if on_step is not None:
             on_step(entry)

@@ -21,7 +21,22 @@ def quarter_means(rewards: list[float]) -> tuple[float, float]:
     return sum(rewards[:q]) / q, sum(rewards[-q:]) / q
 
 
-def plot_rewards(rewards: list[float], path: Path, heldout: dict[str, float] | None = None) -> None:
+def worst_fall(rewards: list[float], reach: float = 0.8) -> float | None:
+    """How far the 2-step mean reward fell below its best so far, at worst, once it first reached ``reach``
+    (None if it never did). Issue 48's rule for a run that stays learned: at most 0.3."""
+    means = [(a + b) / 2 for a, b in zip(rewards, rewards[1:])]
+    first = next((i for i, m in enumerate(means) if m >= reach), None)
+    if first is None:
+        return None
+    best, worst = means[first], 0.0
+    for m in means[first:]:
+        best = max(best, m)
+        worst = max(worst, best - m)
+    return worst
+
+
+def plot_rewards(rewards: list[float], path: Path, heldout: dict[str, float] | None = None,
+                 entropy: list[float | None] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,6 +54,14 @@ def plot_rewards(rewards: list[float], path: Path, heldout: dict[str, float] | N
                 label="held-out pass@1 (before / after)")
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("reward (task solved)")
+    if entropy and any(e is not None for e in entropy):  # beside the reward: a collapse shows in both
+        ax2 = ax.twinx()
+        pts = [(i + 1, e) for i, e in enumerate(entropy) if e is not None]
+        ax2.plot([p[0] for p in pts], [p[1] for p in pts], color="tab:purple", lw=1, ls=":", marker=".", ms=3,
+                 label="policy entropy (trained tokens, right axis)")
+        ax2.set_ylabel("entropy (nats / token)", color="tab:purple")
+        ax2.set_ylim(bottom=0)
+        ax2.legend(loc="lower right", fontsize=7)
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
@@ -79,7 +102,8 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
 
     merge_rate = rate(sum(r.traces for r in results), sum(r.calls for r in results))
     bars = bars_met(first, last, heldout, wall_s, cfg.harness, merge_rate)
-    plot_rewards(rewards, run_dir / "reward.png", heldout)
+    plot_rewards(rewards, run_dir / "reward.png", heldout, [r.entropy for r in results])
+    fall = worst_fall(rewards)
     env = f"POLAR_KAFKA_BOOTSTRAP={settings.kafka_bootstrap} POLAR_TOPIC_PREFIX={shlex.quote(settings.topic_prefix)}"
     commands = {
         "replay": f"{env} polarstream replay --from-time 0 --to-prefix ablation-per-request --builder per_request",
@@ -97,6 +121,7 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
         "warm_start_train_pass_rate": (warm or {}).get("train_pass_rate"),
         "bars": bars,
         "learned": all(bars.values()),
+        "worst_fall_after_0.8": None if fall is None else round(fall, 3),  # issue 48: at most 0.3
         "harness": cfg.harness if cfg.harness == "builtin" else f"{cfg.harness} ({cfg.api})",
         "merge_rate": round(merge_rate, 3),
         "wall_time_s": round(wall_s, 1),
@@ -113,8 +138,10 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
     }
     path = run_dir / "demo-summary.json"
     path.write_text(json.dumps(summary, indent=2))
+    num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     rows = "\n".join(
-        f"| {r.step + 1} | {r.reward:.3f} | {r.samples} | {r.traces} | {r.calls} | {r.merge_rate:.0%} | "
+        f"| {r.step + 1} | {r.reward:.3f} | {num(r.entropy, '.4f')} | {num(r.grad_norm, '.3f')} | {num(r.lr, '.2e')} | "
+        f"{r.samples} | {r.traces} | {r.calls} | {r.merge_rate:.0%} | "
         f"{r.sampled_tokens} | {r.wall_s:.1f} | {r.policy_version} | {group_links(viewer_url, r.group_ids)} |"
         for r in results)
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
@@ -129,6 +156,8 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
 - warm start: train-split pass rate {fmt((warm or {}).get('train_pass_rate'))} before RL; its working adds up
   {fmt((warm or {}).get('working_correct'))} of the time (the ceiling RL can reach)
 - learned: **{summary['learned']}** ({', '.join(f"{k} {'ok' if v else 'missed'}" for k, v in bars.items())})
+- stays learned: once the 2-step mean reward first reached 0.8, it fell at most
+  **{fmt(fall)}** below its best so far (issue 48's rule: at most 0.3)
 - wall time: {wall_s / 60:.1f} min after the warm start ({summary['total_time_s'] / 60:.1f} min in all)
 - checkpoints: `{summary['checkpoint_url']}` (policy version {summary['policy_version']})
 - topics: prefix `{settings.topic_prefix}` on `{settings.kafka_bootstrap}`
@@ -136,8 +165,8 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
 
 ## Per step
 
-| step | reward | samples | traces | calls | merge rate | sampled tokens | wall s | policy | groups |
-|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|
+| step | reward | entropy | grad norm | lr | samples | traces | calls | merge rate | sampled tokens | wall s | policy | groups |
+|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|
 {rows}
 
 ## Replay and evaluate this run
@@ -167,11 +196,14 @@ RUNS_START, RUNS_END = "<!-- demo:runs -->", "<!-- /demo:runs -->"
 
 def runs_table(summaries: list[dict]) -> str:
     """One row per demo run: seed, quarters, held-out before/after, wall time, learned."""
-    rows = ["| seed | first quarter | last quarter | held-out pass@1 before | after | wall time after the warm start | learned |",
-            "|---:|---:|---:|---:|---:|---:|---|"]
+    rows = ["| seed | first quarter | last quarter | held-out pass@1 before | after | worst fall after 0.8 "
+            "| wall time after the warm start | learned |",
+            "|---:|---:|---:|---:|---:|---:|---:|---|"]
     for s in sorted(summaries, key=lambda s: s["seed"]):
+        fall = worst_fall(s.get("reward_per_step", []))
         rows.append(f"| {s['seed']} | {s['first_quarter_mean']:.3f} | {s['last_quarter_mean']:.3f} | "
-                    f"{s['heldout_before']:.3f} | {s['heldout_after']:.3f} | {s['wall_time_s'] / 60:.1f} min | "
+                    f"{s['heldout_before']:.3f} | {s['heldout_after']:.3f} | {'-' if fall is None else f'{fall:.2f}'} | "
+                    f"{s['wall_time_s'] / 60:.1f} min | "
                     f"{'yes' if s['learned'] else 'no: ' + ', '.join(k for k, v in s['bars'].items() if not v)} |")
     return "\n".join(rows)
 

@@ -62,6 +62,9 @@ class TrainConfig:
     # -- optimizer --
     lr: float = 1e-5
     lr_schedule: Literal["constant", "cosine"] = "constant"  # RL usually keeps lr constant
+    lr_saturation: float = 0.5  # a step whose mean reward (in [0, 1]) is above this trains with a smaller
+    # lr, falling linearly to lr * lr_saturation_floor at reward 1 (optim.saturation_scale; issue 48); 1: off
+    lr_saturation_floor: float = 0.05
     min_lr: float = 0.0  # cosine decay target
     warmup_steps: int = 0  # linear warmup (either schedule)
     weight_decay: float = 0.1
@@ -81,6 +84,8 @@ class TrainConfig:
     gateway: str = ""  # gateway base URL whose /admin/policy_version is stamped after a sync
     model_name: str = "policy"  # PolicyVersion.model
     # -- logging --
+    entropy_floor: float = 0.01  # warn (one line, and in train.jsonl) when the trained tokens' mean entropy
+    # falls below this: a nearly deterministic policy; also when the mean reward falls by > 0.3 in two steps
     run_dir: str = ""  # JSONL log + TensorBoard events; '' means <data_dir>/trainer/<consumer_group>
     tensorboard: bool = True
     progress: bool = True
@@ -118,6 +123,9 @@ class TrainConfig:
             (self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1"),
             (self.sync_every >= 0, "sync_every", "must be >= 0"),
             (self.max_sync_failures >= 0, "max_sync_failures", "must be >= 0"),
+            (0 < self.lr_saturation <= 1, "lr_saturation", "must be in (0, 1] (1: off)"),
+            (0 < self.lr_saturation_floor <= 1, "lr_saturation_floor", "must be in (0, 1]"),
+            (self.entropy_floor >= 0, "entropy_floor", "must be >= 0 (0: no warning)"),
             (0 <= self.metrics_port <= 65535, "metrics_port", "must be a port number (0: off)"),
             (0 < self.stale_weight <= 1, "stale_weight", "must be in (0, 1]"),
             (self.dist_timeout_s > 0, "dist_timeout_s", "must be > 0"),

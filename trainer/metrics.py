@@ -130,3 +130,21 @@ class Sinks:
             self.tb.close()
         if self.bar is not None:
             self.bar.stop()
+
+
+def health_warnings(rewards: list[float], entropy: float, entropy_floor: float, step: int,
+                    reward_drop: float = 0.3) -> list[str]:
+    """One-line warnings about the step just taken: the policy's entropy below ``entropy_floor`` (it is
+    nearly deterministic: a group's samples all agree, GRPO has nothing to compare, and one update can
+    move every answer at once), or the mean reward down by more than ``reward_drop`` within two steps
+    (``rewards`` is the run's per-step mean reward so far, this step's last)."""
+    out = []
+    if entropy_floor > 0 and 0 < entropy < entropy_floor:
+        out.append(f"step {step}: policy entropy {entropy:.4f} is below the floor {entropy_floor:g} "
+                   "(nearly deterministic; one update can move every answer at once)")
+    if len(rewards) >= 2:
+        before = max(rewards[-3:-1])
+        if before - rewards[-1] > reward_drop:
+            out.append(f"step {step}: mean reward fell from {before:.3f} to {rewards[-1]:.3f} within two steps "
+                       "(a collapse? see the step's grad_norm and entropy in train.jsonl)")
+    return out

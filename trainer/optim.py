@@ -36,6 +36,23 @@ def has_signal(samples: Sequence[Sample]) -> bool:
     return any(s.advantage != 0 and s.weight != 0 and s.trained for s in samples)
 
 
+def saturation_scale(reward_mean: float, knee: float, floor: float) -> float:
+    """The learning rate's factor for a step whose trajectories' mean reward is ``reward_mean`` (in [0, 1]).
+
+    1 up to ``knee``; above it, falling linearly to ``floor`` at reward 1 (``knee`` 1: always 1). Once
+    most samples pass, a group's only signal is a lone failure, and GRPO divides it by a tiny group std
+    (one failure in 8 gets advantage -2.65); AdamW then turns that gradient, whatever its size, into a
+    full-size step, momentum and output rows the gradient barely touched included. On seed 2 of the
+    demo, one such step at reward 0.94 took the next step to 0.47 (issue 48's note): rerunning it at
+    a fifth of the rate kept 0.96. A policy that mostly passes has little left to learn per step and
+    much to lose, so it takes smaller steps.
+    """
+    if knee >= 1:
+        return 1.0
+    r = min(max(reward_mean, 0.0), 1.0)
+    return max(floor, min(1.0, (1.0 - r) / (1.0 - knee)))
+
+
 def skip_update_reason(samples: Sequence[Sample], grad_norm: float) -> str | None:
     """Why this step must not call ``optimizer.step()``, or None to step.
 

@@ -38,8 +38,8 @@ from .attention import load_model
 from .config import TrainConfig
 from .kafka_io import GroupSource, offsets_from_json
 from .loss import LossConfig, summarize
-from .metrics import RunLog, Sinks, record_sync
-from .optim import apply_update, param_groups
+from .metrics import RunLog, Sinks, health_warnings, record_sync
+from .optim import apply_update, param_groups, saturation_scale
 from .packing import MicroBatch, Sample, assign_weights, pack, pad_by_length, samples_from_group, shard
 from .selection import SeenIds, StepPlan, lr_at, plan_step
 from .step import accumulate_gradients
@@ -112,6 +112,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
     synced = max(synced, checkpoint.read_engine_version(root, settings)) if master else synced
     sync_failures = int(state.get("sync_failures", 0))
     counters: Counter[str] = Counter(state.get("counters", {}))
+    reward_history: list[float] = []  # per-step mean reward since this (re)start, for health_warnings
 
     # -- rank 0: the group source, the run log, the publisher, the engines --------------------------
     stop = _StopFlag()
@@ -160,12 +161,12 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                                                   distributed, cfg.heartbeat_s)
                 wait_s = time.perf_counter() - t_wait
                 if consumed:
-                    payload = _samples(plan, cfg, log)
+                    payload = (*_samples(plan, cfg, log), _mean([t.reward for c in plan.chosen for t in c.group.trajectories]))
             payload = _broadcast_step(payload, distributed)
             if payload is None:
                 break
             t0 = time.perf_counter()  # step time excludes waiting for data (reported as wait_s)
-            samples, cut = payload
+            samples, cut, reward_mean = payload
             if not samples:  # everything consumed was skipped: positions move, weights do not
                 if master:
                     counters.update(s["reason"] for s in plan.skipped)
@@ -178,7 +179,8 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             mine = shard(micro, world, rank)
 
             # 3. forward/backward with gradient accumulation, clip, AdamW
-            lr = lr_at(step, cfg)
+            lr_scale = saturation_scale(reward_mean, cfg.lr_saturation, cfg.lr_saturation_floor)
+            lr = lr_at(step, cfg) * lr_scale
             for g in optimizer.param_groups:
                 g["lr"] = lr
             sums = accumulate_gradients(model, mine, loss_cfg, cfg.temperature, ref_model, device, autocast,
@@ -204,7 +206,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             if no_update is not None:
                 counters.update({f"no_update_{no_update}": 1})
             metrics = {
-                **summarize(sums), "grad_norm": float(grad_norm), "lr": lr, "policy_version": version,
+                **summarize(sums), "grad_norm": float(grad_norm), "lr": lr, "lr_scale": lr_scale, "policy_version": version,
                 "reward_mean": _mean(rewards), "reward_std": _std(rewards),
                 "adv_mean": _mean(advs), "adv_std": _std(advs), "adv_min": min(advs), "adv_max": max(advs),
                 "groups": len(plan.chosen), "skipped": len(plan.skipped), "trajectories": len(rewards),
@@ -220,6 +222,10 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                        "groups": [c.group.event_id for c in plan.chosen], "weights": [c.weight for c in plan.chosen],
                        "skipped": plan.skipped, "time": time.time()})
             sinks.step(step, metrics)
+            reward_history.append(metrics["reward_mean"])
+            for warning in health_warnings(reward_history, metrics["entropy"], cfg.entropy_floor, step):
+                logger.warning("%s", warning)
+                log.write({"event": "warning", "warning": "health", "step": step, "message": warning})
             url = save() if step % cfg.checkpoint_every == 0 else None
             last_url = url or last_url
             if cfg.sync_every and step % cfg.sync_every == 0:

@@ -48,17 +48,19 @@ def _ago(t: float) -> str:
     return f"{s}s ago" if s < 120 else f"{s // 60}m ago" if s < 7200 else f"{s // 3600}h ago"
 
 
-def sparkline(points: Sequence[tuple[float, float]], width: int = 240, height: int = 40, buckets: int = 48) -> str:
-    """Inline SVG of reward over time: ``points`` (time, reward) averaged into at most ``buckets``."""
+def sparkline(points: Sequence[tuple[float, float]], width: int = 240, height: int = 40, buckets: int = 48,
+              what: str = "reward", per_what: str = "trajectories", unit_range: bool = True) -> str:
+    """Inline SVG of ``what`` over time: ``points`` (time, value) averaged into at most ``buckets``; the y
+    axis spans [0, 1] (and any value outside it), or with ``unit_range`` False, 0 to the largest value."""
     if not points:
-        return '<svg class="spark" width="240" height="40"><text x="4" y="24">no rewards yet</text></svg>'
+        return f'<svg class="spark" width="240" height="40"><text x="4" y="24">no {what}s yet</text></svg>'
     pts = sorted(points)
     per = max(1, -(-len(pts) // buckets))  # ceil: every bucket but the last holds ``per`` rewards
     means = [sum(r for _, r in pts[i:i + per]) / len(pts[i:i + per]) for i in range(0, len(pts), per)]
-    lo, hi = min(0.0, *means), max(1.0, *means)
+    lo, hi = (min(0.0, *means), max(1.0, *means)) if unit_range else (0.0, max(max(means), 1e-9))
     step = width / max(1, len(means) - 1)
     xy = " ".join(f"{i * step:.1f},{height - 2 - (m - lo) / (hi - lo) * (height - 4):.1f}" for i, m in enumerate(means))
-    title = f"reward over time: {len(pts)} trajectories, {per} per point, last {means[-1]:.2f}"
+    title = f"{what} over time: {len(pts)} {per_what}, {per} per point, last {means[-1]:.3g}"
     return (f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">'
             f'<title>{escape(title)}</title><polyline fill="none" points="{xy}"/></svg>')
 
@@ -82,6 +84,14 @@ def _run_section(i: int, run: RunIndex) -> str:
                 + (f" · {run.undecodable} undecodable" if run.undecodable else "") + "</p>")
         spark = (f'<div class="spark-box">{sparkline(run.rewards)} <span class="meta">reward over time, '
                  f'{len(run.rewards)} trajectories</span></div>')
+        # the trainer's own view, per policy version: its step's mean reward beside the policy's entropy
+        # (a policy that collapses to one answer shows as entropy near 0, often just before reward falls)
+        steps = sorted((v, p.metrics) for v, p in run.policies.items() if "entropy" in p.metrics)
+        if steps:
+            spark += (f'<div class="spark-box">{sparkline([(v, m.get("reward_mean", 0.0)) for v, m in steps], what="step reward", per_what="steps")} '
+                      f'{sparkline([(v, m["entropy"]) for v, m in steps], what="entropy", per_what="steps", unit_range=False)} '
+                      f'<span class="meta">trainer, per policy version: step reward and policy entropy '
+                      f'(last {steps[-1][1]["entropy"]:.4f})</span></div>')
         return head + spark + _cells_table(run.cells()) + _groups_table(i, run) + "</section>"
 
 
