@@ -61,35 +61,35 @@ def sample(model, tokenizer, prompt: list[int], n: int, max_new_tokens: int, tem
            generator: torch.Generator) -> list[list[int]]:
     """``n`` completions of ``prompt`` drawn from the full softmax at ``temperature`` (no top-k/top-p,
     as the demo's engine samples), each ending at the end-of-turn token or ``max_new_tokens``."""
+    return sample_with_logprobs(model, tokenizer, prompt, n, max_new_tokens, temperature, generator)[0]
+
+
+@torch.no_grad()
+def sample_with_logprobs(model, tokenizer, prompt: list[int], n: int, max_new_tokens: int, temperature: float,
+                         generator: torch.Generator) -> tuple[list[list[int]], list[list[float]]]:
+    """``sample``, with each sampled token's logprob under the sampling distribution (what an engine
+    returns as the behaviour policy's logprobs: fp32, logits / temperature)."""
     stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
     out = model(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1)  # the prompt runs once
     cache, logits = out.past_key_values, out.logits[:, -1].expand(n, -1)
     cache.batch_repeat_interleave(n)
     done = torch.zeros(n, dtype=torch.bool)
     comps: list[list[int]] = [[] for _ in range(n)]
+    lps: list[list[float]] = [[] for _ in range(n)]
     for _ in range(max_new_tokens):
-        probs = torch.softmax(logits.float() / temperature, dim=-1)
-        nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (n,)
+        scaled = logits.float() / temperature
+        nxt = torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator).squeeze(-1)  # (n,)
+        picked = torch.log_softmax(scaled, dim=-1).gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
         for i in range(n):
             if not done[i]:
                 comps[i].append(int(nxt[i]))
+                lps[i].append(float(picked[i]))
         done |= nxt == stop
         if bool(done.all()):
             break
         out = model(input_ids=nxt.unsqueeze(-1), past_key_values=cache, use_cache=True)
         cache, logits = out.past_key_values, out.logits[:, -1]
-    return comps
-
-
-@torch.no_grad()
-def sequence_logprobs(model, prompt: list[int], completions: list[list[int]]) -> list[list[float]]:
-    """fp32 logprob of each completion token under ``model`` (the behaviour policy's), one batch."""
-    width = max(len(c) for c in completions)
-    ids = torch.tensor([prompt + c + [0] * (width - len(c)) for c in completions])  # (n, L + C), right-padded
-    # logits only for the positions that predict completion tokens (the padding is causal-invisible)
-    logits = model(input_ids=ids, logits_to_keep=width + 1).logits[:, :-1].float()  # (n, C, V)
-    lp = torch.log_softmax(logits, -1).gather(-1, ids[:, len(prompt):].unsqueeze(-1)).squeeze(-1)  # (n, C)
-    return [lp[i, :len(c)].tolist() for i, c in enumerate(completions)]
+    return comps, lps
 
 
 def shape_prompt(tokenizer, question: str, shape: Shape) -> list[int]:
@@ -144,6 +144,8 @@ class RunConfig:
     seed: int = 0
     loss_norm: str = "token_mean"
     lr_saturation: float | None = None  # None: the trainer's default (TrainConfig.lr_saturation); 1: off
+    all_problems: bool = False  # every step trains on every problem (tasks_per_step unused): a step's mean
+    # reward then measures the policy, not which problems the step happened to draw
 
 
 @dataclass
@@ -168,10 +170,11 @@ class RunLog:
 def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunConfig, *, system: str,
            tools: list[dict], on_step=None, shape: Shape | None = None) -> tuple[RunLog, torch.nn.Module]:
     """On-policy GRPO on ``problems`` with the trainer's packing, loss, optimizer and no-signal rule."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from streams.advantages import compute_advantages
     from trainer.config import TrainConfig
+    from trainer.attention import load_model
     from trainer.loss import LossConfig
     from trainer.optim import apply_update, has_signal, param_groups, saturation_scale
     from trainer.packing import assign_weights, pack, sample_from_trace
@@ -181,7 +184,10 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunC
     rng = random.Random(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # One model: sampled with sdpa (KV cache), trained with polar_varlen, which feeds a group's shared
+    # prompt once (trainer.packing share_prefix): the prompt is ~90% of each sample's tokens.
+    model = load_model(model_dir, torch.float32, "auto")
+    train_attn = model.config._attn_implementation
     tcfg = TrainConfig(lr=cfg.lr, weight_decay=0.0, loss_norm=cfg.loss_norm, temperature=cfg.temperature,
                        **({} if cfg.lr_saturation is None else {"lr_saturation": cfg.lr_saturation}))
     optimizer = torch.optim.AdamW(param_groups(model, tcfg.weight_decay), lr=tcfg.lr)
@@ -189,19 +195,23 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunC
     prompt_of, score = task_io(tok, system, tools, shape)
     for step in range(cfg.steps):
         model.eval()
+        model.set_attn_implementation("sdpa")
         batch, rewards = [], []
-        for q, a in (rng.choice(list(problems)) for _ in range(cfg.tasks_per_step)):
+        drawn = list(problems) if cfg.all_problems else [rng.choice(list(problems)) for _ in range(cfg.tasks_per_step)]
+        for q, a in drawn:
             prompt = prompt_of(q)
-            comps = sample(model, tok, prompt, cfg.samples, cfg.max_new_tokens, cfg.temperature, gen)
+            comps, lps = sample_with_logprobs(model, tok, prompt, cfg.samples, cfg.max_new_tokens, cfg.temperature, gen)
             rs = [score(tok.decode(c), a) for c in comps]
             advs = compute_advantages(rs).values
-            for c, adv, lp in zip(comps, advs, sequence_logprobs(model, prompt, comps)):
+            for c, adv, lp in zip(comps, advs, lps):
                 ids = prompt + c
-                s = sample_from_trace(ids, [0] * len(prompt) + [1] * len(c), [0.0] * len(prompt) + lp, adv, len(ids))
+                s = sample_from_trace(ids, [0] * len(prompt) + [1] * len(c), [0.0] * len(prompt) + lp, adv, len(ids),
+                                      group_id=f"{step}-{q}-{len(rewards)}")
                 if s is not None:
                     batch.append(s)
             rewards += rs
         model.train()
+        model.set_attn_implementation(train_attn)
         lr = tcfg.lr * saturation_scale(sum(rewards) / len(rewards), tcfg.lr_saturation, tcfg.lr_saturation_floor)
         for g in optimizer.param_groups:
             g["lr"] = lr
@@ -209,7 +219,7 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunC
         batch = assign_weights(batch, cfg.loss_norm)
         signal = has_signal(batch)
         if signal:  # without signal the gradient is zero: skip the forward too
-            accumulate_gradients(model, pack(batch, 1 << 14), LossConfig(), cfg.temperature)
+            accumulate_gradients(model, pack(batch, 1 << 14, share_prefix=True), LossConfig(), cfg.temperature)
         apply_update(model, optimizer, batch, grad_clip=1.0)
         moved = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
         entry = StepLog(step, sum(rewards) / len(rewards), signal, moved, sum(len(s.trained) for s in batch), lr)
