@@ -226,4 +226,6 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunC
         log.steps.append(entry)
         if on_step is not None:
             on_step(entry)
+    model.eval()
+    model.set_attn_implementation("sdpa")  # the caller samples from it (polar_varlen needs a training layout)
     return log, model
