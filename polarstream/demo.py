@@ -271,9 +271,10 @@ def _view(cfg: DemoConfig, results: list[StepResult], lag: dict[str, int], statu
     t = Table(title=f"polarstream demo - {status}", expand=False)
     for col in ("step", "reward", "entropy", "grad norm", "samples", "tokens/s", "merge rate", "policy"):
         t.add_column(col, justify="right")
-    num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    from .report import dash
+
     for r in results[-12:]:
-        t.add_row(str(r.step), f"{r.reward:.2f}", num(r.entropy, ".3f"), num(r.grad_norm, ".2f"), str(r.samples),
+        t.add_row(str(r.step), f"{r.reward:.2f}", dash(r.entropy, ".3f"), dash(r.grad_norm, ".2f"), str(r.samples),
                   f"{r.sampled_tokens / max(r.wall_s, 1e-9):.0f}", f"{r.merge_rate:.0%}", str(r.policy_version))
     held = ", ".join(f"{k} {v:.2f}" for k, v in (heldout or {}).items()) or "-"
     t.caption = (f"held-out pass@1: {held}\n"

@@ -212,7 +212,8 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunC
             rewards += rs
         model.train()
         model.set_attn_implementation(train_attn)
-        lr = tcfg.lr * saturation_scale(sum(rewards) / len(rewards), tcfg.lr_saturation, tcfg.lr_saturation_floor)
+        mean_reward = sum(rewards) / len(rewards)
+        lr = tcfg.lr * saturation_scale(mean_reward, tcfg.lr_saturation, tcfg.lr_saturation_floor)
         for g in optimizer.param_groups:
             g["lr"] = lr
         before = [p.detach().clone() for p in model.parameters()]
@@ -222,7 +223,7 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunC
             accumulate_gradients(model, pack(batch, 1 << 14, share_prefix=True), LossConfig(), cfg.temperature)
         apply_update(model, optimizer, batch, grad_clip=1.0)
         moved = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
-        entry = StepLog(step, sum(rewards) / len(rewards), signal, moved, sum(len(s.trained) for s in batch), lr)
+        entry = StepLog(step, mean_reward, signal, moved, sum(len(s.trained) for s in batch), lr)
         log.steps.append(entry)
         if on_step is not None:
             on_step(entry)

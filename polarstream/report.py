@@ -21,6 +21,11 @@ def quarter_means(rewards: list[float]) -> tuple[float, float]:
     return sum(rewards[:q]) / q, sum(rewards[-q:]) / q
 
 
+def dash(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``, or "-" where there is none (a step the trainer reported nothing for)."""
+    return "-" if value is None else format(value, spec)
+
+
 def worst_fall(rewards: list[float], reach: float = 0.8) -> float | None:
     """How far the 2-step mean reward fell below its best so far, at worst, once it first reached ``reach``
     (None if it never did). Issue 48's rule for a run that stays learned: at most 0.3."""
@@ -138,13 +143,12 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
     }
     path = run_dir / "demo-summary.json"
     path.write_text(json.dumps(summary, indent=2))
-    num = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     rows = "\n".join(
-        f"| {r.step + 1} | {r.reward:.3f} | {num(r.entropy, '.4f')} | {num(r.grad_norm, '.3f')} | {num(r.lr, '.2e')} | "
+        f"| {r.step + 1} | {r.reward:.3f} | {dash(r.entropy, '.4f')} | {dash(r.grad_norm, '.3f')} | {dash(r.lr, '.2e')} | "
         f"{r.samples} | {r.traces} | {r.calls} | {r.merge_rate:.0%} | "
         f"{r.sampled_tokens} | {r.wall_s:.1f} | {r.policy_version} | {group_links(viewer_url, r.group_ids)} |"
         for r in results)
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    fmt = lambda v: dash(v, ".3f")  # noqa: E731
     (run_dir / "report.md").write_text(f"""# polarstream demo report
 
 ![reward per step](reward.png)
@@ -202,7 +206,7 @@ def runs_table(summaries: list[dict]) -> str:
     for s in sorted(summaries, key=lambda s: s["seed"]):
         fall = worst_fall(s.get("reward_per_step", []))
         rows.append(f"| {s['seed']} | {s['first_quarter_mean']:.3f} | {s['last_quarter_mean']:.3f} | "
-                    f"{s['heldout_before']:.3f} | {s['heldout_after']:.3f} | {'-' if fall is None else f'{fall:.2f}'} | "
+                    f"{s['heldout_before']:.3f} | {s['heldout_after']:.3f} | {dash(fall, '.2f')} | "
                     f"{s['wall_time_s'] / 60:.1f} min | "
                     f"{'yes' if s['learned'] else 'no: ' + ', '.join(k for k, v in s['bars'].items() if not v)} |")
     return "\n".join(rows)

@@ -207,7 +207,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 counters.update({f"no_update_{no_update}": 1})
             metrics = {
                 **summarize(sums), "grad_norm": float(grad_norm), "lr": lr, "lr_scale": lr_scale, "policy_version": version,
-                "reward_mean": _mean(rewards), "reward_std": _std(rewards),
+                "reward_mean": reward_mean, "reward_std": _std(rewards),
                 "adv_mean": _mean(advs), "adv_std": _std(advs), "adv_min": min(advs), "adv_max": max(advs),
                 "groups": len(plan.chosen), "skipped": len(plan.skipped), "trajectories": len(rewards),
                 "sequences": len(samples), "microbatches": len(micro), "trained_tokens": sums["tokens"],
