@@ -45,6 +45,13 @@ Issue 47's bars against rllm-model-gateway, from the same rounds, all at the top
 ``peer_cpu_ms_per_call`` beside it) and ``gateway_added_p50_less_ack_vs_peer`` (extend_80kb's added p50 less
 the publish stage, the wait for Kafka's acknowledgement: ``gateway_publish_ack_ms_mean``).
 
+That stub charges a Chat prompt nothing, which no real engine does: vLLM renders and tokenizes every text
+prompt it is sent, and a gateway that forwards text leaves that to it, while ours tokenizes only the new
+turn and sends ids. So the same race also runs in front of a *vLLM-like* stub (``serve_stub`` with a
+tokenizer; targets ``<server>@vllm_like.<mode>``): ours and the peer end to end, the harness's view
+(``versus_peer_vllm_like``: ``vllm_like_gateway_p50_vs_peer_80kb``, ``vllm_like_gateway_calls_per_s_vs_peer_16``
+and ``_64``, and ``vllm_like_engine_tokenize_ms_p50_80kb``, what the engine spends on a forwarded 80 KB call).
+
     .venv/bin/python bench/gateway.py [--quick] [--bootstrap HOST:PORT]
 """
 
@@ -79,8 +86,13 @@ WORDS = ("the file function value return error test module import class config s
 # ------------------------------------------------------------------------------------ stub engine
 
 
-def serve_stub(port: int, spec_file: str) -> None:
+def serve_stub(port: int, spec_file: str, tokenizer_dir: str = "") -> None:
     """The stub engine process: fixed completion ids for /v1/completions, a fixed tool call for chat.
+
+    With ``tokenizer_dir`` it is *vLLM-like*: a Chat request is rendered with the model's chat template and
+    tokenized, as vLLM's OpenAI server does with every text prompt before it schedules it (the ids are its
+    ``prompt_token_ids``), while a /v1/completions prompt of token ids is taken as is, as vLLM takes it.
+    A gateway that forwards text leaves that work to the engine; ours sends ids and does it itself.
 
     Served as vLLM serves its API: one asyncio process under uvicorn (uvloop, httptools). A thread per
     connection (http.server) collapsed under 64 clients (64 threads contending for one GIL: 50 calls/s
@@ -93,6 +105,7 @@ def serve_stub(port: int, spec_file: str) -> None:
 
     spec = json.loads(Path(spec_file).read_text())
     ids, call_args = spec["completion_ids"], json.dumps(CALL["arguments"])
+    tokenize = _chat_tokenizer(tokenizer_dir) if tokenizer_dir else None
     models = orjson.dumps({"object": "list", "data": [{"id": "stub-model", "max_model_len": 262144}]})
 
     def answer(path: str, req: dict) -> tuple[bytes, bytes]:
@@ -101,7 +114,8 @@ def serve_stub(port: int, spec_file: str) -> None:
                       "stop_reason": None, "logprobs": {"token_logprobs": [-0.5] * len(ids), "tokens": [""] * len(ids)}}
             return orjson.dumps({"id": "cmpl-1", "object": "text_completion", "model": "stub-model",
                                  "choices": [choice], "policy_version": 0}), b"application/json"
-        n_prompt = len(orjson.dumps(req.get("messages", []))) // 4  # about what a tokenizer would give
+        prompt_ids = tokenize(req) if tokenize else None
+        n_prompt = len(prompt_ids) if prompt_ids is not None else len(orjson.dumps(req.get("messages", []))) // 4
         tool_call = {"id": "call_stub", "type": "function", "function": {"name": "Bash", "arguments": call_args}}
         token_data = {"token_ids": ids} if req.get("return_token_ids") else {}
         if not req.get("stream"):
@@ -109,7 +123,7 @@ def serve_stub(port: int, spec_file: str) -> None:
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [tool_call]},
                                  "finish_reason": "tool_calls", **token_data}],
                     "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(ids), "total_tokens": n_prompt + len(ids)},
-                    **({"prompt_token_ids": list(range(n_prompt))} if req.get("return_token_ids") else {})}
+                    **({"prompt_token_ids": prompt_ids or list(range(n_prompt))} if req.get("return_token_ids") else {})}
             return orjson.dumps(body), b"application/json"
         chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
                   {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, **tool_call}]}, **token_data}]},
@@ -141,6 +155,26 @@ def serve_stub(port: int, spec_file: str) -> None:
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, loop="uvloop",
                 http="httptools", backlog=1024)
+
+
+def _chat_tokenizer(tokenizer_dir: str):
+    """Chat request -> prompt ids the way vLLM's server makes them: tool-call arguments parsed to objects
+    for the template, the template rendered to text, the text tokenized without added special tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    backend = tok.backend_tokenizer
+
+    def tokenize(req: dict) -> list[int]:
+        messages = []
+        for m in req.get("messages", []):
+            if m.get("tool_calls"):
+                m = {**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                                         for c in m["tool_calls"]]}
+            messages.append(m)
+        text = tok.apply_chat_template(messages, tools=req.get("tools") or None, add_generation_prompt=True, tokenize=False)
+        return backend.encode(text, add_special_tokens=False).ids
+    return tokenize
 
 
 # ------------------------------------------------------------------------------------ workload
@@ -448,10 +482,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer requests (under a minute with a warm cache)")
     ap.add_argument("--bootstrap", default="", help="use this running Kafka instead of starting one")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every target")
-    ap.add_argument("--serve-stub", nargs=2, metavar=("PORT", "SPEC"), help=argparse.SUPPRESS)
+    ap.add_argument("--serve-stub", nargs="+", metavar="PORT SPEC [TOKENIZER]", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_stub:
-        return serve_stub(int(args.serve_stub[0]), args.serve_stub[1])
+        return serve_stub(int(args.serve_stub[0]), *args.serve_stub[1:])
     asyncio.run(bench(args))
 
 
@@ -461,6 +495,7 @@ MEDIANS = ("calls_per_s", "p50_ms", "p99_ms")
 
 
 SCENARIOS = {"extend_80kb": extend_80kb, "fresh_80kb": fresh_80kb}
+VLLM_LIKE = "@vllm_like"  # in a target's name: in front of the stub that tokenizes Chat prompts as vLLM does
 
 
 def run_plan(target: dict, world: dict, plan: dict[int, int], scenarios: dict[str, tuple[dict, int]]) -> dict:
@@ -553,6 +588,7 @@ def headline(out: dict, peers: dict) -> dict:
                "added_latency_ms_mean": added(out, ours, direct, "extend_80kb", "mean_ms"),
                "added_latency_stages_ms_mean": out.get(ours, {}).get("extend_80kb", {}).get("stage_mean_ms")}
     figures.update(versus_peer(out, ours, peer, direct))
+    figures.update(versus_peer_vllm_like(out))
     if figures["peer_calls_per_s_16_clients"] is None:
         figures["peer_calls_per_s_16_clients_reason"] = (out.get(peer, {}).get("failed")
                                                          or peers.get("rllm-model-gateway", "not measured"))
@@ -590,6 +626,33 @@ def versus_peer(out: dict, ours: str, peer: str, direct: str) -> dict:
             "gateway_added_p50_less_ack_vs_peer": ratio(less_ack, added(out, peer, direct, "extend_80kb", "p50_ms"))}
 
 
+def versus_peer_vllm_like(out: dict) -> dict:
+    """The same race in front of the vLLM-like stub, end to end (harness to answer), ours ÷ the peer's.
+
+    The stub above charges a Chat prompt nothing, so the figures against it count our tokenizing as the
+    gateway's cost and the engine's re-tokenizing of every forwarded 80 KB prompt as free. In front of an
+    engine that does what vLLM does, each system pays for what it makes the engine do."""
+    def get(name: str, *keys: str):
+        d = out.get(f"{name}{VLLM_LIKE}.chat_stream", {})
+        for k in keys:
+            d = d.get(k, {}) if isinstance(d, dict) else {}
+        return d if isinstance(d, (int, float)) else None
+
+    def ratio(a, b):
+        return round(a / b, 3) if a is not None and b else None
+
+    tokenizing = [get("direct_engine", "extend_80kb", "p50_ms"), out.get("direct_engine.chat_stream", {}).get("extend_80kb", {}).get("p50_ms")]
+    return {"vllm_like_engine_tokenize_ms_p50_80kb": round(tokenizing[0] - tokenizing[1], 2) if None not in tokenizing else None,
+            "vllm_like_gateway_p50_ms_80kb": get("polarstream", "extend_80kb", "p50_ms"),
+            "vllm_like_peer_p50_ms_80kb": get("rllm-model-gateway", "extend_80kb", "p50_ms"),
+            "vllm_like_gateway_p50_vs_peer_80kb": ratio(get("polarstream", "extend_80kb", "p50_ms"),
+                                                        get("rllm-model-gateway", "extend_80kb", "p50_ms")),
+            "vllm_like_gateway_calls_per_s_vs_peer_16": ratio(get("polarstream", "16", "calls_per_s"),
+                                                              get("rllm-model-gateway", "16", "calls_per_s")),
+            "vllm_like_gateway_calls_per_s_vs_peer_64": ratio(get("polarstream", "64", "calls_per_s"),
+                                                              get("rllm-model-gateway", "64", "calls_per_s"))}
+
+
 async def bench(args: argparse.Namespace) -> None:
     from engine.models import ensure_model
     from gateway.sessions import mint_session_key
@@ -610,6 +673,10 @@ async def bench(args: argparse.Namespace) -> None:
         procs.append(spawn([sys.executable, __file__, "--serve-stub", str(stub_port), str(spec)], tmp / "stub.log"))
         stub = f"http://127.0.0.1:{stub_port}"
         wait_http(stub + "/health", procs[-1])
+        vllm_port = free_port()  # the vLLM-like stub: it tokenizes Chat prompts, as vLLM does (serve_stub)
+        procs.append(spawn([sys.executable, __file__, "--serve-stub", str(vllm_port), str(spec), str(model_dir)], tmp / "stub-vllm.log"))
+        vllm_like = f"http://127.0.0.1:{vllm_port}"
+        wait_http(vllm_like + "/health", procs[-1])
 
         # Every call waits for its acknowledgement: the broker runs its full JIT, as a deployed one does.
         settings, kafka = kafka_for_bench(args.bootstrap, tmp, "bench", quick_jit=False)
@@ -623,9 +690,15 @@ async def bench(args: argparse.Namespace) -> None:
         procs.append(spawn([sys.executable, "-c", "from polarstream.cli import main; main()", "gateway", "--engine-url", stub,
                             "--model", str(model_dir), "--port", str(gw2_port), "--processes", "2"], tmp / "gateway-2proc.log", env))
         ours_2proc = f"http://127.0.0.1:{gw2_port}"
-        wait_http(ours + "/health", procs[-2])
-        wait_http(ours_2proc + "/health", procs[-1])
-        pids = {ours: procs[-2].pid, ours_2proc: procs[-1].pid}  # the 2-process one counts its workers too
+        # Our gateway in front of the vLLM-like stub.
+        gw3_port = free_port()
+        procs.append(spawn([sys.executable, "-c", "from polarstream.cli import main; main()", "gateway", "--engine-url", vllm_like,
+                            "--model", str(model_dir), "--port", str(gw3_port)], tmp / "gateway-vllm-like.log", env))
+        ours_vllm_like = f"http://127.0.0.1:{gw3_port}"
+        wait_http(ours + "/health", procs[-3])
+        wait_http(ours_2proc + "/health", procs[-2])
+        wait_http(ours_vllm_like + "/health", procs[-1])
+        pids = {ours: procs[-3].pid, ours_2proc: procs[-2].pid, ours_vllm_like: procs[-1].pid}  # 2-process: its workers too
         secret = settings.session_secret
 
         def ours_target(provider: str, base: str = ours) -> dict:
@@ -641,16 +714,20 @@ async def bench(args: argparse.Namespace) -> None:
             # Non-streaming Chat: the mode Agent Lightning is measured in, so it has a like-for-like row.
             "polarstream.chat_json": {**ours_target("chat"), "stream": False, "scenarios": False},
             "polarstream_2proc.chat_stream": ours_target("chat", ours_2proc),
+            f"direct_engine{VLLM_LIKE}.chat_stream": {"provider": "chat", "scenarios": True,
+                                                      "url": lambda sid: (vllm_like + "/v1/chat/completions", {})},
+            f"polarstream{VLLM_LIKE}.chat_stream": ours_target("chat", ours_vllm_like),
         }
         peers: dict[str, str] = {}
         if (PEERS / "rllm/bin/rllm-model-gateway").exists():
-            rport = free_port()
-            procs.append(spawn([str(PEERS / "rllm/bin/rllm-model-gateway"), "--host", "127.0.0.1", "--port", str(rport),
-                                "--worker", stub + "/v1", "--store", "memory", "--log-level", "warning"], tmp / "rllm.log"))
-            wait_http(f"http://127.0.0.1:{rport}/health", procs[-1])
-            targets["rllm-model-gateway.chat_stream"] = {"provider": "chat", "scenarios": True, "pid": procs[-1].pid,
-                                                         "url": lambda sid, p=rport: (
-                f"http://127.0.0.1:{p}/sessions/{sid}/v1/chat/completions", {})}
+            for suffix, engine, log in (("", stub, "rllm.log"), (VLLM_LIKE, vllm_like, "rllm-vllm-like.log")):
+                rport = free_port()
+                procs.append(spawn([str(PEERS / "rllm/bin/rllm-model-gateway"), "--host", "127.0.0.1", "--port", str(rport),
+                                    "--worker", engine + "/v1", "--store", "memory", "--log-level", "warning"], tmp / log))
+                wait_http(f"http://127.0.0.1:{rport}/health", procs[-1])
+                targets[f"rllm-model-gateway{suffix}.chat_stream"] = {"provider": "chat", "scenarios": True, "pid": procs[-1].pid,
+                                                                      "url": lambda sid, p=rport: (
+                    f"http://127.0.0.1:{p}/sessions/{sid}/v1/chat/completions", {})}
             peers["rllm-model-gateway"] = "0.1.0 from PyPI (python3.11 venv), --store memory; Chat only (no Anthropic route in 0.1.0)"
         else:
             peers["rllm-model-gateway"] = f"not installed: python3.11 -m venv {PEERS}/rllm && {PEERS}/rllm/bin/pip install rllm-model-gateway"
@@ -682,13 +759,13 @@ async def bench(args: argparse.Namespace) -> None:
         result["rounds"] = rounds
         direct = out["direct_engine.chat_stream"].get("1", {})
         for name, runs in out.items():
-            if name.startswith("direct") or "1" not in runs:
+            if name.startswith("direct") or "1" not in runs or VLLM_LIKE in name:
                 continue
             runs["added_latency_ms"] = {"p50": round(runs["1"]["p50_ms"] - direct.get("p50_ms", 0), 2),
                                         "p99": round(runs["1"]["p99_ms"] - direct.get("p99_ms", 0), 2)}
         for name, runs in out.items():
             for scenario in SCENARIOS:
-                if scenario in runs and not name.startswith("direct"):
+                if scenario in runs and not name.startswith("direct") and VLLM_LIKE not in name:
                     runs[scenario]["added_ms"] = {q: added(out, name, "direct_engine.chat_stream", scenario, f"{q}_ms")
                                                   for q in ("p50", "p99")}
         result.update(headline(out, peers))

@@ -208,3 +208,20 @@ def test_gateway_scenarios_and_two_processes_are_compared():
                 "polarstream.chat_stream")]
     assert (scale["ours"], scale["anchor"], scale["verdict"]) == (450.0, 300.0, "ours 1.50× better")
     assert not [r for r in rows if r["anchor_name"].startswith("polarstream_2proc")]  # ours, never an anchor
+
+
+def test_vllm_like_targets_are_compared_only_with_each_other():
+    res = copy.deepcopy(GATEWAY)
+    res["results"]["direct_engine@vllm_like.chat_stream"] = {"16": {"calls_per_s": 60.0, "p50_ms": 200.0, "p99_ms": 300.0}}
+    res["results"]["polarstream@vllm_like.chat_stream"] = {"16": {"calls_per_s": 120.0, "p50_ms": 90.0, "p99_ms": 150.0}}
+    res["results"]["rllm-model-gateway@vllm_like.chat_stream"] = {"16": {"calls_per_s": 50.0, "p50_ms": 250.0, "p99_ms": 400.0}}
+    res.update(vllm_like_gateway_p50_ms_80kb=12.0, vllm_like_peer_p50_ms_80kb=40.0)
+    rows, problems = comparisons_for("gateway", res)
+    assert problems == []
+    like = [r for r in rows if "@vllm_like" in r["anchor_name"]]
+    assert {(r["metric"], r["ours"], r["anchor"]) for r in like} == {
+        ("p50 latency of the 80 KB extending call, 1 client", 12.0, 40.0), ("calls/s, 16 clients", 120.0, 50.0)}
+    assert all(r["anchor_name"] == "rllm-model-gateway@vllm_like.chat_stream" for r in like)
+    # no row puts a vLLM-like figure beside one measured against the plain stub
+    plain = [r for r in rows if "@vllm_like" not in r["anchor_name"]]
+    assert 120.0 not in {r["ours"] for r in plain} and 60.0 not in {r["anchor"] for r in plain}

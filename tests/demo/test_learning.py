@@ -97,26 +97,27 @@ def test_reward_rises_and_weights_move_only_on_steps_with_signal(warm_model):
     assert after >= before + 0.2, (before, after, log.rewards)
 
 
-@pytest.mark.timeout(1800)  # three 20-step runs: ~4 min alone, past the suite's 600 s beside three busy workers
-def test_learning_stays_learned_on_three_seeds():
+@pytest.mark.timeout(900)  # a 20-step run: ~50 s alone, several minutes beside three busy workers
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_learning_stays_learned(seed):
     """Issue 48's rule, in process: once a run's 2-step mean reward reaches 0.8, it never falls more than 0.3
     below its best. Every step trains on all the problems (``all_problems``), so a step's reward measures
     the policy, not which problems it drew (drawing 4 of the demo's 65 problems a step, one in-process run fell
-    0.39 across steps that made no update at all). The rule must bite: at least one run has to get past 0.8.
-    It guards the trainer's defaults (lr_saturation included) but does not reproduce issue 48's collapse: in
-    20 steps these runs end near 0.85, short of the saturated regime where the demo's collapse happened."""
+    0.39 across steps that made no update at all). The rule must bite: seed 0 gets past 0.8 by step ~10 (1
+    and 2 by step ~17). One seed per test, so the suite's workers share them. It guards the trainer's
+    defaults (lr_saturation included) but does not reproduce issue 48's collapse: in 20 steps these runs end
+    near 0.85, short of the saturated regime where the demo's collapse happened."""
     from polarstream.report import worst_fall
 
     torch.set_num_threads(THREADS)
     warm = _warm(WARM_HALF_TOOL)
-    falls = {}
-    for seed in (0, 1, 2):
-        log, _ = rl_run(warm, PROBLEMS, RunConfig(steps=20, samples=8, lr=1.2e-3, seed=seed, all_problems=True),
-                        system=SYSTEM, tools=TOOLS)
-        falls[seed] = (worst_fall(log.rewards), [round(r, 2) for r in log.rewards])
-        print(f"seed {seed}: worst fall after 0.8 {falls[seed][0]}; step rewards {falls[seed][1]}")
-    assert any(f is not None for f, _ in falls.values()), f"no run reached a 2-step mean of 0.8: {falls}"
-    assert all(f is None or f <= 0.3 for f, _ in falls.values()), falls
+    log, _ = rl_run(warm, PROBLEMS, RunConfig(steps=20, samples=8, lr=1.2e-3, seed=seed, all_problems=True),
+                    system=SYSTEM, tools=TOOLS)
+    fall, rewards = worst_fall(log.rewards), [round(r, 2) for r in log.rewards]
+    print(f"seed {seed}: worst fall after 0.8 {fall}; step rewards {rewards}")
+    assert sum(rewards[-4:]) / 4 >= sum(rewards[:4]) / 4 + 0.2, rewards  # it learned
+    assert fall is not None or seed != 0, f"seed 0 never reached a 2-step mean of 0.8: {rewards}"
+    assert fall is None or fall <= 0.3, (fall, rewards)
 
 
 COLLAPSE = Path(__file__).parent / "data" / "seed2-collapse.json.gz"
