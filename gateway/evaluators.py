@@ -11,6 +11,12 @@ Three kinds (``EvaluatorSpec.kind``):
   hang can be killed and a crash can't take the node down); it returns a float, or a dict with
   ``reward`` and optional ``metrics``.
 
+- ``harbor``: a Harbor / Terminal-Bench verifier. The copy is shown at the task's working dir
+  (``WorkspaceSpec.mount``, e.g. /app), the task's tests at ``/tests`` and a writable ``/logs/verifier``,
+  and ``command`` (``bash /tests/test.sh``) runs there, as Harbor runs it in its container. The reward
+  is ``/logs/verifier/reward.txt`` (one number) or ``reward.json`` (its ``reward``, else the mean of
+  its numbers) when the verifier writes one, clamped to [0, 1]; otherwise 1.0 when it exits 0.
+
 Outcomes: a verifier timeout is recorded (metric ``verifier_timeout``) with reward 0.0: the agent left a
 workspace that does not verify in time. A broken evaluator (bad spec, crash, unparsable output) is an
 infrastructure failure: ``error`` is set and the session is masked, never scored 0.
@@ -80,6 +86,74 @@ async def run_command(spec: EvaluatorSpec, copy: Path, home: Path, runtime: Runt
                       detail=res.output_tail[-500:])
 
 
+async def run_harbor(spec: EvaluatorSpec, copy: Path, home: Path, scratch: Path, task: TaskRequest, runtime: Runtime,
+                     log_path: Path | None) -> EvalResult:
+    """Run a Harbor verifier over the copy (module docstring); the reward file, else the exit code."""
+    if not spec.tests:
+        return EvalResult(None, error="evaluator.tests: empty (a Harbor task's tests/ directory)")
+    tests, logs = scratch / "eval-tests", scratch / "eval-logs"
+    shutil.rmtree(tests, ignore_errors=True)
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    try:
+        write_tree(tests, spec.tests)
+    except ValueError as e:
+        return EvalResult(None, error=f"evaluator.tests: {e}")
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runtime.home_view(home), "LANG": "C.UTF-8"}
+    exec_spec = ExecSpec(argv=["/bin/bash", "-c", spec.command or "bash /tests/test.sh"], env=env, workspace=copy, home=home,
+                         limits=Limits(timeout_s=spec.timeout_s), network=spec.network, log_path=log_path,
+                         mount=task.workspace.mount or "/app", mounts={"/tests": tests, "/logs/verifier": logs})
+    try:
+        res = await runtime.run(exec_spec)
+    except RuntimeUnavailable as e:
+        return EvalResult(None, error=f"evaluator runtime: {e}")
+    if res.timed_out:
+        return EvalResult(0.0, {"verifier_timeout": 1.0}, detail=f"verifier timed out after {spec.timeout_s}s")
+    metrics = {"eval_exit_code": float(res.returncode or 0)}
+    try:
+        written = reward_file(logs)
+    except ValueError as e:
+        return EvalResult(None, metrics, error=f"verifier: {e}", detail=res.output_tail[-500:])
+    if written is None:
+        return EvalResult(1.0 if res.returncode == 0 else 0.0, metrics, detail=res.output_tail[-500:])
+    return EvalResult(written, {**metrics, "reward_file": 1.0}, detail=res.output_tail[-500:])
+
+
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    """Write relative path -> content under ``root`` (scripts executable); a path leaving it is refused."""
+    for rel, content in files.items():
+        path = (root / rel).resolve()
+        if rel.startswith("/") or not path.is_relative_to(root.resolve()):
+            raise ValueError(f"{rel!r} escapes the tests directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        if path.suffix in (".sh", ".py", ".bash"):
+            path.chmod(0o755)
+
+
+def reward_file(logs: Path) -> float | None:
+    """The verifier's reward from ``reward.txt`` (read first) or ``reward.json``, clamped to [0, 1]; None
+    when it wrote neither; ValueError when what it wrote is not a reward."""
+    txt, js = logs / "reward.txt", logs / "reward.json"
+    if txt.is_file():
+        try:
+            value = float(txt.read_text().strip())
+        except ValueError:
+            raise ValueError(f"reward.txt is not one number: {txt.read_text()[:80]!r}") from None
+    elif js.is_file():
+        try:
+            data = json.loads(js.read_text())
+            numbers = [float(v) for v in data.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            value = float(data["reward"]) if "reward" in data else sum(numbers) / len(numbers)
+        except (ValueError, TypeError, AttributeError, KeyError, ZeroDivisionError):
+            raise ValueError(f"reward.json has no reward and no numbers: {js.read_text()[:80]!r}") from None
+    else:
+        return None
+    if value != value:  # NaN
+        raise ValueError("the reward is NaN")
+    return min(1.0, max(0.0, value))
+
+
 _PY_DRIVER = """
 import importlib, json, sys
 from schemas import TaskRequest
@@ -135,4 +209,6 @@ async def evaluate(spec: EvaluatorSpec, workspace: Path, scratch: Path, task: Ta
         return score_files(copy, spec.expected_files)
     if spec.kind == "command":
         return await run_command(spec, copy, home, runtime, log_path)
+    if spec.kind == "harbor":
+        return await run_harbor(spec, copy, home, scratch, task, runtime, log_path)
     return await run_python(spec, copy, task, scratch)

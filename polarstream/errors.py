@@ -8,6 +8,7 @@ that line. The failures it expects, and what each becomes after ``error: ``::
     OSError naming a file               no such file or directory: PATH (permission denied: PATH, ...)
     OSError with a message only         the message: a model that is neither a local directory nor a
                                         hub id (engine/models.py), AccessDenied (infra/security.py)
+    TaskSourceError (producers/tasks)   its message: a task file or directory that holds no usable tasks
     yaml.YAMLError                      malformed YAML in FILE, line L, column C: PROBLEM
     json.JSONDecodeError                malformed JSON: MESSAGE: line L column C (char N)
     pydantic ValidationError of a
@@ -44,6 +45,8 @@ def explain(exc: BaseException) -> str | None:
     if isinstance(exc, json.JSONDecodeError):
         return f"malformed JSON: {exc}"
     mods = sys.modules
+    if (tasks := mods.get("producers.tasks")) and isinstance(exc, tasks.TaskSourceError):
+        return str(exc)
     if (yaml := mods.get("yaml")) and isinstance(exc, yaml.YAMLError):
         return _yaml_error(exc)
     if (pydantic := mods.get("pydantic")) and isinstance(exc, pydantic.ValidationError):

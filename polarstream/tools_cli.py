@@ -232,8 +232,50 @@ def cat_command(
         raise typer.Exit(1)
 
 
+def tasks_command(
+    tasks_file: Annotated[Path, typer.Argument(help="tasks: JSON lines (TaskRequest or flat rows), .parquet, or Harbor task dirs")],
+    check: Annotated[bool, typer.Option("--check", help="score each task's untouched workspace (must be 0) and its "
+                                                        "solution/solve.sh applied (must be 1) in the sandbox")] = False,
+    runtime: Annotated[str, typer.Option(help="sandbox for --check: bwrap (Harbor tasks need one), docker, apptainer")] = "bwrap",
+) -> None:
+    """List the tasks a source holds, as polarstream reads them; --check runs each task's oracle."""
+    import asyncio
+    import tempfile
+
+    from producers.tasks import TaskSourceError, load_tasks
+
+    try:
+        tasks = load_tasks(tasks_file)
+    except TaskSourceError as e:
+        raise _fail(str(e)) from None
+    if not check:
+        for t in tasks:
+            ws = t.workspace.kind + (f" {t.workspace.source}" if t.workspace.source else "")
+            typer.echo(f"{t.task_id:<34} workspace {ws}{f' at {t.workspace.mount}' if t.workspace.mount else ''}  "
+                       f"evaluator {t.evaluator.kind}{'  solution' if t.metadata.get('solution') else ''}")
+        return
+    from gateway.node.oracle import check_task
+    from gateway.runtimes import make_runtime
+
+    rt = make_runtime(runtime)
+    bad = 0
+
+    def show(r) -> str:
+        return f"{r.reward:g}" if r.reward is not None else f"error ({r.error[:120]})"
+
+    with tempfile.TemporaryDirectory(prefix="polar-oracle-") as tmp:
+        for i, t in enumerate(tasks):
+            res = asyncio.run(check_task(t, rt, Path(tmp) / str(i)))
+            bad += not res.ok
+            solved = show(res.solved) if res.solved is not None else "no solution"
+            typer.echo(f"{t.task_id:<34} untouched {show(res.untouched):<8} solved {solved:<8} {'ok' if res.ok else 'FAILED'}")
+    if bad:
+        raise _fail(f"{bad} of {len(tasks)} tasks failed their check (untouched must score 0, the solution 1)")
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``replay``, ``eval``, ``export`` and ``cat`` to the root command."""
+    """Add ``tasks``, ``replay``, ``eval``, ``export`` and ``cat`` to the root command."""
+    app.command("tasks")(tasks_command)
     app.command("replay")(replay_command)
     app.command("eval")(eval_command)
     app.command("export")(export_command)

@@ -62,25 +62,23 @@ def rollout(
 
 
 def submit(
-    tasks_file: Path = typer.Argument(..., help="JSON lines, one TaskRequest per line ('-' for stdin)"),
+    tasks_file: Path = typer.Argument(..., help="tasks: JSON lines of TaskRequest or flat rows, a .parquet file, or Harbor "
+                                                 "task directories ('-': JSON lines on stdin); see producers/tasks.py"),
     url: Optional[str] = typer.Option(None, help=_URL_HELP),
     token: Optional[str] = typer.Option(None, envvar="POLAR_CONTROL_TOKEN"),
     config: Optional[Path] = typer.Option(None, help="settings YAML"),
 ) -> None:
-    """Submit tasks; every line is validated first, so a bad file submits nothing."""
+    """Submit tasks; every task is read and validated first, so a bad source submits nothing."""
     import sys
 
-    from .rollout.server import parse_task
+    from .tasks import TaskSourceError, load_tasks, task_lines
 
-    text = sys.stdin.read() if str(tasks_file) == "-" else tasks_file.read_text()
-    tasks = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                tasks.append(json.loads(parse_task(line, f"{tasks_file}:{n}").model_dump_json()))
-            except ValueError as e:
-                typer.echo(f"error: {e}", err=True)
-                raise typer.Exit(1) from None
+    try:
+        loaded = task_lines(sys.stdin.read(), "-") if str(tasks_file) == "-" else load_tasks(tasks_file)
+    except TaskSourceError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    tasks = [json.loads(t.model_dump_json()) for t in loaded]
     base = _url(url, config)
     for task in tasks:
         out = _request("POST", f"{base}/tasks", token, json=task)

@@ -72,6 +72,9 @@ class WorkspaceSpec(_Model):
     source: str = ""  # directory path, git URL, or archive path/URL
     ref: str = ""  # git ref
     files: dict[str, str] = Field(default_factory=dict)  # kind == "files": relative path -> content
+    # Where the sandbox shows the workspace, as the task expects it (a Harbor task's WORKDIR, e.g. /app);
+    # "" = the runtime's own place (/workspace under bwrap). Only a sandboxing runtime can honour it.
+    mount: str = Field("", pattern=r"^(/[A-Za-z0-9._-]+)*$")
 
 
 class HarnessSpec(_Model):
@@ -81,8 +84,12 @@ class HarnessSpec(_Model):
 
 
 class EvaluatorSpec(_Model):
-    kind: Literal["command", "files", "python", "none"] = "command"
-    command: str = ""  # kind == command: reward 1.0 when it exits 0
+    kind: Literal["command", "files", "python", "harbor", "none"] = "command"
+    command: str = ""  # kind == command: reward 1.0 when it exits 0; kind == harbor: the verifier (bash /tests/test.sh)
+    # kind == harbor: the task's tests/ (relative path -> content), shown at /tests to the verifier only;
+    # the reward is /logs/verifier/reward.txt or reward.json when the verifier writes one, else its exit code
+    tests: dict[str, str] = Field(default_factory=dict)
+    network: Literal["none", "host"] = "none"  # kind == harbor: the verifier's network (task.toml network_mode)
     expected_files: dict[str, str] = Field(default_factory=dict)  # kind == files: path -> exact content
     callable: str = ""  # kind == python: "module:function", called with (workspace_path, task)
     timeout_s: float = 60.0

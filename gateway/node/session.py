@@ -114,7 +114,7 @@ async def _init(job: Job, cfg: NodeConfig, runtime: Runtime) -> None:
     if job.task.prepare:
         job.metrics["prepare_retries"] = await prepare(
             job.task.prepare, job.dir("workspace"), job.dir("home"), runtime, attempts=cfg.prepare_attempts,
-            timeout_s=job.task.timeouts.init_s, log_path=job.dir("logs") / "prepare.log")
+            timeout_s=job.task.timeouts.init_s, log_path=job.dir("logs") / "prepare.log", mount=job.task.workspace.mount)
 
 
 # ----------------------------------------------------------------------------------------- RUN
@@ -125,7 +125,7 @@ def harness_launch(job: Job, cfg: NodeConfig, runtime: Runtime, gateway_port: in
     spec = job.task.harness
     ctx = harnesses.HarnessContext(
         base_url=runtime.gateway_url(gateway_port), session_key=job.key, model=str(spec.config.get("model", cfg.model_name)),
-        instruction=job.task.instruction, workspace=runtime.workspace_view(job.dir("workspace")),
+        instruction=job.task.instruction, workspace=runtime.workspace_view(job.dir("workspace"), job.task.workspace.mount),
         home=runtime.home_view(job.dir("home")), python=runtime.python, cache_dir=cfg.cache_dir, config=spec.config,
         command=tuple(spec.command), session_id=job.run_id, task_id=job.assigned.task_id)
     launch = harnesses.launch(spec.name, ctx)
@@ -139,7 +139,7 @@ def harness_launch(job: Job, cfg: NodeConfig, runtime: Runtime, gateway_port: in
     limits = Limits(timeout_s=job.task.timeouts.agent_s, cpu_s=cfg.cpu_s, memory_mb=cfg.memory_mb)
     exec_spec = ExecSpec(argv=launch.argv, env=launch.env, workspace=job.dir("workspace"), home=job.dir("home"),
                          limits=limits, network="gateway", gateway_port=gateway_port, ro_paths=launch.ro_paths,
-                         log_path=job.dir("logs") / "harness.log")
+                         log_path=job.dir("logs") / "harness.log", mount=job.task.workspace.mount)
     return launch, exec_spec
 
 

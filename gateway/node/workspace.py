@@ -107,7 +107,7 @@ async def materialize(spec: WorkspaceSpec, root: Path) -> None:
 
 
 async def prepare(commands: list[str], workspace: Path, home: Path, runtime: Runtime, *, attempts: int = 3,
-                  timeout_s: float = 300.0, backoff_s: float = 1.0, log_path: Path | None = None) -> int:
+                  timeout_s: float = 300.0, backoff_s: float = 1.0, log_path: Path | None = None, mount: str = "") -> int:
     """Run prepare commands in order, each retried up to ``attempts`` times with exponential backoff.
 
     Returns the number of retries used; raises WorkspaceError when a command keeps failing.
@@ -117,7 +117,7 @@ async def prepare(commands: list[str], workspace: Path, home: Path, runtime: Run
     for cmd in commands:
         for attempt in range(attempts):
             spec = ExecSpec(argv=["/bin/sh", "-c", cmd], env=env, workspace=workspace, home=home,
-                            limits=Limits(timeout_s=timeout_s), network="none", log_path=log_path)
+                            limits=Limits(timeout_s=timeout_s), network="none", log_path=log_path, mount=mount)
             try:
                 res = await runtime.run(spec)
             except RuntimeUnavailable as e:

@@ -45,6 +45,11 @@ class ExecSpec:
     gateway_port: int | None = None  # TCP port of the gateway on the host's 127.0.0.1
     ro_paths: list[Path] = field(default_factory=list)  # extra host paths visible read-only (npm CLIs)
     log_path: Path | None = None  # stdout+stderr go here (and are tailed into the result)
+    # Where the program sees ``workspace`` ("" = the runtime's own place) and further writable host
+    # directories by the path it sees them at (a Harbor verifier's /tests and /logs/verifier). Only the
+    # sandboxing runtimes can place them; the subprocess runtime refuses a spec that asks.
+    mount: str = ""
+    mounts: dict[str, Path] = field(default_factory=dict)
 
 
 @dataclass
@@ -65,8 +70,8 @@ class Runtime(Protocol):
     name: str
     python: str  # a python interpreter path valid inside the runtime
 
-    def workspace_view(self, spec_workspace: Path) -> str:
-        """The workspace path as the program sees it."""
+    def workspace_view(self, spec_workspace: Path, mount: str = "") -> str:
+        """The workspace path as the program sees it (``mount``: where the task wants it)."""
 
     def home_view(self, spec_home: Path) -> str:
         """HOME as the program sees it."""

@@ -49,8 +49,8 @@ class BwrapRuntime:
         self.sock_path = sock_path
         self.python = python or ("/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3")
 
-    def workspace_view(self, spec_workspace: Path) -> str:
-        return WORKSPACE
+    def workspace_view(self, spec_workspace: Path, mount: str = "") -> str:
+        return mount or WORKSPACE
 
     def home_view(self, spec_home: Path) -> str:
         return HOME
@@ -68,7 +68,10 @@ class BwrapRuntime:
         args += system_binds()
         args += ["--ro-bind", str(ident / "passwd"), "/etc/passwd", "--ro-bind", str(ident / "group"), "/etc/group"]
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        args += ["--bind", str(spec.workspace), WORKSPACE, "--bind", str(spec.home), HOME]
+        workdir = spec.mount or WORKSPACE
+        args += ["--bind", str(spec.workspace), workdir, "--bind", str(spec.home), HOME]
+        for seen_at, host in spec.mounts.items():
+            args += ["--bind", str(host), seen_at]
         for p in spec.ro_paths:
             args += ["--ro-bind", str(p), str(p)]
         tunnel: list[str] = []
@@ -78,7 +81,7 @@ class BwrapRuntime:
             args += ["--ro-bind", str(TUNNEL), f"{SOCK_DIR}/tunnel.py", "--bind", str(self.sock_path), f"{SOCK_DIR}/gateway.sock"]
             tunnel = [self.python, "-I", f"{SOCK_DIR}/tunnel.py", "--listen", f"127.0.0.1:{sandbox_port(spec.gateway_port)}",
                       "--unix", f"{SOCK_DIR}/gateway.sock", "--"]
-        args += ["--chdir", WORKSPACE, "--"]
+        args += ["--chdir", workdir, "--"]
         return [*prlimit_argv(spec.limits), *args, *tunnel, *spec.argv]
 
     async def run(self, spec: ExecSpec) -> ExecResult:

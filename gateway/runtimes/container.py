@@ -35,8 +35,8 @@ class DockerRuntime:
         self.docker = docker or shutil.which("docker") or ""
         self.cpus, self.pids_limit, self.user = cpus, pids_limit, user
 
-    def workspace_view(self, spec_workspace: Path) -> str:
-        return WORKSPACE
+    def workspace_view(self, spec_workspace: Path, mount: str = "") -> str:
+        return mount or WORKSPACE
 
     def home_view(self, spec_home: Path) -> str:
         return HOME
@@ -47,9 +47,11 @@ class DockerRuntime:
     def command(self, spec: ExecSpec, name: str = "polar-run") -> list[str]:
         """``docker run`` for ``spec``; ``name`` lets a timeout remove the container."""
         lim = spec.limits
-        args = [self.docker or "docker", "run", "--rm", "--init", "--name", name, "-w", WORKSPACE,
+        workdir = spec.mount or WORKSPACE
+        args = [self.docker or "docker", "run", "--rm", "--init", "--name", name, "-w", workdir,
                 "--network", "host" if spec.network == "host" else "none",
-                "-v", f"{spec.workspace}:{WORKSPACE}", "-v", f"{spec.home}:{HOME}"]
+                "-v", f"{spec.workspace}:{workdir}", "-v", f"{spec.home}:{HOME}"]
+        args += [a for seen_at, host in spec.mounts.items() for a in ("-v", f"{host}:{seen_at}")]
         args += [a for p in spec.ro_paths for a in ("-v", f"{p}:{p}:ro")]
         if spec.network == "gateway":
             if self.sock_path is None:
@@ -92,8 +94,8 @@ class ApptainerRuntime:
         self.image, self.sock_path, self.python = image, sock_path, python
         self.apptainer = apptainer or shutil.which("apptainer") or shutil.which("singularity") or ""
 
-    def workspace_view(self, spec_workspace: Path) -> str:
-        return WORKSPACE
+    def workspace_view(self, spec_workspace: Path, mount: str = "") -> str:
+        return mount or WORKSPACE
 
     def home_view(self, spec_home: Path) -> str:
         return HOME
@@ -103,12 +105,14 @@ class ApptainerRuntime:
 
     def command(self, spec: ExecSpec) -> list[str]:
         """``apptainer exec`` (rootless): contained, clean env, own network namespace unless network=host."""
-        binds = [f"{spec.workspace}:{WORKSPACE}", f"{spec.home}:{HOME}", *(f"{p}:{p}:ro" for p in spec.ro_paths)]
+        workdir = spec.mount or WORKSPACE
+        binds = [f"{spec.workspace}:{workdir}", f"{spec.home}:{HOME}", *(f"{p}:{p}:ro" for p in spec.ro_paths),
+                 *(f"{host}:{seen_at}" for seen_at, host in spec.mounts.items())]
         if spec.network == "gateway":
             if self.sock_path is None:
                 raise RuntimeUnavailable("apptainer: network='gateway' needs the node's gateway socket")
             binds += [f"{TUNNEL}:{SOCK_DIR}/tunnel.py:ro", f"{self.sock_path}:{SOCK_DIR}/gateway.sock"]
-        args = [self.apptainer or "apptainer", "exec", "--containall", "--cleanenv", "--no-home", "--pwd", WORKSPACE,
+        args = [self.apptainer or "apptainer", "exec", "--containall", "--cleanenv", "--no-home", "--pwd", workdir,
                 "--bind", ",".join(binds)]
         if spec.network != "host":
             args += ["--net", "--network", "none"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .base import ExecResult, ExecSpec, prlimit_argv, run_process
+from .base import ExecResult, ExecSpec, RuntimeUnavailable, prlimit_argv, run_process
 
 
 class SubprocessRuntime:
@@ -18,7 +18,7 @@ class SubprocessRuntime:
     def __init__(self, python: str | None = None):
         self.python = python or sys.executable
 
-    def workspace_view(self, spec_workspace: Path) -> str:
+    def workspace_view(self, spec_workspace: Path, mount: str = "") -> str:
         return str(spec_workspace)
 
     def home_view(self, spec_home: Path) -> str:
@@ -33,4 +33,7 @@ class SubprocessRuntime:
 
     async def run(self, spec: ExecSpec) -> ExecResult:
         """Run on the host with the spec's environment only (nothing inherited from the node)."""
+        if spec.mount or spec.mounts:
+            wanted = ", ".join(filter(None, [spec.mount, *spec.mounts]))
+            raise RuntimeUnavailable(f"subprocess: cannot show directories at {wanted} (no sandbox); use --runtime bwrap")
         return await run_process(self.command(spec), spec.env, spec.workspace, spec.limits.timeout_s, spec.log_path)

@@ -32,7 +32,7 @@ KINDS = {
     "port": ("busy_port",),
     "script": ("missing", "malformed_yaml"),
     "chat_template": ("missing",),
-    "tasks_file": ("missing", "malformed_json"),
+    "tasks_file": ("missing", "malformed_json", "not_a_task_dir", "docker_task"),
     "from_offsets": ("missing", "malformed_json"),
     "out": ("under_file",),
     "run_dir": ("under_file",),
@@ -98,6 +98,10 @@ class Env:
             return str(r / "bad.yaml"), str(r / "bad.yaml")
         if kind == "malformed_json":
             return str(r / "bad.json"), str(r / "bad.json")
+        if kind == "not_a_task_dir":  # a directory with no instruction.md in it or below it
+            return str(r / "empty"), str(r / "empty")
+        if kind == "docker_task":  # a Harbor task that needs an image built and gives no workspace
+            return str(r / "docker-task"), str(r / "docker-task")
         if kind == "no_model":
             return str(r / "empty"), str(r / "empty")
         if kind == "busy_port":
@@ -116,6 +120,11 @@ def env():
     (root / "model" / "config.json").write_text("{}")
     (root / "empty").mkdir()
     (root / "a-file").write_text("")
+    (root / "docker-task" / "environment").mkdir(parents=True)
+    (root / "docker-task" / "tests").mkdir()
+    (root / "docker-task" / "instruction.md").write_text("Fix it.\n")
+    (root / "docker-task" / "tests" / "test.sh").write_text("exit 0\n")
+    (root / "docker-task" / "environment" / "Dockerfile").write_text("FROM python:3.13\nWORKDIR /app\n")
     (root / "bad.yaml").write_text("turns: [1,\n")
     (root / "bad.json").write_text('{"calls": \n')
     (root / "tasks.jsonl").write_text(json.dumps({"task_id": "t1", "instruction": "do it", "num_samples": 1, "min_valid": 1}) + "\n")

@@ -40,10 +40,10 @@ def test_expected_failures_keep_their_traceback_with_debug(tmp_path):
 
 
 def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
-    def broken(line, where):
+    def broken(*args):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("producers.rollout.server.parse_task", broken)
+    monkeypatch.setattr("producers.tasks._line_task", broken)
     (tmp_path / "t.jsonl").write_text('{"task_id": "t"}\n')
     r = CliRunner().invoke(app, ["submit", str(tmp_path / "t.jsonl")])
     assert isinstance(r.exception, RuntimeError) and "error:" not in r.stderr

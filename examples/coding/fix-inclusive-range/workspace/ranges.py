@@ -1,0 +1,3 @@
+def inclusive_range(a: int, b: int) -> list[int]:
+    """Every integer from a to b, both included."""
+    return list(range(a, b))

@@ -1,0 +1,3 @@
+def merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping or touching intervals merged, sorted by start."""
+    raise NotImplementedError

@@ -1,0 +1,3 @@
+def slugify(text: str) -> str:
+    """URL slug of text."""
+    raise NotImplementedError

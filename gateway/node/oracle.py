@@ -1,0 +1,68 @@
+"""Check a task before training on it: its evaluator must score the untouched workspace 0 and the
+workspace with the task's solution applied 1 (Harbor's oracle run), in the sandbox the node uses.
+
+A task that scores its untouched workspace above 0 teaches nothing (every sample passes); one whose own
+solution does not score 1 has a broken verifier or solution. ``polarstream tasks --check`` runs this.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.evaluators import EvalResult, evaluate
+from gateway.runtimes import ExecSpec, Limits, Runtime, RuntimeUnavailable
+from schemas import TaskRequest
+
+from .workspace import WorkspaceError, materialize, prepare
+
+
+@dataclass
+class OracleResult:
+    task_id: str
+    untouched: EvalResult
+    solved: EvalResult | None  # None: the task has no solution/solve.sh
+
+    @property
+    def ok(self) -> bool:
+        """The untouched workspace scores 0 and the solution (where there is one) scores 1."""
+        return self.untouched.reward == 0.0 and (self.solved is None or self.solved.reward == 1.0)
+
+
+async def check_task(task: TaskRequest, runtime: Runtime, scratch: Path) -> OracleResult:
+    """Evaluate ``task``'s workspace as INIT leaves it, then again after its ``solution/solve.sh``."""
+    untouched = await _score(task, runtime, scratch / "untouched", None)
+    solution = Path(task.metadata["solution"]) / "solve.sh" if task.metadata.get("solution") else None
+    solved = await _score(task, runtime, scratch / "solved", solution) if solution and solution.is_file() else None
+    return OracleResult(task.task_id, untouched, solved)
+
+
+async def _score(task: TaskRequest, runtime: Runtime, scratch: Path, solve_sh: Path | None) -> EvalResult:
+    shutil.rmtree(scratch, ignore_errors=True)
+    workspace, home = scratch / "workspace", scratch / "home"
+    home.mkdir(parents=True)
+    try:
+        await materialize(task.workspace, workspace)
+        await prepare(task.prepare, workspace, home, runtime, attempts=1, timeout_s=task.timeouts.init_s,
+                      mount=task.workspace.mount)
+    except WorkspaceError as e:
+        return EvalResult(None, error=f"init: {e}")
+    if solve_sh is not None:
+        # The solution runs as Harbor's oracle does: in the task's working dir, its own files at /solution.
+        spec = ExecSpec(argv=["/bin/bash", "/solution/solve.sh"], env={"PATH": "/usr/local/bin:/usr/bin:/bin",
+                        "HOME": runtime.home_view(home), "LANG": "C.UTF-8"}, workspace=workspace, home=home,
+                        limits=Limits(timeout_s=task.timeouts.agent_s), network="none", log_path=scratch / "solve.log",
+                        mount=task.workspace.mount, mounts={"/solution": _copy(solve_sh.parent, scratch / "solution")})
+        try:
+            res = await runtime.run(spec)
+        except RuntimeUnavailable as e:
+            return EvalResult(None, error=f"solution runtime: {e}")
+        if res.returncode != 0:
+            return EvalResult(None, error=f"solution/solve.sh exited {res.returncode}: {res.output_tail[-300:].strip()}")
+    return await evaluate(task.evaluator, workspace, scratch, task, runtime, scratch / "eval.log")
+
+
+def _copy(src: Path, dest: Path) -> Path:
+    shutil.copytree(src, dest)
+    return dest

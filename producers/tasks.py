@@ -1,0 +1,206 @@
+"""Task sources: a user's tasks, in the forms they come in, as ``TaskRequest`` records.
+
+- **JSONL of TaskRequest**: one record per line, as ``polarstream submit`` always took.
+- **Flat JSONL or Parquet**: one task per row, ``instruction``, ``workspace`` (a directory or a git URL,
+  optional ``ref``), ``test_cmd`` (exit 0 = solved), optional ``id``, ``setup_cmd`` and ``timeout``
+  (the agent's seconds). A row becomes a task whose evaluator runs ``test_cmd`` in the final workspace.
+- **Harbor / Terminal-Bench task directories**: ``instruction.md``, ``task.toml``, ``tests/test.sh``,
+  optional ``solution/solve.sh``, and the workspace as a directory (``workspace/``, or ``[metadata]
+  workspace = "PATH"`` relative to the task). A directory holding one task, or holding task directories.
+  No Docker: the workspace is shown at the task's working dir (``[metadata] workdir``, else the last
+  ``WORKDIR`` of ``environment/Dockerfile``, else /app), ``tests/`` at /tests and a writable
+  /logs/verifier to the verifier (``gateway/evaluators.py``, kind ``harbor``). A task that needs an
+  image built, and gives no workspace, is refused in one line that names it.
+
+Every problem is a ``TaskSourceError`` of one line that names the file (and line) or directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas import EvaluatorSpec, TaskRequest, Timeouts, WorkspaceSpec
+
+
+class TaskSourceError(ValueError):
+    """A task source that cannot be read as tasks; the message is one line naming where."""
+
+
+FLAT_KEYS = {"id", "task_id", "instruction", "workspace", "ref", "setup_cmd", "test_cmd", "timeout", "num_samples", "metadata"}
+
+
+def load_tasks(source: str | Path, **defaults: Any) -> list[TaskRequest]:
+    """Every task in ``source`` (a file or directory, module docstring); ``defaults`` (e.g. ``num_samples``,
+    ``harness``) fill fields a task does not set itself."""
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(errno.ENOENT, "no such file or directory", str(path))
+    if path.is_dir():
+        return [harbor_task(d, **defaults) for d in harbor_dirs(path)]
+    if path.suffix == ".parquet":
+        return [_row_task(row, f"{path}: row {i}", defaults, f"{path.stem}-{i}") for i, row in enumerate(_parquet_rows(path), 1)]
+    return task_lines(path.read_text(), str(path), **defaults)
+
+
+def task_lines(text: str, where: str, **defaults: Any) -> list[TaskRequest]:
+    """JSON lines of TaskRequest or flat rows (one form per line), read from ``where`` (a name for errors)."""
+    tasks = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            tasks.append(_line_task(line, f"{where}:{n}", defaults, f"{Path(where).stem}-{n}"))
+    if not tasks:
+        raise TaskSourceError(f"{where}: no tasks in it")
+    return tasks
+
+
+def harbor_dirs(root: Path) -> list[Path]:
+    """``root`` itself when it is a task, else its task subdirectories (sorted); one line when none."""
+    if (root / "instruction.md").is_file():
+        return [root]
+    found = sorted(d for d in root.iterdir() if d.is_dir() and (d / "instruction.md").is_file())
+    if not found:
+        raise TaskSourceError(f"{root}: not a Harbor task directory (no instruction.md in it or in its subdirectories)")
+    return found
+
+
+def harbor_task(task_dir: Path, **defaults: Any) -> TaskRequest:
+    """One Harbor task directory as a TaskRequest (module docstring)."""
+    task_dir = task_dir.resolve()
+    where = str(task_dir)
+    toml_path = task_dir / "task.toml"
+    try:
+        conf = tomllib.loads(toml_path.read_text()) if toml_path.is_file() else {}
+    except tomllib.TOMLDecodeError as e:
+        raise TaskSourceError(f"{toml_path}: not valid TOML ({e})") from None
+    meta, env, verifier, agent = (conf.get(k) or {} for k in ("metadata", "environment", "verifier", "agent"))
+    test_sh = task_dir / "tests" / "test.sh"
+    if not test_sh.is_file():
+        raise TaskSourceError(f"{where}: no tests/test.sh (the verifier Harbor runs)")
+    if env.get("gpus"):
+        raise TaskSourceError(f"{where}: needs {env['gpus']} GPU(s) ([environment] gpus); polarstream's sandbox has none")
+    workspace = _harbor_workspace(task_dir, meta, env)
+    name = str((conf.get("task") or {}).get("name") or task_dir.name)
+    try:
+        return TaskRequest.model_validate({
+            **defaults,
+            "task_id": re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or task_dir.name,
+            "instruction": (task_dir / "instruction.md").read_text(),
+            "workspace": WorkspaceSpec(kind="dir" if workspace else "empty", source=str(workspace or ""),
+                                       mount=str(meta.get("workdir") or _dockerfile_workdir(task_dir) or "/app")),
+            "evaluator": EvaluatorSpec(kind="harbor", command="bash /tests/test.sh", tests=_text_tree(task_dir / "tests"),
+                                       timeout_s=float(verifier.get("timeout_sec") or 600.0),
+                                       network="host" if verifier.get("network_mode") == "public" else "none"),
+            "timeouts": Timeouts(**({"agent_s": float(agent["timeout_sec"])} if agent.get("timeout_sec") else {})),
+            "metadata": {**defaults.get("metadata", {}), "source": "harbor", "task_dir": where,
+                         **({"solution": str(task_dir / "solution")} if (task_dir / "solution").is_dir() else {})},
+        })
+    except (ValidationError, ValueError) as e:
+        raise TaskSourceError(f"{where}: {_first_error(e)}") from None
+
+
+def _harbor_workspace(task_dir: Path, meta: dict, env: dict) -> Path | None:
+    given = meta.get("workspace")
+    if given:
+        ws = (task_dir / str(given)).resolve()
+        if not ws.is_dir():
+            raise TaskSourceError(f"{task_dir}: [metadata] workspace = {given!r} is not a directory")
+        return ws
+    if (task_dir / "workspace").is_dir():
+        return task_dir / "workspace"
+    dockerfile = task_dir / "environment" / "Dockerfile"
+    if dockerfile.is_file() or env.get("docker_image"):
+        needs = f"the image {env['docker_image']!r}" if env.get("docker_image") else "an image built from environment/Dockerfile"
+        raise TaskSourceError(f"{task_dir}: needs {needs} and gives no prebuilt workspace (add workspace/ or "
+                              f"[metadata] workspace = \"PATH\"); polarstream runs tasks without Docker")
+    return None
+
+
+def _dockerfile_workdir(task_dir: Path) -> str:
+    dockerfile = task_dir / "environment" / "Dockerfile"
+    if not dockerfile.is_file():
+        return ""
+    found = re.findall(r"^\s*WORKDIR\s+(\S+)\s*$", dockerfile.read_text(), re.M | re.I)
+    return found[-1] if found and found[-1].startswith("/") else ""
+
+
+def _text_tree(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            try:
+                out[str(p.relative_to(root))] = p.read_text()
+            except UnicodeDecodeError:
+                raise TaskSourceError(f"{p}: not UTF-8 text (tests/ travels inside the task record)") from None
+    return out
+
+
+def _line_task(line: str, where: str, defaults: dict, fallback_id: str) -> TaskRequest:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise TaskSourceError(f"{where}: not JSON ({e.msg})") from None
+    if not isinstance(data, dict):
+        raise TaskSourceError(f"{where}: expected a JSON object")
+    return _row_task(data, where, defaults, fallback_id) if "test_cmd" in data else _validate({**defaults, **data}, where)
+
+
+def _row_task(row: dict, where: str, defaults: dict, fallback_id: str) -> TaskRequest:
+    """A flat row (``instruction``, ``workspace``, ``test_cmd``...) as a TaskRequest (id: ``fallback_id`` when it has none)."""
+    unknown = set(row) - FLAT_KEYS
+    if unknown:
+        raise TaskSourceError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (flat tasks take {', '.join(sorted(FLAT_KEYS))})")
+    for key in ("instruction", "test_cmd"):
+        if not row.get(key):
+            raise TaskSourceError(f"{where}: {key}: missing")
+    ws = str(row.get("workspace") or "")
+    is_git = ws.endswith(".git") or ws.startswith(("https://", "http://", "git@", "ssh://"))
+    if ws and not is_git and not Path(ws).is_dir():
+        raise TaskSourceError(f"{where}: workspace: {ws!r} is not a directory or a git URL")
+    task: dict[str, Any] = {
+        **defaults,
+        "task_id": str(row.get("id") or row.get("task_id") or fallback_id),
+        "instruction": row["instruction"],
+        "workspace": {"kind": "git" if is_git else "dir", "source": ws if is_git else str(Path(ws).resolve()),
+                      "ref": str(row.get("ref") or "")} if ws else {"kind": "empty"},
+        "prepare": [row["setup_cmd"]] if row.get("setup_cmd") else [],
+        "evaluator": {"kind": "command", "command": row["test_cmd"]},
+        "metadata": {**defaults.get("metadata", {}), **(row.get("metadata") or {}), "source": "flat"},
+    }
+    if row.get("timeout"):
+        task["timeouts"] = {"agent_s": float(row["timeout"])}
+    if row.get("num_samples"):
+        task["num_samples"] = int(row["num_samples"])
+    return _validate(task, where)
+
+
+def _validate(data: dict, where: str) -> TaskRequest:
+    try:
+        return TaskRequest.model_validate(data)
+    except ValidationError as e:
+        raise TaskSourceError(f"{where}: {_first_error(e)}") from None
+
+
+def _first_error(e: Exception) -> str:
+    if isinstance(e, ValidationError):
+        err = e.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        return f"{field}: {err['msg']}" if field else err["msg"]
+    return str(e).splitlines()[0]
+
+
+def _parquet_rows(path: Path) -> Iterable[dict]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow's errors have no common base worth naming
+        raise TaskSourceError(f"{path}: not a readable Parquet file ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    return table.to_pylist()

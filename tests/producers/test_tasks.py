@@ -1,0 +1,133 @@
+"""Task sources (producers/tasks.py): Harbor directories, flat rows and TaskRequest lines as the tasks a
+user meant, and every problem as one line naming where."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from producers.tasks import TaskSourceError, load_tasks
+
+EXAMPLES = Path(__file__).parents[2] / "examples" / "coding"
+
+
+def harbor(root: Path, name: str = "t", *, toml: str = "", dockerfile: str | None = None, workspace: bool = True) -> Path:
+    d = root / name
+    (d / "tests").mkdir(parents=True)
+    (d / "instruction.md").write_text("Make the tests pass.\n")
+    (d / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    (d / "tests" / "test_x.py").write_text("import unittest\n")
+    if toml:
+        (d / "task.toml").write_text(toml)
+    if dockerfile is not None:
+        (d / "environment").mkdir()
+        (d / "environment" / "Dockerfile").write_text(dockerfile)
+    if workspace:
+        (d / "workspace").mkdir()
+        (d / "workspace" / "main.py").write_text("print('hi')\n")
+    return d
+
+
+def test_the_example_coding_tasks_load_as_harbor_tasks():
+    tasks = load_tasks(EXAMPLES)
+    assert len(tasks) >= 5 and len({t.task_id for t in tasks}) == len(tasks)
+    for t in tasks:
+        assert t.evaluator.kind == "harbor" and t.evaluator.command == "bash /tests/test.sh"
+        assert "test.sh" in t.evaluator.tests and any(k.startswith("test_") for k in t.evaluator.tests)
+        assert t.workspace.kind == "dir" and Path(t.workspace.source).is_dir() and t.workspace.mount == "/app"
+        assert (Path(t.metadata["solution"]) / "solve.sh").is_file()
+        assert t.instruction.strip() and t.evaluator.timeout_s == 60 and t.timeouts.agent_s == 300
+
+
+def test_task_toml_sets_name_timeouts_network_and_workdir(tmp_path):
+    d = harbor(tmp_path, toml='[task]\nname = "org/fix bug"\n[verifier]\ntimeout_sec = 42\nnetwork_mode = "public"\n'
+                              '[agent]\ntimeout_sec = 99\n[metadata]\nworkdir = "/srv/code"\n')
+    (t,) = load_tasks(d)
+    assert (t.task_id, t.evaluator.timeout_s, t.evaluator.network, t.timeouts.agent_s, t.workspace.mount) == (
+        "org-fix-bug", 42.0, "host", 99.0, "/srv/code")
+    assert t.evaluator.tests["test.sh"].startswith("#!/bin/bash") and t.metadata["source"] == "harbor"
+
+
+def test_the_dockerfile_workdir_is_used_when_a_workspace_is_given(tmp_path):
+    (t,) = load_tasks(harbor(tmp_path, dockerfile="FROM python:3.13\nWORKDIR /tmp\nRUN true\nWORKDIR /work\n"))
+    assert t.workspace.mount == "/work" and t.evaluator.network == "none"
+
+
+def test_a_metadata_workspace_path_is_resolved_against_the_task(tmp_path):
+    d = harbor(tmp_path, toml='[metadata]\nworkspace = "../seed"\n', workspace=False)
+    (tmp_path / "seed").mkdir()
+    (t,) = load_tasks(d)
+    assert Path(t.workspace.source) == (tmp_path / "seed").resolve()
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: harbor(p, dockerfile="FROM python:3.13\n", workspace=False), "needs an image built from environment/Dockerfile"),
+    (lambda p: harbor(p, toml='[environment]\ndocker_image = "org/img:1"\n', workspace=False), "needs the image 'org/img:1'"),
+    (lambda p: harbor(p, toml="[environment]\ngpus = 1\n"), "needs 1 GPU(s)"),
+    (lambda p: harbor(p, toml="[task\n"), "not valid TOML"),
+    (lambda p: harbor(p, toml='[metadata]\nworkspace = "nowhere"\n', workspace=False), "is not a directory"),
+    (lambda p: p, "not a Harbor task directory"),
+])
+def test_a_harbor_task_that_cannot_run_is_refused_in_one_line_naming_it(tmp_path, make, words):
+    target = make(tmp_path)
+    with pytest.raises(TaskSourceError) as e:
+        load_tasks(target)
+    assert words in str(e.value) and str(target.resolve() if target != tmp_path else tmp_path) in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_task_without_its_verifier_is_refused(tmp_path):
+    d = harbor(tmp_path)
+    (d / "tests" / "test.sh").unlink()
+    with pytest.raises(TaskSourceError, match="no tests/test.sh"):
+        load_tasks(d)
+
+
+def test_flat_rows_and_task_requests_mix_in_one_jsonl(tmp_path):
+    ws = tmp_path / "repo"
+    ws.mkdir()
+    f = tmp_path / "tasks.jsonl"
+    f.write_text("\n".join([
+        json.dumps({"id": "a", "instruction": "fix it", "workspace": str(ws), "setup_cmd": "make", "test_cmd": "pytest -q", "timeout": 30}),
+        json.dumps({"instruction": "clone it", "workspace": "https://example.com/r.git", "ref": "v1", "test_cmd": "true"}),
+        "",
+        json.dumps({"task_id": "c", "instruction": "as a record", "num_samples": 2, "min_valid": 1}),
+    ]) + "\n")
+    a, b, c = load_tasks(f, num_samples=3)
+    assert (a.task_id, a.workspace.kind, a.workspace.source, a.prepare, a.evaluator.command, a.timeouts.agent_s, a.num_samples) == (
+        "a", "dir", str(ws), ["make"], "pytest -q", 30.0, 3)
+    assert (b.task_id, b.workspace.kind, b.workspace.ref) == ("tasks-2", "git", "v1")
+    assert (c.task_id, c.num_samples, c.evaluator.kind) == ("c", 2, "command")
+
+
+def test_flat_rows_from_parquet(tmp_path):
+    f = tmp_path / "tasks.parquet"
+    pq.write_table(pa.Table.from_pylist([{"id": "p1", "instruction": "do", "test_cmd": "true"},
+                                         {"id": "p2", "instruction": "do more", "test_cmd": "false"}]), f)
+    assert [(t.task_id, t.evaluator.command) for t in load_tasks(f)] == [("p1", "true"), ("p2", "false")]
+
+
+@pytest.mark.parametrize("line, words", [
+    ('{"instruction": "x", "test_cmd": "t", "colour": "red"}', "unknown key(s) colour"),
+    ('{"instruction": "x", "workspace": "/nope/missing", "test_cmd": "t"}', "is not a directory or a git URL"),
+    ('{"instruction": "", "test_cmd": "t"}', "instruction: missing"),
+    ('{"task_id": "t", "instruction": "x", "num_samples": 0}', "num_samples"),
+    ('[1, 2]', "expected a JSON object"),
+    ('{"task_id": ', "not JSON"),
+])
+def test_a_bad_line_is_one_line_naming_file_and_line(tmp_path, line, words):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"task_id": "ok", "instruction": "fine"}\n' + line + "\n")
+    with pytest.raises(TaskSourceError) as e:
+        load_tasks(f)
+    assert str(e.value).startswith(f"{f}:2: ") and words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_empty_file_holds_no_tasks(tmp_path):
+    (tmp_path / "e.jsonl").write_text("\n\n")
+    with pytest.raises(TaskSourceError, match="no tasks in it"):
+        load_tasks(tmp_path / "e.jsonl")
