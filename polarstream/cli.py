@@ -20,7 +20,7 @@ import typer
 from typer.core import TyperGroup
 
 # The order of --help: how a user meets the commands. Commands not listed follow, as registered.
-ORDER = ("demo", "infra", "engine", "models", "gateway", "gateway-key", "node", "harness", "rollout", "tasks", "submit",
+ORDER = ("demo", "run", "infra", "engine", "models", "gateway", "gateway-key", "node", "harness", "rollout", "tasks", "submit",
          "status", "cancel", "streams", "train", "replay", "eval", "export", "cat", "forget", "ui")
 
 

@@ -16,15 +16,17 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from infra.settings import Settings
-from schemas import HarnessSpec, Parts, PolicyVersion, TrainingGroup
+from schemas import HarnessSpec, Parts, PolicyVersion, TaskRequest, TrainingGroup
 
 from . import demo_tasks
+from producers.driver import Schedule
+
 from .processes import Processes, ProcessFailed, free_port
 from .shape import Shape, harness_config
 
@@ -50,6 +52,14 @@ class DemoConfig:
     p_tool: float = 0.25
     min_pass_rate: float = 0.03  # a warm start whose train pass rate is lower gives RL too little to learn from
     step_timeout_s: float = 300.0
+    async_level: int = 0  # S: steps sampled ahead of the served policy (producers/driver.py); 0 = on-policy
+    eval_every: int = 0  # held-out eval every N steps as well as before and after
+    task_set: str = "demo-arith"
+    # A user's own run (polarstream run): their model and tasks instead of the warm start and the arith family
+    model: str = ""  # a local model directory: no warm start
+    train_tasks: list[TaskRequest] | None = None  # templates: each step draws tasks_per_step of them
+    eval_tasks: list[TaskRequest] | None = None
+    harness_config: dict = field(default_factory=dict)
     run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
 
 
@@ -344,9 +354,12 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
     runtime = pick_runtime(cfg.runtime)
     held: dict[str, float] = {}
     try:
-        train, heldout = demo_tasks.split(cfg.seed, cfg.heldout)
+        if cfg.train_tasks is not None:
+            train, heldout = list(cfg.train_tasks), list(cfg.eval_tasks or [])
+        else:
+            train, heldout = demo_tasks.split(cfg.seed, cfg.heldout)
         shape = None
-        if cfg.harness != "builtin":
+        if cfg.harness != "builtin" and not cfg.model:
             from engine.models import ensure_model
 
             from .capture import capture
@@ -355,8 +368,11 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                 shape = capture(cfg.harness, cfg.api, settings, env, run_dir, ensure_model("tiny"), runtime)
             console.print(f"{cfg.harness} {shape.version} over {shape.api}: a system prompt of "
                           f"{len(shape.first[0].get('content') or '')} characters, tools {[t['name'] for t in shape.tools]}")
-        with console.status("warm start: supervised fine-tuning of the tiny model (first run only, then cached)"):
-            model_dir, warm = demo_model(cfg, settings, train, shape)
+        if cfg.model:
+            model_dir, warm = Path(cfg.model).absolute(), {"train_pass_rate": None, "working_correct": None}
+        else:
+            with console.status("warm start: supervised fine-tuning of the tiny model (first run only, then cached)"):
+                model_dir, warm = demo_model(cfg, settings, train, shape)
         if warm["train_pass_rate"] is not None:
             console.print(f"warm start: train-split pass rate {warm['train_pass_rate']:.3f} before RL, sums right "
                           f"{warm.get('working_correct', float('nan')):.3f} of the time ({model_dir.name})")
@@ -389,6 +405,8 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                         # the trainer publishes the step but leaves the weights untouched (no signal)
                         "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0",
                         "--set", f"temperature={cfg.temperature}",
+                        # the driver's bound, enforced again where the groups are trained (one setting for both)
+                        "--set", f"max_staleness={cfg.async_level}",
                         # held-out groups are for evaluation only: the trainer consumes and skips them
                         "--set", f"skip_task_sets={HELDOUT_SET}")
             rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))
@@ -398,7 +416,9 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         # rambles around a correct call costs nothing, so GRPO reinforces it with the call until the policy
         # degenerates (a pi run without the cap did, on seed 1); with it, a rambling answer is cut before its
         # call closes and scores 0.
-        if shape is None:
+        if cfg.model:  # a user's run: their harness with its own settings
+            harness = HarnessSpec(name=cfg.harness, config=cfg.harness_config)
+        elif shape is None:
             harness = HarnessSpec(name=cfg.harness, config={"temperature": cfg.temperature, "max_tokens": 48, "max_turns": 3})
         else:  # a real CLI sends its own settings; the node pins the run's temperature on every call
             harness = HarnessSpec(name=cfg.harness, config=harness_config(cfg.harness, cfg.api))
@@ -406,52 +426,70 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         order = random.Random(cfg.seed)
         lag: dict[str, int] = {}
 
-        def submit(problems: list[tuple[str, str]], tag: str, samples: int, task_set: str) -> set[str]:
-            tasks = [demo_tasks.task_request(q, a, task_id=f"{run_id}-{tag}-t{i}", num_samples=samples, harness=harness,
-                                             task_set=task_set, tool=tool).model_dump(mode="json") for i, (q, a) in enumerate(problems)]
+        def task(item: tuple[str, str] | TaskRequest, task_id: str, samples: int, task_set: str) -> dict:
+            if isinstance(item, TaskRequest):  # a user's task: its own workspace and evaluator, the run's sampling
+                return item.model_copy(update={"task_id": task_id, "group_id": task_id, "num_samples": samples, "harness": harness,
+                                               "min_valid": max(1, samples // 2), "task_set": task_set,
+                                               "metadata": {**item.metadata, "source_task_id": item.task_id}}).model_dump(mode="json")
+            q, a = item
+            return demo_tasks.task_request(q, a, task_id=task_id, num_samples=samples, harness=harness, task_set=task_set,
+                                           tool=tool).model_dump(mode="json")
+
+        def submit(problems: list, tag: str, samples: int, task_set: str) -> set[str]:
+            tasks = [task(p, f"{run_id}-{tag}-t{i}", samples, task_set) for i, p in enumerate(problems)]
             r = httpx.post(f"{urls['rollout']}/tasks", json=tasks, timeout=60)
             r.raise_for_status()
             return {t["group_id"] for t in tasks}
 
-        def wait(live, wanted: set[str], label: str, started: float, version: int | None = None) -> None:
-            """Until the groups are in (and, for a training step, the trainer pushed ``version``)."""
-            deadline = started + cfg.step_timeout_s
-            while True:
-                watcher.poll()
-                # after its last step the trainer is done (it stops at --max-steps); the rest must live
-                procs.check_all(finished_ok=frozenset({"trainer"}) if len(results) == cfg.steps else frozenset())
-                have = wanted <= watcher.groups.keys()
-                if have and (version is None or (watcher.policy is not None and watcher.policy.version >= version
-                                                 and serving(urls["engine"]) >= version)):
-                    return  # the trainer published ``version`` and the engine serves it: the next step is on-policy
-                if time.monotonic() > deadline:
-                    raise ProcessFailed(f"{label} did not finish within {cfg.step_timeout_s:.0f}s "
-                                        f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}, "
-                                        f"policy {watcher.policy.version if watcher.policy else None}); logs in {procs.log_dir}")
-                live.update(_view(cfg, results, lag, f"{label}: {len(wanted & watcher.groups.keys())}/{len(wanted)} groups",
-                                  held))
+        schedule = Schedule(steps=cfg.steps, async_level=cfg.async_level, eval_every=cfg.eval_every,
+                            evaluate=bool(heldout) and cfg.heldout_samples > 0)
+        steps_out: dict[int, tuple[set[str], float]] = {}  # step -> (its groups, when they went out)
+        evals_out: dict[int, tuple[set[str], float]] = {}  # policy version -> (its eval groups, when)
+        evaluated: dict[int, float] = {}  # policy version -> held-out pass@1
+
+        def label(v: int) -> str:
+            return "before" if v == 0 else "after" if v == cfg.steps else f"step {v}"
 
         with Live(_view(cfg, results, lag, "starting", held), console=console, refresh_per_second=2) as live:
-            # held-out pass@1 of the warm-started policy (version 0), through the real pipeline
-            started = time.monotonic()
-            wait(live, submit(heldout, "heldout-before", cfg.heldout_samples, HELDOUT_SET), "held-out eval (before)", started)
-            held["before"] = heldout_pass_at_1(settings).get(0, 0.0)
-            for step in range(cfg.steps):
-                started = time.monotonic()
-                batch = [order.choice(train) for _ in range(cfg.tasks_per_step)]
-                wanted = submit(batch, f"s{step:03d}", cfg.samples, "demo-arith")
-                wait(live, wanted, f"step {step + 1}/{cfg.steps}", started, version=step + 1)
-                results.append(_step_result(step, [watcher.groups[g] for g in sorted(wanted)], time.monotonic() - started,
-                                            watcher.policy.version, watcher.policies.get(step + 1)))
-                if on_step is not None:
-                    on_step(step, metrics)
-                lag = consumer_lag(settings)
-                live.update(_view(cfg, results, lag, f"step {step + 1}/{cfg.steps} done", held))
-            # the same held-out problems under the trained policy
-            started = time.monotonic()
-            wait(live, submit(heldout, "heldout-after", cfg.heldout_samples, HELDOUT_SET), "held-out eval (after)", started)
-            final = watcher.policy.version if watcher.policy else 0
-            held["after"] = heldout_pass_at_1(settings).get(final, 0.0)
+            while len(results) < cfg.steps or set(evaluated) < set(schedule.eval_versions()):
+                watcher.poll()
+                trained = watcher.policy.version if watcher.policy is not None else 0
+                # after its last step the trainer is done (it stops at --max-steps); the rest must live
+                procs.check_all(finished_ok=frozenset({"trainer"}) if trained >= cfg.steps else frozenset())
+                # the version the engine serves now: a step goes out on-policy only once its weights are loaded
+                served = min(trained, serving(urls["engine"])) if trained else 0
+                now = time.monotonic()
+                for v, (wanted, started) in list(evals_out.items()):
+                    if wanted <= watcher.groups.keys():  # its eval is in: pass@1 at that version (polarstream eval)
+                        evaluated[v] = heldout_pass_at_1(settings).get(v, 0.0)
+                        held[label(v)] = evaluated[v]
+                        del evals_out[v]
+                    elif now - started > cfg.step_timeout_s:
+                        raise ProcessFailed(f"held-out eval of version {v} did not finish within {cfg.step_timeout_s:.0f}s "
+                                            f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}); logs in {procs.log_dir}")
+                while len(results) < len(steps_out):  # steps in order: groups in and trained into the next version
+                    k = len(results)
+                    wanted, started = steps_out[k]
+                    if not (wanted <= watcher.groups.keys() and trained >= k + 1):
+                        if now - started > cfg.step_timeout_s * (cfg.async_level + 1):
+                            raise ProcessFailed(f"step {k + 1} did not finish within {cfg.step_timeout_s * (cfg.async_level + 1):.0f}s "
+                                                f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}, policy {trained}); "
+                                                f"logs in {procs.log_dir}")
+                        break
+                    results.append(_step_result(k, [watcher.groups[g] for g in sorted(wanted)], now - started,
+                                                watcher.policy.version, watcher.policies.get(k + 1)))
+                    if on_step is not None:
+                        on_step(k, metrics)
+                    lag = consumer_lag(settings)
+                if (v := schedule.due_eval(served, set(evaluated), set(evals_out))) is not None:
+                    evals_out[v] = (submit(heldout, f"eval-v{v}", cfg.heldout_samples, HELDOUT_SET), now)
+                for k in schedule.due_steps(len(steps_out), served, set(evaluated)):
+                    batch = [order.choice(train) for _ in range(cfg.tasks_per_step)]
+                    steps_out[k] = (submit(batch, f"s{k:03d}", cfg.samples, cfg.task_set), now)
+                status = (f"eval of version {', '.join(map(str, evals_out))}" if evals_out else
+                          f"step {len(results) + 1}/{cfg.steps}: {len(steps_out) - len(results)} in flight" if len(results) < cfg.steps
+                          else "final eval")
+                live.update(_view(cfg, results, lag, status, held))
             live.update(_view(cfg, results, lag, "done", held))
         summary = write_report(run_dir, cfg, results, watcher.policy, settings, time.monotonic() - t0, model_dir,
                                heldout=held, warm=warm, total_s=time.monotonic() - t_start, viewer_url=urls["ui"])

@@ -1,4 +1,4 @@
-"""`polarstream demo`: the main job, end to end on this machine."""
+"""`polarstream demo` (the main job, end to end on this machine) and `polarstream run` (an experiment file)."""
 
 from __future__ import annotations
 
@@ -51,5 +51,45 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             typer.echo("demo interrupted; every process it started was stopped (infra stays up: polarstream infra down)", err=True)
+            raise typer.Exit(130) from None
+        typer.echo(path)
+
+    @app.command("run")
+    def run_command(
+        experiment: Annotated[Optional[Path], typer.Argument(help="the experiment YAML (producers/experiment.py); "
+                                                                  "none: the arith family's defaults")] = None,
+        seed: Annotated[Optional[int], typer.Option(help="overrides the file's seed")] = None,
+        async_level: Annotated[Optional[int], typer.Option(help="overrides the file's async_level (S)")] = None,
+        max_steps: Annotated[Optional[int], typer.Option(help="overrides the file's max_steps")] = None,
+        run_dir: Annotated[Optional[Path], typer.Option(help="where logs, the report and run-summary.json go")] = None,
+        print_config: Annotated[bool, typer.Option("--print-config", help="print every setting with its default and "
+                                                                          "meaning, as YAML, and exit")] = False,
+    ) -> None:
+        """Run an RL experiment from one file: every component on this machine, your tasks, bounded asynchrony, evals."""
+        import time
+
+        from producers.experiment import ExperimentError, load_experiment
+        from producers.experiment import print_config as defaults
+        from producers.tasks import TaskSourceError
+
+        from .processes import ProcessFailed
+        from .run import run_experiment
+
+        if print_config:
+            typer.echo(defaults(), nl=False)
+            return
+        try:
+            exp = load_experiment(experiment, seed=seed, async_level=async_level, max_steps=max_steps)
+        except ExperimentError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
+        out = run_dir or Path("runs") / time.strftime(f"{exp.name}-%Y%m%d-%H%M%S")
+        try:
+            path = run_experiment(exp, out)
+        except (ProcessFailed, TaskSourceError) as e:
+            typer.echo(f"run failed: {e}", err=True)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            typer.echo("run interrupted; every process it started was stopped (infra stays up: polarstream infra down)", err=True)
             raise typer.Exit(130) from None
         typer.echo(path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -136,7 +136,10 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
         "model_dir": str(model_dir),
         "topic_prefix": settings.topic_prefix,
         "kafka_bootstrap": settings.kafka_bootstrap,
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+        "heldout_per_eval": heldout,  # every eval: before, "step N" (eval_every), after
+        # a user's run names its tasks by count: the templates themselves are in their source
+        "config": {k: str(v) if isinstance(v, Path) else len(v) if k.endswith("_tasks") and v is not None else v
+                   for k, v in ((f.name, getattr(cfg, f.name)) for f in fields(cfg))},
         "warm_start": warm or {},
         "per_step": [{**asdict(r), "merge_rate": r.merge_rate} for r in results],
         "commands": commands,

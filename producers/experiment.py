@@ -1,0 +1,107 @@
+"""The experiment file: one YAML that describes an RL run, validated by one pydantic model.
+
+``polarstream run exp.yaml`` reads it; ``polarstream run --print-config`` prints every field with its
+default and meaning. An unknown key, a bad value or a task source that is not there is one line naming
+the field. Task sources are those of ``producers/tasks.py`` (JSONL, Parquet, Harbor directories) plus
+``builtin:arith`` / ``builtin:arith-heldout``, the demo's family split by ``seed``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+BUILTIN_SOURCES = ("builtin:arith", "builtin:arith-heldout")
+
+
+class ExperimentError(ValueError):
+    """An experiment file that cannot run; the message is one line naming the file and field."""
+
+
+class Experiment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("experiment", description="run name: the topic namespace and checkpoint folder start with it")
+    model: str = Field("builtin:arith", description="local HF model directory (or hub id in the local cache); "
+                       "builtin:arith = the demo's tiny model after its cached warm start on the arith family")
+    harness: str = Field("builtin", description="the agent harness every session runs: builtin, pi, qwen_code, claude_code, "
+                         "gemini_cli, opencode, codex")
+    harness_config: dict[str, Any] = Field(default_factory=dict, description="the harness's own settings (e.g. api: chat for pi)")
+    runtime: Literal["auto", "bwrap", "subprocess"] = Field("auto", description="the sandbox sessions run in (auto: bwrap "
+                                                                               "when it works here); Harbor tasks need bwrap")
+    train: str = Field("builtin:arith", description="task source RL trains on: a JSONL file (TaskRequest or flat rows), "
+                       "a .parquet file, a Harbor task directory (or a directory of them), or builtin:arith")
+    eval: str = Field("builtin:arith-heldout", description="task source evaluated before training, every eval_every "
+                      "steps and after the last; '' = no evaluation")
+    group_size: int = Field(8, ge=1, le=1024, description="samples per task (the GRPO group)")
+    groups_per_step: int = Field(4, ge=1, description="task groups per trainer step")
+    async_level: int = Field(0, ge=0, le=16, description="S: how many steps' groups may be sampled ahead of the published "
+                             "policy; at most S+1 steps are in flight, and the trainer drops groups more than S versions "
+                             "behind. 0 = on-policy: a step's tasks go out once the previous step's weights are served")
+    zero_signal: Literal["mask"] = Field("mask", description="groups whose samples all scored the same: mask (they close "
+                                         "the step but move no weight)")
+    eval_every: int = Field(0, ge=0, description="evaluate every N trained steps as well (0: before and after only)")
+    eval_samples: int = Field(4, ge=1, description="samples per eval task (pass@1 is their mean)")
+    heldout: int = Field(16, ge=1, description="builtin:arith only: problems kept out of training for builtin:arith-heldout")
+    max_steps: int = Field(24, ge=1, description="trainer steps to run")
+    seed: int = Field(0, description="fixes the model's warm start, the task order and the sampling seeds")
+    lr: float = Field(5e-4, gt=0, description="the trainer's learning rate")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature, pinned on every call and used by the trainer")
+    trainer: dict[str, Any] = Field(default_factory=dict, description="more TrainConfig settings (trainer/config.py), "
+                                    "each passed as --set key=value")
+    storage_url: str = Field("", description="checkpoints (s3://bucket/prefix or file://...); '' = the local S3 server")
+    step_timeout_s: float = Field(300.0, gt=0, description="a step whose groups are not trained within this many seconds "
+                                  "(times S+1) stops the run")
+
+    @model_validator(mode="after")
+    def _sources(self) -> "Experiment":
+        for field in ("train", "eval"):
+            source = getattr(self, field)
+            if source and not source.startswith("builtin:") and not Path(source).exists():
+                raise ValueError(f"{field}: {source!r}: no such file or directory")
+            if source.startswith("builtin:") and source not in BUILTIN_SOURCES:
+                raise ValueError(f"{field}: {source!r}: the built-in sources are {', '.join(BUILTIN_SOURCES)}")
+        if self.train.startswith("builtin:arith") != self.model.startswith("builtin:arith") and self.model.startswith("builtin:"):
+            raise ValueError(f"model: {self.model!r} is the arith family's warm start; train on builtin:arith")
+        return self
+
+
+def load_experiment(path: Path | None, **overrides: Any) -> Experiment:
+    """The experiment in ``path`` (None: the defaults, the arith family) with ``overrides`` (CLI flags) on top;
+    relative task sources are read from the file's folder. ExperimentError of one line on any problem."""
+    data: dict[str, Any] = {}
+    where = str(path) if path else "experiment"
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f", line {mark.line + 1}" if mark else ""
+            raise ExperimentError(f"{where}{at}: malformed YAML ({getattr(e, 'problem', None) or e})") from None
+        if not isinstance(data, dict):
+            raise ExperimentError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
+        for field in ("train", "eval"):
+            source = data.get(field)
+            if isinstance(source, str) and source and not source.startswith("builtin:") and not Path(source).is_absolute():
+                data[field] = str((Path(path).parent / source).resolve())
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Experiment.model_validate(data)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ExperimentError(f"{where}: {field}: {msg}" if field else f"{where}: {msg}") from None
+
+
+def print_config() -> str:
+    """Every field as YAML: its default, with its meaning as a comment above it."""
+    lines = ["# polarstream run: the experiment file (producers/experiment.py). Every key is optional."]
+    for name, field in Experiment.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        lines.append(f"# {field.description}")
+        lines.append(yaml.safe_dump({name: default}, default_flow_style=True, sort_keys=False).strip().removeprefix("{").removesuffix("}"))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,68 @@
+"""The driver's schedule (producers/driver.py): bounded asynchrony and evals pinned to one version."""
+
+from __future__ import annotations
+
+import pytest
+
+from producers.driver import Schedule
+
+
+def simulate(schedule: Schedule) -> list[tuple]:
+    """Run the schedule against an idealized system: every submitted step's groups come back at once, the
+    trainer trains one step per tick in order, an eval finishes the tick after it goes out. Returns the
+    events: ("submit", step, served version), ("eval", version), ("train", new version)."""
+    events, submitted, served, evaluated, evaluating = [], 0, 0, set(), set()
+    for _ in range(10 * schedule.steps + 10):
+        for v in list(evaluating):  # evals out last tick are in
+            evaluating.discard(v)
+            evaluated.add(v)
+        if (v := schedule.due_eval(served, evaluated, evaluating)) is not None:
+            evaluating.add(v)
+            events.append(("eval", v))
+        for k in schedule.due_steps(submitted, served, evaluated):
+            events.append(("submit", k, served))
+            submitted = k + 1
+        if served < submitted and not evaluating:  # the trainer trains the oldest submitted step
+            served += 1
+            events.append(("train", served))
+        if served == schedule.steps and evaluated >= set(schedule.eval_versions()):
+            return events
+    raise AssertionError(f"stuck: {events}")
+
+
+def test_s0_is_the_on_policy_loop():
+    events = simulate(Schedule(steps=3))
+    assert events == [("eval", 0), ("submit", 0, 0), ("train", 1), ("submit", 1, 1), ("train", 2), ("submit", 2, 2),
+                      ("train", 3), ("eval", 3)]
+
+
+@pytest.mark.parametrize("s", [1, 2, 3])
+def test_at_most_s_plus_1_steps_are_in_flight_and_none_is_sampled_more_than_s_behind(s):
+    events = simulate(Schedule(steps=8, async_level=s, evaluate=False))
+    subs = [e for e in events if e[0] == "submit"]
+    assert [e[1] for e in subs] == list(range(8))
+    assert all(step - served <= s for _, step, served in subs)  # step k trains into k+1; sampled at >= k-S
+    assert any(step - served == s for _, step, served in subs)  # and the bound is used, not just respected
+    in_flight, served = 0, 0
+    for e in events:
+        in_flight += e[0] == "submit"
+        in_flight -= e[0] == "train"
+        assert in_flight <= s + 1
+
+
+def test_an_eval_is_a_barrier_pinned_to_its_version():
+    sched = Schedule(steps=6, async_level=2, eval_every=2)
+    assert sched.eval_versions() == [0, 2, 4, 6]
+    events = simulate(sched)
+    for v in (0, 2, 4):
+        at = events.index(("eval", v))
+        assert not [e for e in events[at:] if e[0] == "train" and e[1] == v + 1 and events.index(e) < at]
+        # no step that trains past v went out before v's eval
+        assert all(e[1] < v for e in events[:at] if e[0] == "submit")
+        assert ("train", v) in events[:at] or v == 0
+    assert events[-1] == ("eval", 6)
+
+
+def test_no_eval_when_there_is_no_eval_split():
+    sched = Schedule(steps=2, evaluate=False)
+    assert sched.eval_versions() == [] and list(sched.due_steps(0, 0, set())) == [0]
