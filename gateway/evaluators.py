@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.runtimes import ExecSpec, Limits, Runtime, RuntimeUnavailable
+from gateway.runtimes import ExecResult, ExecSpec, Limits, Runtime, RuntimeUnavailable
 from schemas import EvaluatorSpec, TaskRequest
 
 
@@ -69,19 +69,30 @@ def score_files(workspace: Path, expected: dict[str, str]) -> EvalResult:
     return EvalResult(matched / len(expected), {"files_matched": float(matched), "files_expected": float(len(expected))})
 
 
-async def run_command(spec: EvaluatorSpec, copy: Path, home: Path, runtime: Runtime, log_path: Path | None) -> EvalResult:
-    """Run the test command in the copy; exit 0 is reward 1.0."""
-    if not spec.command.strip():
-        return EvalResult(None, error="evaluator.command: empty")
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runtime.home_view(home), "LANG": "C.UTF-8"}
-    exec_spec = ExecSpec(argv=["/bin/sh", "-c", spec.command], env=env, workspace=copy, home=home,
-                         limits=Limits(timeout_s=spec.timeout_s), network="none", log_path=log_path)
+async def _verify(runtime: Runtime, exec_spec: ExecSpec) -> ExecResult | EvalResult:
+    """Run a verifier: its ExecResult, or the EvalResult of a runtime that cannot run it or a timeout."""
     try:
         res = await runtime.run(exec_spec)
     except RuntimeUnavailable as e:
         return EvalResult(None, error=f"evaluator runtime: {e}")
     if res.timed_out:
-        return EvalResult(0.0, {"verifier_timeout": 1.0}, detail=f"evaluator timed out after {spec.timeout_s}s")
+        limit = exec_spec.limits.timeout_s
+        return EvalResult(0.0, {"verifier_timeout": 1.0}, detail=f"evaluator timed out after {limit}s")
+    return res
+
+
+def _env(runtime: Runtime, home: Path) -> dict[str, str]:
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runtime.home_view(home), "LANG": "C.UTF-8"}
+
+
+async def run_command(spec: EvaluatorSpec, copy: Path, home: Path, runtime: Runtime, log_path: Path | None) -> EvalResult:
+    """Run the test command in the copy; exit 0 is reward 1.0."""
+    if not spec.command.strip():
+        return EvalResult(None, error="evaluator.command: empty")
+    res = await _verify(runtime, ExecSpec(argv=["/bin/sh", "-c", spec.command], env=_env(runtime, home), workspace=copy,
+                                          home=home, limits=Limits(timeout_s=spec.timeout_s), network="none", log_path=log_path))
+    if isinstance(res, EvalResult):
+        return res
     return EvalResult(1.0 if res.returncode == 0 else 0.0, {"eval_exit_code": float(res.returncode or 0)},
                       detail=res.output_tail[-500:])
 
@@ -99,16 +110,12 @@ async def run_harbor(spec: EvaluatorSpec, copy: Path, home: Path, scratch: Path,
         write_tree(tests, spec.tests)
     except ValueError as e:
         return EvalResult(None, error=f"evaluator.tests: {e}")
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runtime.home_view(home), "LANG": "C.UTF-8"}
-    exec_spec = ExecSpec(argv=["/bin/bash", "-c", spec.command or "bash /tests/test.sh"], env=env, workspace=copy, home=home,
-                         limits=Limits(timeout_s=spec.timeout_s), network=spec.network, log_path=log_path,
-                         mount=task.workspace.mount or "/app", mounts={"/tests": tests, "/logs/verifier": logs})
-    try:
-        res = await runtime.run(exec_spec)
-    except RuntimeUnavailable as e:
-        return EvalResult(None, error=f"evaluator runtime: {e}")
-    if res.timed_out:
-        return EvalResult(0.0, {"verifier_timeout": 1.0}, detail=f"verifier timed out after {spec.timeout_s}s")
+    res = await _verify(runtime, ExecSpec(
+        argv=["/bin/bash", "-c", spec.command or "bash /tests/test.sh"], env=_env(runtime, home), workspace=copy, home=home,
+        limits=Limits(timeout_s=spec.timeout_s), network=spec.network, log_path=log_path,
+        mount=task.workspace.mount or "/app", mounts={"/tests": tests, "/logs/verifier": logs}))
+    if isinstance(res, EvalResult):
+        return res
     metrics = {"eval_exit_code": float(res.returncode or 0)}
     try:
         written = reward_file(logs)
