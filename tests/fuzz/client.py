@@ -72,7 +72,9 @@ def sse_events(raw: bytes) -> list[Any]:
 
 def success_id(provider: str, raw: bytes, stream: bool) -> str:
     """The call id in a success body (the recorded event's id), or '' when the body is not the provider's shape."""
-    first = sse_events(raw)[0] if stream else json.loads(raw)
+    # A call still running after the gateway's keep-alive delay (a loaded machine) opens with Anthropic's
+    # ping events before message_start, as the API may; the SDKs drop them, and so does this judge.
+    first = [e for e in sse_events(raw) if not (isinstance(e, dict) and e.get("type") == "ping")][0] if stream else json.loads(raw)
     if isinstance(first, list) and provider == "google.generate_content":  # streamGenerateContent without alt=sse
         first = first[0]
     if provider == "anthropic.messages":
