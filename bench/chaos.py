@@ -404,7 +404,7 @@ def quiet_run(pipe: Pipeline, tasks: list[str], deadline_s: float) -> float:
 
 
 def read_all(settings: Settings, topic: str) -> list:
-    from polarstream.tools.kafka_read import merged, plan_spans
+    from producers.kafka_read import merged, plan_spans
 
     return list(merged(settings, plan_spans(settings, (topic,))))
 

@@ -62,8 +62,8 @@ def replay_command(
     from infra.reach import require_kafka
     from streams.config import StreamsConfig
 
-    from .tools.kafka_read import ReadError, plan_spans
-    from .tools.positions import PositionError, load_offsets, parse_time
+    from producers.kafka_read import ReadError, plan_spans
+    from producers.positions import PositionError, load_offsets, parse_time
     from .tools.replay import SOURCES, ReplayError, prepare_target, replay, target_settings
 
     if from_time is not None and from_offsets is not None:
@@ -122,7 +122,7 @@ def eval_command(
     from infra.reach import require_kafka
 
     from .tools.eval_run import run_eval
-    from .tools.kafka_read import ReadError
+    from producers.kafka_read import ReadError
 
     ks = tuple(k or (1,))
     if min(ks) < 1:
@@ -168,7 +168,7 @@ def export_command(
     from infra.storage import StorageError
 
     from .tools.export import FORMATS, ExportStats, Filters, rows_from, write_rows
-    from .tools.kafka_read import ReadError, fresh_group, merged, plan_spans
+    from producers.kafka_read import ReadError, fresh_group, merged, plan_spans
 
     if format not in FORMATS:
         raise _fail(f"--format {format!r}: expected one of {', '.join(FORMATS)}", 2)
@@ -205,7 +205,7 @@ def cat_command(
     from infra.reach import require_kafka
     from schemas import document
 
-    from .tools.kafka_read import ReadError, fresh_group, merged, plan_spans
+    from producers.kafka_read import ReadError, fresh_group, merged, plan_spans
 
     settings = _settings(config, prefix)
     try:

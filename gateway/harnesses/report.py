@@ -115,7 +115,7 @@ def read_calls(settings) -> list[CallRecorded]:
     """
     import logging
 
-    from polarstream.tools.kafka_read import merged, plan_spans
+    from producers.kafka_read import merged, plan_spans
     from schemas import RecordDecodeError, decode
 
     out = []

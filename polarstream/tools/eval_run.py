@@ -17,7 +17,7 @@ from infra.settings import Settings
 from schemas import RecordDecodeError, Trajectory, decode
 
 from .evaluate import Latest, evaluate
-from .kafka_read import RawMessage, fresh_group, merged, plan_spans, tail
+from producers.kafka_read import RawMessage, fresh_group, merged, plan_spans, tail
 from .report import write_report
 
 

@@ -23,7 +23,7 @@ from infra.settings import Settings
 from schemas import Parts, RecordDecodeError, TrainingGroup, Trajectory, decode
 
 from .evaluate import Latest
-from .kafka_read import RawMessage
+from producers.kafka_read import RawMessage
 
 FORMATS = ("jsonl", "parquet")
 _ROW_GROUP = 1_000

@@ -20,8 +20,8 @@ from infra.settings import Settings
 from schemas import CallRecorded, Record, RecordDecodeError, SessionEvent, TrainingGroup, Trajectory, decode, encode
 from streams.config import StreamsConfig
 
-from .kafka_read import RawMessage, fresh_group, merged, watermarks
-from .positions import Span, offsets_of
+from producers.kafka_read import RawMessage, fresh_group, merged, watermarks
+from producers.positions import Span, offsets_of
 from .rederive import Limits, Rederiver
 
 SOURCES = ("calls", "session-events")

@@ -1,6 +1,6 @@
 """The viewer's reader: one thread per topic prefix, reading its topics into a RunIndex.
 
-It reads like the other tools (polarstream/tools/kafka_read.py): partitions assigned under a consumer
+It reads like the other tools (producers/kafka_read.py): partitions assigned under a consumer
 group of its own that never commits, so live consumers never notice it. First everything up to the end
 offsets at start (``caught_up`` then), then whatever is appended, as it comes.
 """
@@ -12,7 +12,7 @@ import threading
 
 from infra.settings import Settings
 
-from ..tools.kafka_read import ReadError, fresh_group, merged, plan_spans, tail
+from producers.kafka_read import ReadError, fresh_group, merged, plan_spans, tail
 from .index import TOPICS, RunIndex
 
 log = logging.getLogger("polarstream.viewer")

@@ -6,7 +6,7 @@ import pytest
 
 from polarstream.tools.eval_run import EvalState
 from polarstream.tools.evaluate import Latest, Sample, evaluate
-from polarstream.tools.kafka_read import RawMessage
+from producers.kafka_read import RawMessage
 from schemas import encode
 from tests.tools.samples import traj
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from polarstream.tools.export import ExportStats, Filters, rows_from, trace_rows, write_rows
-from polarstream.tools.kafka_read import RawMessage
+from producers.kafka_read import RawMessage
 from schemas import TrainingGroup, encode
 from tests.tools.samples import traj
 

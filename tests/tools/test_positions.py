@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from polarstream.tools.positions import PositionError, Span, load_offsets, offsets_of, parse_offsets, parse_time
+from producers.positions import PositionError, Span, load_offsets, offsets_of, parse_offsets, parse_time
 
 TOPICS = ("calls", "session-events")
 

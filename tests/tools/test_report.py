@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from polarstream.tools.eval_run import EvalState
-from polarstream.tools.kafka_read import RawMessage
+from producers.kafka_read import RawMessage
 from polarstream.tools.report import write_report
 from schemas import encode
 from tests.tools.samples import traj
