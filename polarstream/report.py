@@ -215,6 +215,24 @@ def runs_table(summaries: list[dict]) -> str:
     return "\n".join(rows)
 
 
+ASYNC_RUNS_START, ASYNC_RUNS_END = "<!-- run:async -->", "<!-- /run:async -->"
+
+
+def async_runs_table(summaries: list[dict]) -> str:
+    """One row per ``polarstream run`` of the arith family: its async level S, seed, quarters, held-out
+    pass@1, worst fall, RL wall time and steps per hour (from each run's demo-summary.json)."""
+    rows = ["| S | seed | first quarter | last quarter | held-out pass@1 before | after | worst fall after 0.8 "
+            "| RL wall time | steps/hour | learned |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for s in sorted(summaries, key=lambda s: (s["config"]["async_level"], s["seed"])):
+        fall = worst_fall(s.get("reward_per_step", []))
+        rows.append(f"| {s['config']['async_level']} | {s['seed']} | {s['first_quarter_mean']:.3f} | "
+                    f"{s['last_quarter_mean']:.3f} | {s['heldout_before']:.3f} | {s['heldout_after']:.3f} | "
+                    f"{dash(fall, '.2f')} | {s['wall_time_s'] / 60:.1f} min | {s['steps'] / s['wall_time_s'] * 3600:.0f} | "
+                    f"{'yes' if s['learned'] else 'no: ' + ', '.join(k for k, v in s['bars'].items() if not v)} |")
+    return "\n".join(rows)
+
+
 CLI_RUNS_START, CLI_RUNS_END = "<!-- demo:cli-runs -->", "<!-- /demo:cli-runs -->"
 
 

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from polarstream.report import (CLI_RUNS_END, CLI_RUNS_START, CLI_STEPS_END, CLI_STEPS_START, RUNS_END, RUNS_START,
-                                cli_runs_table, cli_steps_table, render_block, render_runs, runs_table)
+from polarstream.report import (ASYNC_RUNS_END, ASYNC_RUNS_START, CLI_RUNS_END, CLI_RUNS_START, CLI_STEPS_END,
+                                CLI_STEPS_START, RUNS_END, RUNS_START, async_runs_table, cli_runs_table, cli_steps_table,
+                                render_block, render_runs, runs_table)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,15 +36,16 @@ def test_readme_matches_the_committed_runs():
 
 
 @pytest.mark.parametrize("pattern,table,start,end", [
-    ("cli-*.json", cli_runs_table, CLI_RUNS_START, CLI_RUNS_END),  # real-CLI demo runs
-    ("step-*.json", cli_steps_table, CLI_STEPS_START, CLI_STEPS_END),  # real-CLI step timings
-], ids=["cli-runs", "cli-steps"])
+    ("demo-runs/cli-*.json", cli_runs_table, CLI_RUNS_START, CLI_RUNS_END),  # real-CLI demo runs
+    ("demo-runs/step-*.json", cli_steps_table, CLI_STEPS_START, CLI_STEPS_END),  # real-CLI step timings
+    ("experiment-runs/arith-*.json", async_runs_table, ASYNC_RUNS_START, ASYNC_RUNS_END),  # polarstream run, S = 0, 1
+], ids=["cli-runs", "cli-steps", "async-runs"])
 def test_readme_matches_the_committed_real_cli_summaries(pattern, table, start, end):
-    runs = sorted((ROOT / "docs" / "demo-runs").glob(pattern))
-    assert runs, f"docs/demo-runs/{pattern}: none committed"
+    runs = sorted((ROOT / "docs").glob(pattern))
+    assert runs, f"docs/{pattern}: none committed"
     readme = (ROOT / "README.md").read_text()
     assert render_block(readme, start, end, table([json.loads(p.read_text()) for p in runs])) == readme, \
-        f"README's table of docs/demo-runs/{pattern} is stale: re-render it"
+        f"README's table of docs/{pattern} is stale: re-render it"
 
 
 def test_real_cli_table_shows_size_merge_rate_and_missed_bars():
@@ -59,3 +61,9 @@ def test_cli_step_table_shows_tokens_per_session_and_wall_time():
     s = {"harness": "qwen_code (chat)", "warm_start": {"shape": "qwen_code 0.9.1 over chat"}, "per_step": [step]}
     row = cli_steps_table([s]).splitlines()[2]
     assert row == "| qwen_code (chat) | qwen_code 0.9.1 | 6 | 9 | 10,000 | 300 | 123 s |"
+
+
+def test_async_table_shows_the_level_and_steps_per_hour():
+    s = {**_summary(0), "config": {"async_level": 1}, "steps": 24, "reward_per_step": [0.5] * 24}
+    row = async_runs_table([s, {**s, "config": {"async_level": 0}}]).splitlines()
+    assert row[2].startswith("| 0 | 0 |") and row[3].startswith("| 1 | 0 |") and "| 8.0 min | 180 | yes |" in row[3]
