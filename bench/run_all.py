@@ -1,7 +1,7 @@
 """Run every benchmark, one at a time, and write one results file and one results page.
 
     .venv/bin/python bench/run_all.py [--all] [--quick] [--only NAME ...] [--timeout S] [--out JSON] [--doc MD]
-                                      [--cluster] [--harnesses]
+                                      [--cluster] [--harnesses] [--driver]
     .venv/bin/python bench/run_all.py --render-only      # re-render README.md and docs/*.md from the JSON
     .venv/bin/python bench/run_all.py --staleness        # benchmarks whose measured code changed (exit 1 if any)
 
@@ -28,7 +28,7 @@ Which files are benchmarks: every ``bench/*.py`` except this file, ``render.py``
 ``_``, and helpers that take no ``--quick`` flag (``trl_peer.py`` runs inside a peer venv, called by
 ``trainer.py``). EXPECTED names the benchmarks the issues ask for, so a missing one shows up as missing.
 OPT_IN ones run only when their flag is given (``--cluster``: broker_loss and chaos; ``--harnesses``:
-harness_sessions) or with ``--only NAME``.
+harness_sessions; ``--driver``: driver) or with ``--only NAME``.
 
 The convention a benchmark script follows (the first two are required, the rest optional):
 
@@ -84,7 +84,7 @@ STDERR_TAIL = 3000  # characters of a failed benchmark's stderr kept in the resu
 # length); 200 s timed out on a slow hour (engine batch-1 at 116 tok/s, a fifth of a quiet hour's).
 BUDGET_S = {"broker_loss": (90, 180), "publisher": (35, 120), "engine": (30, 90), "gateway": (110, 330), "streams": (55, 260),
             "trainer": (70, 330), "rollout": (60, 220), "mirror": (40, 150), "script_window": (50, 150),
-            "fuzz": (30, 150), "harness_sessions": (240, 480), "chaos": (240, 1200)}
+            "fuzz": (30, 150), "harness_sessions": (240, 480), "chaos": (240, 1200), "driver": (420, 1800)}
 DEFAULT_BUDGET_S = (30, 60)  # a new benchmark must claim its time in BUDGET_S
 # Extra arguments in a full run. fuzz's default 10,000 requests per API is a 22-minute soak (docs/fuzzing.md),
 # a correctness run of its own, not a speed figure: inside make bench it runs a shape-keeping 600.
@@ -93,8 +93,8 @@ FULL_ARGS = {"fuzz": ["--per-api", "600"]}
 # broker_loss starts a 3-broker cluster and kills brokers (issue 25), about a minute even with --quick;
 # harness_sessions runs the six real agent CLIs through a node (issue 20; installed CLIs and bwrap needed);
 # chaos kills 30 random components of a whole pipeline on a 3-broker cluster, then reruns it unharmed (issue
-# 25), about 10 minutes.
-OPT_IN = {"broker_loss": "--cluster", "harness_sessions": "--harnesses", "chaos": "--cluster"}
+# 25), about 10 minutes; driver runs whole RL experiments at three async levels in rounds (issue 49), 10-25 minutes.
+OPT_IN = {"broker_loss": "--cluster", "harness_sessions": "--harnesses", "chaos": "--cluster", "driver": "--driver"}
 # CPU-bound figures (a /-path into the benchmark's JSON) also given per unit of host speed: the figure divided
 # by the mean of the host index measured just before and just after the benchmark (bench/_host.py).
 HOST_SCALED = {
@@ -310,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", action="store_true", help="also run broker_loss and chaos (a 3-broker cluster; brokers, or anything, killed)")
     ap.add_argument("--harnesses", action="store_true",
                     help="also run harness_sessions (every real CLI, scripted multi-turn sessions through a node)")
+    ap.add_argument("--driver", action="store_true",
+                    help="also run driver (whole arith experiments at async levels 0, 1 and 2, in interleaved rounds)")
     args = ap.parse_args(argv)
     if args.staleness:
         return staleness(json.loads(args.out.read_text()))

@@ -111,6 +111,12 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
     async def health() -> Response:
         return Response(status_code=200)
 
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        """Ours only: the batcher's counters (prefills, decode steps, busy_s: seconds with generation in
+        flight), for benchmarks that measure how idle the engine is."""
+        return dict(engine.batcher.stats)
+
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
         """Token ids of a text prompt or of a chat rendered with the template."""

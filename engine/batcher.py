@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -103,7 +104,7 @@ class Batcher:
         # counters for tests and benchmarks: how much batching actually happened
         self.stats = {"prefills": 0, "prefill_tokens": 0, "prefix_hit_tokens": 0, "decode_steps": 0,
                       "decoded_tokens": 0, "max_rows": 0,
-                      "scripted_window_jobs": 0}
+                      "scripted_window_jobs": 0, "busy_s": 0.0}  # busy_s: seconds spent in steps (generation in flight)
 
     # ------------------------------------------------------------------ control (any thread)
 
@@ -180,12 +181,14 @@ class Batcher:
                         room -= len(self._pending[0].seqs)
                         admit.append(self._pending.popleft())
                 abort = self._abort
+            t0 = time.perf_counter()
             try:
                 with self._step_lock, torch.inference_mode():
                     self._step(admit, abort)
             except Exception as e:  # a failed step fails its requests, never the server
                 log.exception("engine step failed")
                 self._fail_all(admit, e)
+            self.stats["busy_s"] += time.perf_counter() - t0
             with self._cv:
                 self._cv.notify_all()  # pause() may be waiting for the batch to drain
 

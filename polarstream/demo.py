@@ -300,6 +300,14 @@ def serving(engine_url: str) -> int:
         return -1
 
 
+def engine_busy_s(engine_url: str) -> float | None:
+    """Seconds the engine has spent generating (its GET /stats), or None when it cannot say."""
+    try:
+        return float(httpx.get(f"{engine_url}/stats", timeout=5).json()["busy_s"])
+    except (httpx.HTTPError, KeyError, ValueError, TypeError):
+        return None
+
+
 def heldout_pass_at_1(settings: Settings) -> dict[int, float]:
     """pass@1 of the held-out task set per policy version, from polar.trajectories through the
     ``polarstream eval`` reader (the same report a user gets)."""
@@ -307,6 +315,15 @@ def heldout_pass_at_1(settings: Settings) -> dict[int, float]:
 
     report = run_eval(settings, ks=(1,))
     return {c["policy_version"]: c["pass@1"] for c in report["cells"] if c["task_set"] == HELDOUT_SET}
+
+
+def _loop_figures(loop: dict, steps: int) -> dict:
+    """steps/hour over the training loop and the engine's idle fraction in it (None where unmeasured)."""
+    span = loop["end"] - loop["start"] if {"start", "end"} <= loop.keys() else None
+    busy = (loop["busy_end"] - loop["busy_start"]) if None not in (loop.get("busy_start"), loop.get("busy_end")) else None
+    return {"rl_loop_s": round(span, 1) if span else None,
+            "steps_per_hour": round(steps / span * 3600, 1) if span else None,
+            "engine_idle_fraction": round(max(0.0, 1 - busy / span), 3) if span and busy is not None else None}
 
 
 def run(cfg: DemoConfig, settings: Settings | None = None,
@@ -446,6 +463,9 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         steps_out: dict[int, tuple[set[str], float]] = {}  # step -> (its groups, when they went out)
         evals_out: dict[int, tuple[set[str], float]] = {}  # policy version -> (its eval groups, when)
         evaluated: dict[int, float] = {}  # policy version -> held-out pass@1
+        # The training loop's span (first step out -> last step trained) and the engine's busy seconds in it:
+        # steps per hour and the engine's idle fraction there (bench/driver.py compares async levels on them).
+        loop: dict[str, float | None] = {}
 
         def label(v: int) -> str:
             return "before" if v == 0 else "after" if v == cfg.steps else f"step {v}"
@@ -478,12 +498,16 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                         break
                     results.append(_step_result(k, [watcher.groups[g] for g in sorted(wanted)], now - started,
                                                 watcher.policy.version, watcher.policies.get(k + 1)))
+                    if len(results) == cfg.steps:
+                        loop.update(end=now, busy_end=engine_busy_s(urls["engine"]))
                     if on_step is not None:
                         on_step(k, metrics)
                     lag = consumer_lag(settings)
                 if (v := schedule.due_eval(served, set(evaluated), set(evals_out))) is not None:
                     evals_out[v] = (submit(heldout, f"eval-v{v}", cfg.heldout_samples, HELDOUT_SET), now)
                 for k in schedule.due_steps(len(steps_out), served, set(evaluated)):
+                    if k == 0:
+                        loop.update(start=now, busy_start=engine_busy_s(urls["engine"]))
                     batch = [order.choice(train) for _ in range(cfg.tasks_per_step)]
                     steps_out[k] = (submit(batch, f"s{k:03d}", cfg.samples, cfg.task_set), now)
                 status = (f"eval of version {', '.join(map(str, evals_out))}" if evals_out else
@@ -492,7 +516,8 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                 live.update(_view(cfg, results, lag, status, held))
             live.update(_view(cfg, results, lag, "done", held))
         summary = write_report(run_dir, cfg, results, watcher.policy, settings, time.monotonic() - t0, model_dir,
-                               heldout=held, warm=warm, total_s=time.monotonic() - t_start, viewer_url=urls["ui"])
+                               heldout=held, warm=warm, total_s=time.monotonic() - t_start, viewer_url=urls["ui"],
+                               extra=_loop_figures(loop, cfg.steps))
     finally:
         if watcher is not None:
             watcher.close()

@@ -94,7 +94,8 @@ def bars_met(first: float, last: float, heldout: dict[str, float], wall_s: float
 
 def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], policy: PolicyVersion | None,
                  settings: Settings, wall_s: float, model_dir: Path, heldout: dict[str, float] | None = None,
-                 warm: dict | None = None, total_s: float | None = None, viewer_url: str = "") -> Path:
+                 warm: dict | None = None, total_s: float | None = None, viewer_url: str = "",
+                 extra: dict | None = None) -> Path:
     """Write reward.png, report.md and demo-summary.json into ``run_dir``; returns the summary's path.
 
     ``wall_s`` is the run after the warm start (cached after the first run); ``total_s`` includes it.
@@ -137,6 +138,7 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
         "topic_prefix": settings.topic_prefix,
         "kafka_bootstrap": settings.kafka_bootstrap,
         "heldout_per_eval": heldout,  # every eval: before, "step N" (eval_every), after
+        **(extra or {}),  # the training loop's span, steps per hour, the engine's idle fraction
         # a user's run names its tasks by count: the templates themselves are in their source
         "config": {k: str(v) if isinstance(v, Path) else len(v) if k.endswith("_tasks") and v is not None else v
                    for k, v in ((f.name, getattr(cfg, f.name)) for f in fields(cfg))},

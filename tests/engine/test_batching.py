@@ -50,3 +50,16 @@ async def test_requests_join_a_running_batch(served):
     assert len(long_ids) == 40 and len(short_ids) == 3
     async with httpx.AsyncClient(base_url=served.url, timeout=120) as client:
         assert (await _complete(client, "short", max_tokens=3, temperature=0))[0] == short_ids
+
+
+async def test_stats_count_busy_time_only_while_generating(served):
+    """GET /stats: busy_s grows while a request generates and stands still while the engine is idle
+    (what bench/driver.py's engine idle fraction is made of)."""
+    async with httpx.AsyncClient(base_url=served.url, timeout=120) as client:
+        before = (await client.get("/stats")).json()
+        await _complete(client, "def main():", max_tokens=24, ignore_eos=True, temperature=0)
+        busy = (await client.get("/stats")).json()
+        await asyncio.sleep(0.3)
+        idle = (await client.get("/stats")).json()
+    assert busy["busy_s"] > before["busy_s"] and busy["decode_steps"] >= before["decode_steps"] + 23
+    assert idle["busy_s"] == busy["busy_s"]
