@@ -97,7 +97,7 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
     assert (summary["first_quarter_mean"], summary["last_quarter_mean"]) == quarter_means(summary["reward_per_step"])
     assert summary["policy_version"] == 2  # one weight push per step
     # the training loop's figures (bench/driver.py): steps per hour over it, the engine's idle share in it
-    assert summary["rl_loop_s"] > 0 and summary["steps_per_hour"] == round(2 / summary["rl_loop_s"] * 3600, 1)
+    assert summary["rl_loop_s"] > 0 and abs(summary["steps_per_hour"] * summary["rl_loop_s"] / 3600 - 2) < 0.05
     assert 0.0 <= summary["engine_idle_fraction"] < 1.0
     assert summary["seed"] == 0 and 0.0 <= summary["heldout_before"] <= 1.0 and 0.0 <= summary["heldout_after"] <= 1.0
     assert summary["learned"] == all(summary["bars"].values()) and set(summary["bars"]) == {"reward_gain", "last_quarter", "heldout_gain", "wall_time"}
