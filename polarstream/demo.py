@@ -422,8 +422,11 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                         # the trainer publishes the step but leaves the weights untouched (no signal)
                         "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0",
                         "--set", f"temperature={cfg.temperature}",
-                        # the driver's bound, enforced again where the groups are trained (one setting for both)
-                        "--set", f"max_staleness={cfg.async_level}",
+                        # the driver's bound, enforced again where the groups are trained (one setting for both).
+                        # Groups finish out of order, so one of step k can reach the trainer after step k+1's,
+                        # a version later than the bound: it is down-weighted (0.5 per version past S), not
+                        # dropped, since a dropped group would leave its step a group short for good.
+                        "--set", f"max_staleness={cfg.async_level}", "--set", "stale_mode=downweight",
                         # held-out groups are for evaluation only: the trainer consumes and skips them
                         "--set", f"skip_task_sets={HELDOUT_SET}")
             rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))

@@ -3,8 +3,10 @@
 Bounded asynchrony (the experiment's ``async_level`` S). A step's tasks go out while the engines serve a
 policy at most S versions behind the one that step will train: step k (0-based, trained into version
 k + 1) may be submitted once version k - S is served. So at most S + 1 steps are in flight, and S = 0 is
-the on-policy loop: step k goes out when step k - 1's weights are served. The trainer drops what is still
-older than that (``max_staleness`` = S: one setting for both ends).
+the on-policy loop: step k goes out when step k - 1's weights are served. The trainer bounds the same
+thing where it trains (``max_staleness`` = S: one setting for both ends). Groups finish out of order, so
+at S > 0 a straggler of step k can reach the trainer after step k + 1's groups, past the bound: the
+trainer down-weights it (``stale_mode=downweight``) rather than drop it, which would leave a step short.
 
 Evaluation is pinned to one policy version: the eval tasks of version v go out once v is served, and no
 step that would train past v goes out before they are in (an eval is a barrier; it drains the pipeline).
