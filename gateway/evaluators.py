@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.runtimes import ExecResult, ExecSpec, Limits, Runtime, RuntimeUnavailable
+from gateway.runtimes import ExecResult, ExecSpec, Limits, Runtime, RuntimeUnavailable, command_env
 from schemas import EvaluatorSpec, TaskRequest
 
 
@@ -81,15 +81,11 @@ async def _verify(runtime: Runtime, exec_spec: ExecSpec) -> ExecResult | EvalRes
     return res
 
 
-def _env(runtime: Runtime, home: Path) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runtime.home_view(home), "LANG": "C.UTF-8"}
-
-
 async def run_command(spec: EvaluatorSpec, copy: Path, home: Path, runtime: Runtime, log_path: Path | None) -> EvalResult:
     """Run the test command in the copy; exit 0 is reward 1.0."""
     if not spec.command.strip():
         return EvalResult(None, error="evaluator.command: empty")
-    res = await _verify(runtime, ExecSpec(argv=["/bin/sh", "-c", spec.command], env=_env(runtime, home), workspace=copy,
+    res = await _verify(runtime, ExecSpec(argv=["/bin/sh", "-c", spec.command], env=command_env(runtime, home), workspace=copy,
                                           home=home, limits=Limits(timeout_s=spec.timeout_s), network="none", log_path=log_path))
     if isinstance(res, EvalResult):
         return res
@@ -111,8 +107,8 @@ async def run_harbor(spec: EvaluatorSpec, copy: Path, home: Path, scratch: Path,
     except ValueError as e:
         return EvalResult(None, error=f"evaluator.tests: {e}")
     res = await _verify(runtime, ExecSpec(
-        argv=["/bin/bash", "-c", spec.command or "bash /tests/test.sh"], env=_env(runtime, home), workspace=copy, home=home,
-        limits=Limits(timeout_s=spec.timeout_s), network=spec.network, log_path=log_path,
+        argv=["/bin/bash", "-c", spec.command or "bash /tests/test.sh"], env=command_env(runtime, home), workspace=copy,
+        home=home, limits=Limits(timeout_s=spec.timeout_s), network=spec.network, log_path=log_path,
         mount=task.workspace.mount or "/app", mounts={"/tests": tests, "/logs/verifier": logs}))
     if isinstance(res, EvalResult):
         return res

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.evaluators import EvalResult, evaluate
-from gateway.runtimes import ExecSpec, Limits, Runtime, RuntimeUnavailable
+from gateway.runtimes import ExecSpec, Limits, Runtime, RuntimeUnavailable, command_env
 from schemas import TaskRequest
 
 from .workspace import WorkspaceError, materialize, prepare
@@ -50,8 +50,7 @@ async def _score(task: TaskRequest, runtime: Runtime, scratch: Path, solve_sh: P
         return EvalResult(None, error=f"init: {e}")
     if solve_sh is not None:
         # The solution runs as Harbor's oracle does: in the task's working dir, its own files at /solution.
-        spec = ExecSpec(argv=["/bin/bash", "/solution/solve.sh"], env={"PATH": "/usr/local/bin:/usr/bin:/bin",
-                        "HOME": runtime.home_view(home), "LANG": "C.UTF-8"}, workspace=workspace, home=home,
+        spec = ExecSpec(argv=["/bin/bash", "/solution/solve.sh"], env=command_env(runtime, home), workspace=workspace, home=home,
                         limits=Limits(timeout_s=task.timeouts.agent_s), network="none", log_path=scratch / "solve.log",
                         mount=task.workspace.mount, mounts={"/solution": _copy(solve_sh.parent, scratch / "solution")})
         try:

@@ -15,7 +15,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from gateway.runtimes import ExecSpec, Limits, Runtime, RuntimeUnavailable
+from gateway.runtimes import ExecSpec, Limits, Runtime, RuntimeUnavailable, command_env
 from schemas import WorkspaceSpec
 
 
@@ -113,7 +113,7 @@ async def prepare(commands: list[str], workspace: Path, home: Path, runtime: Run
     Returns the number of retries used; raises WorkspaceError when a command keeps failing.
     """
     retries = 0
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runtime.home_view(home), "LANG": "C.UTF-8"}
+    env = command_env(runtime, home)
     for cmd in commands:
         for attempt in range(attempts):
             spec = ExecSpec(argv=["/bin/sh", "-c", cmd], env=env, workspace=workspace, home=home,

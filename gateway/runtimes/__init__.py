@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import ExecResult, ExecSpec, Limits, Runtime, RuntimeUnavailable
+from .base import ExecResult, ExecSpec, Limits, Runtime, RuntimeUnavailable, command_env
 from .bwrap import BwrapRuntime
 from .container import ApptainerRuntime, DockerRuntime
 from .local import SubprocessRuntime
@@ -29,5 +29,5 @@ def make_runtime(name: str, sock_path: Path | None = None, image: str = "") -> R
     raise ValueError(f"unknown runtime {name!r}; expected one of {', '.join(RUNTIMES)}")
 
 
-__all__ = ["RUNTIMES", "ExecResult", "ExecSpec", "Limits", "Runtime", "RuntimeUnavailable", "make_runtime",
+__all__ = ["RUNTIMES", "ExecResult", "ExecSpec", "Limits", "Runtime", "RuntimeUnavailable", "command_env", "make_runtime",
            "BwrapRuntime", "DockerRuntime", "ApptainerRuntime", "SubprocessRuntime"]

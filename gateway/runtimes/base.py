@@ -95,6 +95,12 @@ def sandbox_port(gateway_port: int) -> int:
     return gateway_port if gateway_port >= 1024 else 10000 + gateway_port
 
 
+def command_env(runtime: "Runtime", home: Path) -> dict[str, str]:
+    """The environment of a node's own commands in a runtime (prepare, verifiers, a task's solution):
+    system PATH, the private HOME as the program sees it, a UTF-8 locale, nothing of the node's."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runtime.home_view(home), "LANG": "C.UTF-8"}
+
+
 def prlimit_argv(limits: Limits) -> list[str]:
     """``prlimit --cpu=.. --as=.. --`` prefix for ``limits`` ([] when none is set).
 
