@@ -47,7 +47,8 @@ def run_experiment(exp: Experiment, run_dir: Path) -> Path:
         "eval_before": demo_summary.get("heldout_before"), "eval_after": demo_summary.get("heldout_after"),
         "eval_metric": "pass@1", "eval_samples": exp.eval_samples,
         "rl_wall_time_s": demo_summary["wall_time_s"],
-        "steps_per_hour": round(len(demo_summary["reward_per_step"]) / demo_summary["wall_time_s"] * 3600, 1),
+        # over the training loop (first step out to last step trained), as the demo's loop measured them
+        **{k: demo_summary.get(k) for k in ("rl_loop_s", "steps_per_hour", "engine_idle_fraction")},
         "total_s": round(time.monotonic() - t0, 1), "demo_summary": "demo-summary.json",
     }
     path = run_dir / "run-summary.json"
