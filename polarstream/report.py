@@ -203,6 +203,11 @@ def group_links(viewer_url: str, group_ids: list[str]) -> str:
 RUNS_START, RUNS_END = "<!-- demo:runs -->", "<!-- /demo:runs -->"
 
 
+def learned_cell(summary: dict) -> str:
+    """"yes", or "no: " and the bars a run missed (every runs table's last column)."""
+    return "yes" if summary["learned"] else "no: " + ", ".join(k for k, v in summary["bars"].items() if not v)
+
+
 def runs_table(summaries: list[dict]) -> str:
     """One row per demo run: seed, quarters, held-out before/after, wall time, learned."""
     rows = ["| seed | first quarter | last quarter | held-out pass@1 before | after | worst fall after 0.8 "
@@ -213,7 +218,7 @@ def runs_table(summaries: list[dict]) -> str:
         rows.append(f"| {s['seed']} | {s['first_quarter_mean']:.3f} | {s['last_quarter_mean']:.3f} | "
                     f"{s['heldout_before']:.3f} | {s['heldout_after']:.3f} | {dash(fall, '.2f')} | "
                     f"{s['wall_time_s'] / 60:.1f} min | "
-                    f"{'yes' if s['learned'] else 'no: ' + ', '.join(k for k, v in s['bars'].items() if not v)} |")
+                    f"{learned_cell(s)} |")
     return "\n".join(rows)
 
 
@@ -231,7 +236,7 @@ def async_runs_table(summaries: list[dict]) -> str:
         rows.append(f"| {s['config']['async_level']} | {s['seed']} | {s['first_quarter_mean']:.3f} | "
                     f"{s['last_quarter_mean']:.3f} | {s['heldout_before']:.3f} | {s['heldout_after']:.3f} | "
                     f"{dash(fall, '.2f')} | {s['wall_time_s'] / 60:.1f} min | {s['steps'] / s['wall_time_s'] * 3600:.0f} | "
-                    f"{'yes' if s['learned'] else 'no: ' + ', '.join(k for k, v in s['bars'].items() if not v)} |")
+                    f"{learned_cell(s)} |")
     return "\n".join(rows)
 
 
@@ -248,7 +253,7 @@ def cli_runs_table(summaries: list[dict]) -> str:
         rows.append(f"| {s['harness']} | {s['seed']} | {c['steps']} × {c['tasks_per_step']} × {c['samples']} | "
                     f"{s['first_quarter_mean']:.3f} | {s['last_quarter_mean']:.3f} | {s['heldout_before']:.3f} | "
                     f"{s['heldout_after']:.3f} | {s['merge_rate']:.0%} | {s['wall_time_s'] / 60:.1f} min | "
-                    f"{'yes' if s['learned'] else 'no: ' + ', '.join(k for k, v in s['bars'].items() if not v)} |")
+                    f"{learned_cell(s)} |")
     return "\n".join(rows)
 
 
