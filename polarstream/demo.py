@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import time
 import uuid
@@ -22,10 +21,10 @@ from pathlib import Path
 import httpx
 
 from infra.settings import Settings
-from schemas import HarnessSpec, Parts, PolicyVersion, TaskRequest, TrainingGroup
+from schemas import HarnessSpec, Parts, PolicyVersion, TaskRequest, TrainingGroup, derived_event_id
 
 from . import demo_tasks
-from producers.driver import Schedule
+from producers.driver import Schedule, eval_tag, step_batches, step_tag, submitted, task_id
 
 from .processes import Processes, ProcessFailed, free_port
 from .shape import Shape, harness_config
@@ -60,6 +59,9 @@ class DemoConfig:
     train_tasks: list[TaskRequest] | None = None  # templates: each step draws tasks_per_step of them
     eval_tasks: list[TaskRequest] | None = None
     harness_config: dict = field(default_factory=dict)
+    # The run's name on Kafka and in storage. Given (polarstream run), the same command continues the run
+    # after a crash: it reads where the run stands back from the topics. Empty: a new run every time.
+    run_id: str = ""
     run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
 
 
@@ -106,6 +108,9 @@ class StepResult:
     grad_norm: float | None = None  # and the learning rate it used (from the PolicyVersion it published)
     lr: float | None = None
     group_ids: list[str] = field(default_factory=list)  # report.md links each to its viewer page
+    # groups without signal (every sample scored the same): masked, they close the step but move nothing
+    all_correct: int = 0  # every sample scored 1: too easy now
+    all_wrong: int = 0  # every sample scored 0: too hard now
 
     @property
     def merge_rate(self) -> float:
@@ -190,31 +195,57 @@ def pick_runtime(requested: str) -> str:
 
 
 class Watcher:
-    """Reads polar.groups and polar.policy as the demo's own consumer (deduplicated by event_id)."""
+    """Reads polar.tasks, polar.groups and polar.policy from their beginning as the demo's own consumer
+    (deduplicated by event_id): what the run sent out and what came back, so a restarted driver knows
+    where its run stands (producers/driver.py)."""
 
     def __init__(self, settings: Settings):
         from producers.consumer import Deduper, RecordConsumer
 
-        self.consumer = RecordConsumer(settings, topics=["groups", "policy"], group_id=f"polar-demo-{uuid.uuid4().hex[:8]}")
+        self.settings = settings
+        self.consumer = RecordConsumer(settings, topics=["tasks", "groups", "policy"],
+                                       group_id=f"polar-demo-{uuid.uuid4().hex[:8]}")
         self.dedupe = Deduper()
+        self.tasks: dict[str, int] = {}  # group id -> when its task reached polar.tasks (ms)
         self.groups: dict[str, TrainingGroup] = {}
+        self.group_ms: dict[str, int] = {}  # group id -> when it was completed (ms)
         self.parts = Parts()
         self.policy: PolicyVersion | None = None
         self.policies: dict[int, PolicyVersion] = {}
+        self._read: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
 
     def poll(self, timeout: float = 0.5) -> None:
         for item in self.consumer.poll(timeout):
+            self._read[(item.logical_topic, item.partition)] = item.offset + 1
             rec = item.record
             if self.dedupe.seen(rec.event_id):
                 continue
-            if isinstance(rec, TrainingGroup):
+            if isinstance(rec, TaskRequest):
+                self.tasks.setdefault(rec.group_id, item.timestamp_ms)
+            elif isinstance(rec, TrainingGroup):
                 whole = self.parts.add(rec)  # a group sent in parts counts once all of them are in
                 if whole is not None:
                     self.groups[whole.group_id] = whole
+                    self.group_ms[whole.group_id] = item.timestamp_ms
             elif isinstance(rec, PolicyVersion):
                 self.policies[rec.version] = rec
                 if self.policy is None or rec.version >= self.policy.version:
                     self.policy = rec
+
+    def catch_up(self, timeout: float = 60.0) -> None:
+        """Poll until everything on the three topics when this was called has been read."""
+        from producers.kafka_read import plan_spans
+
+        ends = {(sp.topic, sp.partition): sp.end for sp in plan_spans(self.settings, ("tasks", "groups", "policy"))}
+        deadline = time.monotonic() + timeout
+        while True:
+            at = self.consumer.positions()  # the position also steps over control records
+            at.update({tp: max(o, at.get(tp, 0)) for tp, o in self._read.items()})
+            if all(at.get(tp, 0) >= end for tp, end in ends.items() if end > 0):
+                return
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"could not read the run's topics back within {timeout:.0f}s")
+            self.poll()
 
     def close(self) -> None:
         self.consumer.close()
@@ -271,6 +302,8 @@ def _step_result(step: int, groups: list[TrainingGroup], wall_s: float, version:
         entropy=m.get("entropy"),
         grad_norm=m.get("grad_norm"),
         lr=m.get("lr"),
+        all_correct=sum(all(t.reward >= 1.0 for t in g.trajectories) for g in groups if g.trajectories),
+        all_wrong=sum(all(t.reward <= 0.0 for t in g.trajectories) for g in groups if g.trajectories),
     )
 
 
@@ -344,7 +377,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
     run_dir = cfg.run_dir.absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     # Unique per run, so topics and checkpoints of earlier runs on the same cluster never mix in.
-    run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    run_id = cfg.run_id or f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     base = settings or Settings()
     settings = base.model_copy(update={
         "topic_prefix": base.topic_prefix or f"{run_id}.",
@@ -361,10 +394,11 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         "POLAR_SESSION_SECRET": settings.session_secret, "POLAR_ADMIN_TOKEN": settings.admin_token,
         "OMP_NUM_THREADS": "1",
     }
-    procs = Processes(run_dir / "logs", env)
+    # A named run keeps its components' pids and ports, so a driver started again adopts those still running.
+    procs = Processes(run_dir / "logs", env, registry=run_dir / "components.json" if cfg.run_id else None)
     watcher: Watcher | None = None
     results: list[StepResult] = []
-    ports = {name: free_port() for name in ("engine", "gateway", "rollout", "ui", "streams_metrics", "trainer_metrics")}
+    ports = {name: procs.port(name) for name in ("engine", "gateway", "rollout", "ui", "streams_metrics", "trainer_metrics")}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     metrics = {"gateway": f"{urls['gateway']}/metrics", "rollout": f"{urls['rollout']}/metrics",
                "streams": f"{urls['streams_metrics']}/metrics", "trainer": f"{urls['trainer_metrics']}/metrics"}
@@ -443,22 +477,30 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         else:  # a real CLI sends its own settings; the node pins the run's temperature on every call
             harness = HarnessSpec(name=cfg.harness, config=harness_config(cfg.harness, cfg.api))
         tool = shape.tool if shape is not None else "write_file"
-        order = random.Random(cfg.seed)
+        batches = step_batches(train, cfg.seed, cfg.steps, cfg.tasks_per_step)
         lag: dict[str, int] = {}
 
         def task(item: tuple[str, str] | TaskRequest, task_id: str, samples: int, task_set: str) -> dict:
             if isinstance(item, TaskRequest):  # a user's task: its own workspace and evaluator, the run's sampling
-                return item.model_copy(update={"task_id": task_id, "group_id": task_id, "num_samples": samples, "harness": harness,
+                # its own event id: copies of one template share the template's, and consumers dedupe on it
+                return item.model_copy(update={"event_id": derived_event_id("task", task_id), "task_id": task_id,
+                                               "group_id": task_id, "num_samples": samples, "harness": harness,
                                                "min_valid": max(1, samples // 2), "task_set": task_set,
                                                "metadata": {**item.metadata, "source_task_id": item.task_id}}).model_dump(mode="json")
             q, a = item
             return demo_tasks.task_request(q, a, task_id=task_id, num_samples=samples, harness=harness, task_set=task_set,
                                            tool=tool).model_dump(mode="json")
 
-        def submit(problems: list, tag: str, samples: int, task_set: str) -> set[str]:
-            tasks = [task(p, f"{run_id}-{tag}-t{i}", samples, task_set) for i, p in enumerate(problems)]
-            r = httpx.post(f"{urls['rollout']}/tasks", json=tasks, timeout=60)
-            r.raise_for_status()
+        def submit(problems: list, tag: str, samples: int, task_set: str, missing: set[int] | None = None) -> set[str]:
+            """Send the tasks of a step or an eval; a restarted driver sends only those ``missing`` from
+            polar.tasks, one at a time (one may have arrived since it looked: the server refuses it, 409)."""
+            tasks = [task(p, task_id(run_id, tag, i), samples, task_set) for i, p in enumerate(problems)]
+            if missing is None:
+                httpx.post(f"{urls['rollout']}/tasks", json=tasks, timeout=60).raise_for_status()
+            for i in sorted(missing or ()):
+                r = httpx.post(f"{urls['rollout']}/tasks", json=[tasks[i]], timeout=60)
+                if r.status_code != 409:
+                    r.raise_for_status()
             return {t["group_id"] for t in tasks}
 
         schedule = Schedule(steps=cfg.steps, async_level=cfg.async_level, eval_every=cfg.eval_every,
@@ -473,12 +515,36 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         def label(v: int) -> str:
             return "before" if v == 0 else "after" if v == cfg.steps else f"step {v}"
 
+        # Where the run stands, from the topics: what an earlier driver of this run sent is waited for, not
+        # sent again (its sessions run on), and only what never reached polar.tasks is sent now.
+        watcher.catch_up()
+        sent_steps, sent_evals = submitted(run_id, watcher.tasks)
+        t_resume = time.monotonic()
+
+        def sent_at(ids: set[str]) -> float:
+            """When the earliest of ``ids`` reached polar.tasks, on this process's monotonic clock."""
+            first = min((watcher.tasks[g] for g in ids if g in watcher.tasks), default=None)
+            return t_resume if first is None else t_resume - max(0.0, time.time() - first / 1000)
+
+        for k, have in sorted(sent_steps.items()):
+            ids = submit(batches[k], step_tag(k), cfg.samples, cfg.task_set, set(range(cfg.tasks_per_step)) - have)
+            steps_out[k] = (ids, sent_at(ids))
+        for v, have in sorted(sent_evals.items()):
+            ids = submit(heldout, eval_tag(v), cfg.heldout_samples, HELDOUT_SET, set(range(len(heldout))) - have)
+            evals_out[v] = (ids, sent_at(ids))
+        if sent_steps or sent_evals:
+            console.print(f"resuming {run_id}: {len(sent_steps)} steps and {len(sent_evals)} evals were sent; "
+                          f"components adopted: {', '.join(procs.adopted) or 'none'}")
+
         with Live(_view(cfg, results, lag, "starting", held), console=console, refresh_per_second=2) as live:
             while len(results) < cfg.steps or set(evaluated) < set(schedule.eval_versions()):
                 watcher.poll()
                 trained = watcher.policy.version if watcher.policy is not None else 0
-                # after its last step the trainer is done (it stops at --max-steps); the rest must live
-                procs.check_all(finished_ok=frozenset({"trainer"}) if trained >= cfg.steps else frozenset())
+                # after its last step the trainer is done (it stops at --max-steps); the rest must live. A
+                # trainer that dies mid-run is started again: it resumes from its newest checkpoint.
+                for name in procs.check_all(finished_ok=frozenset({"trainer"}) if trained >= cfg.steps else frozenset(),
+                                            restart=frozenset({"trainer"})):
+                    console.print(f"{name} exited; started it again (it resumes from its newest checkpoint)")
                 # the version the engine serves now: a step goes out on-policy only once its weights are loaded
                 served = min(trained, serving(urls["engine"])) if trained else 0
                 now = time.monotonic()
@@ -487,14 +553,14 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                         evaluated[v] = heldout_pass_at_1(settings).get(v, 0.0)
                         held[label(v)] = evaluated[v]
                         del evals_out[v]
-                    elif now - started > cfg.step_timeout_s:
+                    elif now - max(started, t_resume) > cfg.step_timeout_s:
                         raise ProcessFailed(f"held-out eval of version {v} did not finish within {cfg.step_timeout_s:.0f}s "
                                             f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}); logs in {procs.log_dir}")
                 while len(results) < len(steps_out):  # steps in order: groups in and trained into the next version
                     k = len(results)
                     wanted, started = steps_out[k]
                     if not (wanted <= watcher.groups.keys() and trained >= k + 1):
-                        if now - started > cfg.step_timeout_s * (cfg.async_level + 1):
+                        if now - max(started, t_resume) > cfg.step_timeout_s * (cfg.async_level + 1):
                             raise ProcessFailed(f"step {k + 1} did not finish within {cfg.step_timeout_s * (cfg.async_level + 1):.0f}s "
                                                 f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}, policy {trained}); "
                                                 f"logs in {procs.log_dir}")
@@ -507,12 +573,11 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                         on_step(k, metrics)
                     lag = consumer_lag(settings)
                 if (v := schedule.due_eval(served, set(evaluated), set(evals_out))) is not None:
-                    evals_out[v] = (submit(heldout, f"eval-v{v}", cfg.heldout_samples, HELDOUT_SET), now)
+                    evals_out[v] = (submit(heldout, eval_tag(v), cfg.heldout_samples, HELDOUT_SET), now)
                 for k in schedule.due_steps(len(steps_out), served, set(evaluated)):
                     if k == 0:
                         loop.update(start=now, busy_start=engine_busy_s(urls["engine"]))
-                    batch = [order.choice(train) for _ in range(cfg.tasks_per_step)]
-                    steps_out[k] = (submit(batch, f"s{k:03d}", cfg.samples, cfg.task_set), now)
+                    steps_out[k] = (submit(batches[k], step_tag(k), cfg.samples, cfg.task_set), now)
                 status = (f"eval of version {', '.join(map(str, evals_out))}" if evals_out else
                           f"step {len(results) + 1}/{cfg.steps}: {len(steps_out) - len(results)} in flight" if len(results) < cfg.steps
                           else "final eval")

@@ -1,7 +1,14 @@
-"""Child processes of the demo: start with a log file, wait for health, stop them all on the way out."""
+"""Child processes of the demo: start with a log file, wait for health, stop them all on the way out.
+
+A run that names a registry file records each child's pid, command and port there. The children run in
+sessions of their own, so a driver that is killed (SIGKILL, OOM) leaves them running; the same command
+started again adopts every one that still runs its recorded command, instead of starting a second
+trainer beside the first, and starts the others afresh.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -24,11 +31,63 @@ class ProcessFailed(RuntimeError):
     """A child exited early or never became healthy; the message carries the tail of its log."""
 
 
+class Adopted:
+    """A component an earlier driver started and left running: watched by its pid (not our child, so its
+    exit code is unknown: -1 once it is gone)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not _alive(self.pid):
+            self.returncode = -1
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.1)
+        return self.returncode
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")  # a zombie nobody reaped has exited
+
+
+def _command(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def _stop(proc: subprocess.Popen | Adopted, grace: float = 10.0) -> None:
+    """SIGTERM ``proc``'s process group, SIGKILL after ``grace`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
 @dataclass
 class Child:
     name: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | Adopted
     log: Path
+    args: tuple[str, ...] = ()
+    restarts: int = 0
 
     def tail(self, lines: int = 25) -> str:
         try:
@@ -48,18 +107,55 @@ class Processes:
     log_dir: Path
     env: dict[str, str]
     children: list[Child] = field(default_factory=list)
+    registry: Path | None = None  # where pids, commands and ports are kept for a restarted driver
+    program: tuple[str, ...] = (sys.executable, "-m", "polarstream")  # what every child runs, with its args
 
-    def start(self, name: str, *args: str) -> Child:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = self.log_dir / f"{name}.log"
+    def __post_init__(self) -> None:
+        self._recorded: dict = {"ports": {}, "children": {}}
+        if self.registry is not None and self.registry.exists():
+            self._recorded = json.loads(self.registry.read_text())
+
+    def port(self, name: str) -> int:
+        """A free port for ``name``, or the one recorded for it (where an adopted child still listens)."""
+        ports = self._recorded["ports"]
+        if name not in ports:
+            ports[name] = free_port()
+            self._save()
+        return ports[name]
+
+    def _save(self) -> None:
+        if self.registry is not None:
+            # merged: what an earlier driver recorded stays until this one starts (or adopts) that component
+            self._recorded["children"].update({c.name: {"pid": c.proc.pid, "args": list(c.args)} for c in self.children})
+            self.registry.write_text(json.dumps(self._recorded, indent=1) + "\n")
+
+    def _spawn(self, name: str, args: tuple[str, ...], log: Path) -> subprocess.Popen:
         with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "polarstream", *args], stdout=out, stderr=subprocess.STDOUT,
+            return subprocess.Popen(
+                [*self.program, *args], stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env={**os.environ, **self.env}, start_new_session=True,
             )
-        child = Child(name, proc, log)
+
+    def start(self, name: str, *args: str) -> Child:
+        """Start ``polarstream ARGS`` as ``name``, or adopt the running one an earlier driver left."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_dir / f"{name}.log"
+        was = self._recorded["children"].get(name)
+        running = bool(was) and _alive(was["pid"]) and _command(was["pid"])[-len(was["args"]):] == was["args"]
+        if running and was["args"] == list(args):
+            proc: subprocess.Popen | Adopted = Adopted(was["pid"])
+        else:
+            if running:  # the earlier driver's, with another command: it would hold the port this one needs
+                _stop(Adopted(was["pid"]))
+            proc = self._spawn(name, args, log)
+        child = Child(name, proc, log, args)
         self.children.append(child)
+        self._save()
         return child
+
+    @property
+    def adopted(self) -> list[str]:
+        return [c.name for c in self.children if isinstance(c.proc, Adopted)]
 
     def wait_http(self, child: Child, url: str, timeout: float = 120.0) -> None:
         """Wait until ``url`` answers 200, failing fast if the child dies."""
@@ -74,12 +170,23 @@ class Processes:
             time.sleep(0.3)
         raise ProcessFailed(f"{child.name} did not answer {url} within {timeout:.0f}s; last lines of {child.log}:\n{child.tail()}")
 
-    def check_all(self, finished_ok: frozenset[str] = frozenset()) -> None:
-        """Raise if a child exited; those named in ``finished_ok`` may have exited with code 0."""
+    def check_all(self, finished_ok: frozenset[str] = frozenset(), restart: frozenset[str] = frozenset(),
+                  max_restarts: int = 3) -> list[str]:
+        """Raise if a child exited; those named in ``finished_ok`` may have exited with code 0 (an adopted
+        one with any: its code is unknown), and those in ``restart`` that died are started again with
+        the same command, at most ``max_restarts`` times each. Returns the names restarted now."""
+        restarted = []
         for c in self.children:
-            if c.name in finished_ok and c.proc.poll() == 0:
+            code = c.proc.poll()
+            if code is None or (c.name in finished_ok and (code == 0 or isinstance(c.proc, Adopted))):
+                continue
+            if c.name in restart and c.restarts < max_restarts:
+                c.proc, c.restarts = self._spawn(c.name, c.args, c.log), c.restarts + 1
+                restarted.append(c.name)
+                self._save()
                 continue
             c.check_alive()
+        return restarted
 
     def stop_all(self, grace: float = 10.0) -> None:
         """SIGTERM every child's process group (last started first), then SIGKILL what is left."""
@@ -101,3 +208,5 @@ class Processes:
             except ProcessLookupError:
                 pass
             c.proc.wait()
+        if self.registry is not None:
+            self.registry.unlink(missing_ok=True)  # nothing left to adopt

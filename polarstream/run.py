@@ -4,10 +4,15 @@ It starts every component on this machine as the demo does (the demo is this wit
 its warm start), reads the experiment's task sources (producers/tasks.py), drives the steps under the
 bounded-asynchrony schedule (producers/driver.py), evaluates the eval split before, every ``eval_every``
 steps and after, and writes ``run-summary.json`` beside the demo's report.
+
+The same command continues a run that was killed: the run's id is a digest of the experiment and the run
+directory, so the topics and checkpoints it names are found again, and the driver reads where the run
+stands from them (producers/driver.py). Another experiment or run directory is another run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -24,7 +29,8 @@ def demo_config(exp: Experiment, run_dir: Path) -> DemoConfig:
     cfg = DemoConfig(steps=exp.max_steps, tasks_per_step=exp.groups_per_step, samples=exp.group_size, heldout=exp.heldout,
                      heldout_samples=exp.eval_samples, harness=exp.harness, runtime=exp.runtime, seed=exp.seed, lr=exp.lr,
                      temperature=exp.temperature, step_timeout_s=exp.step_timeout_s, async_level=exp.async_level,
-                     eval_every=exp.eval_every, harness_config=dict(exp.harness_config), run_dir=run_dir)
+                     eval_every=exp.eval_every, harness_config=dict(exp.harness_config), run_dir=run_dir,
+                     run_id=run_id(exp, run_dir))
     if exp.harness != "builtin" and "api" in exp.harness_config:
         cfg.api = str(exp.harness_config["api"])
     if exp.train != "builtin:arith":
@@ -37,15 +43,22 @@ def demo_config(exp: Experiment, run_dir: Path) -> DemoConfig:
     return cfg
 
 
+def run_id(exp: Experiment, run_dir: Path) -> str:
+    """The run's name on Kafka and in storage: the experiment's name and a digest of it and the run directory."""
+    digest = hashlib.sha256(f"{exp.model_dump_json()}\n{run_dir.absolute()}".encode()).hexdigest()[:8]
+    return f"{exp.name}-{digest}"
+
+
 def run_experiment(exp: Experiment, run_dir: Path) -> Path:
     """Run ``exp``; returns the path of run-summary.json."""
     t0 = time.monotonic()
     demo_summary = json.loads(run(demo_config(exp, run_dir)).read_text())
     summary = {
-        "name": exp.name, "async_level": exp.async_level, "seed": exp.seed, "train": exp.train, "eval": exp.eval,
+        "name": exp.name, "run_id": run_id(exp, run_dir), "async_level": exp.async_level, "seed": exp.seed, "train": exp.train, "eval": exp.eval,
         "reward_per_step": demo_summary["reward_per_step"],
         "eval_before": demo_summary.get("heldout_before"), "eval_after": demo_summary.get("heldout_after"),
         "eval_metric": "pass@1", "eval_samples": exp.eval_samples,
+        "eval_per_version": demo_summary.get("heldout_per_eval"), "zero_signal_groups": demo_summary.get("zero_signal_groups"),
         "rl_wall_time_s": demo_summary["wall_time_s"],
         # over the training loop (first step out to last step trained), as the demo's loop measured them
         **{k: demo_summary.get(k) for k in ("rl_loop_s", "steps_per_hour", "engine_idle_fraction")},

@@ -10,11 +10,23 @@ trainer down-weights it (``stale_mode=downweight``) rather than drop it, which w
 
 Evaluation is pinned to one policy version: the eval tasks of version v go out once v is served, and no
 step that would train past v goes out before they are in (an eval is a barrier; it drains the pipeline).
+
+Resume. The driver keeps no state of its own: which tasks step k trains is a function of the seed and k
+(``step_batches``), and a task's id names its run, step and place (``task_id``), so what went out is
+read back from polar.tasks (``submitted``) and what came back from polar.groups and polar.policy. A
+restarted driver reads them and goes on: it re-sends only what never reached the topic, and waits for
+the rest, whose sessions run on regardless.
 """
 
 from __future__ import annotations
 
+import random
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -46,3 +58,39 @@ class Schedule:
             if v == served and v not in evaluated and v not in evaluating:
                 return v
         return None
+
+
+def step_batches(tasks: Sequence[T], seed: int, steps: int, per_step: int) -> list[list[T]]:
+    """The tasks of every step: ``per_step`` draws a step from one stream seeded by ``seed`` (the demo's
+    order since its first run), so step k's batch is the same on every start of the run."""
+    order = random.Random(seed)
+    return [[order.choice(tasks) for _ in range(per_step)] for _ in range(steps)]
+
+
+def task_id(run_id: str, tag: str, index: int) -> str:
+    """The id (and group id) of task ``index`` of a step (tag ``s007``) or an eval (tag ``eval-v3``)."""
+    return f"{run_id}-{tag}-t{index}"
+
+
+def step_tag(step: int) -> str:
+    return f"s{step:03d}"
+
+
+def eval_tag(version: int) -> str:
+    return f"eval-v{version}"
+
+
+def submitted(run_id: str, group_ids: Iterable[str]) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
+    """What went out, from the group ids on polar.tasks: {step: task indices}, {eval version: task indices}.
+    Ids of other runs are ignored."""
+    pattern = re.compile(rf"{re.escape(run_id)}-(?:s(\d+)|eval-v(\d+))-t(\d+)")
+    steps: dict[int, set[int]] = {}
+    evals: dict[int, set[int]] = {}
+    for gid in group_ids:
+        m = pattern.fullmatch(gid)
+        if m is None:
+            continue
+        step, version, index = m.groups()
+        into = steps if step is not None else evals
+        into.setdefault(int(step if step is not None else version), set()).add(int(index))
+    return steps, evals

@@ -24,7 +24,9 @@ class ExperimentError(ValueError):
 class Experiment(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field("experiment", description="run name: the topic namespace and checkpoint folder start with it")
+    name: str = Field("experiment", pattern=r"^[A-Za-z0-9._-]{1,80}$",
+                      description="run name: the topic namespace and checkpoint folder start with it (letters, digits, . _ -); "
+                      "the same file and --run-dir again continue a killed run")
     model: str = Field("builtin:arith", description="local HF model directory (or hub id in the local cache); "
                        "builtin:arith = the demo's tiny model after its cached warm start on the arith family")
     harness: str = Field("builtin", description="the agent harness every session runs: builtin, pi, qwen_code, claude_code, "

@@ -133,6 +133,15 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             serve(cfg.metrics_port)
         config_record = {"train": cfg.to_dict(), "settings": settings.model_dump(mode="json", exclude=_SECRETS)}
     last_saved, last_url, finished = step, info.url if info else None, False
+    if master and info is not None and cfg.sync_every and engines:
+        # An engine started after the crash serves the model it was started with: hand every engine the
+        # weights this run resumes from, under the version that names them (one still up reloads them).
+        try:
+            sync_weights(engines, info.url, int(state["policy_version"]), gateway)
+            synced = int(state["policy_version"])
+            log.write({"event": "resync", "step": step, "policy_version": synced})
+        except WeightSyncError as e:  # the first step's sync tries again
+            log.write({"event": "sync_error", "step": step, "policy_version": int(state["policy_version"]), "error": str(e)})
 
     def save() -> str:
         """Checkpoint the weights, optimizer and the exact Kafka positions consumed so far."""

@@ -103,6 +103,12 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
     assert summary["learned"] == all(summary["bars"].values()) and set(summary["bars"]) == {"reward_gain", "last_quarter", "heldout_gain", "wall_time"}
     for step in summary["per_step"]:
         assert step["samples"] == 2 * 2 and step["calls"] >= step["traces"] >= step["samples"]
+        # groups without signal, counted by kind: a step that scored 0 (1) is all-wrong (all-correct) groups
+        assert step["all_correct"] + step["all_wrong"] <= step["groups"]
+        assert (step["reward"] == 0.0) <= (step["all_wrong"] == step["groups"])
+        assert (step["reward"] == 1.0) <= (step["all_correct"] == step["groups"])
+    assert summary["zero_signal_groups"] == {"all_correct": sum(s["all_correct"] for s in summary["per_step"]),
+                                             "all_wrong": sum(s["all_wrong"] for s in summary["per_step"]), "groups": 4}
     for name in ("reward.png", "report.md"):
         assert (cfg.run_dir / name).stat().st_size > 0
     report = (cfg.run_dir / "report.md").read_text()

@@ -66,3 +66,24 @@ def test_an_eval_is_a_barrier_pinned_to_its_version():
 def test_no_eval_when_there_is_no_eval_split():
     sched = Schedule(steps=2, evaluate=False)
     assert sched.eval_versions() == [] and list(sched.due_steps(0, 0, set())) == [0]
+
+
+def test_step_batches_are_the_demos_draws_and_the_same_on_every_start():
+    import random
+
+    from producers.driver import step_batches
+
+    tasks = [f"q{i}" for i in range(13)]
+    order = random.Random(5)  # the demo's draws before resume existed: one stream, tasks_per_step a step
+    assert step_batches(tasks, 5, 6, 4) == [[order.choice(tasks) for _ in range(4)] for _ in range(6)]
+    assert step_batches(tasks, 5, 6, 4) == step_batches(tasks, 5, 6, 4) != step_batches(tasks, 6, 6, 4)
+
+
+def test_submitted_reads_a_runs_steps_and_evals_back_from_its_task_ids():
+    from producers.driver import eval_tag, step_tag, submitted, task_id
+
+    ids = [task_id("arith-1", step_tag(0), i) for i in range(4)] + [task_id("arith-1", step_tag(1), 2)]
+    ids += [task_id("arith-1", eval_tag(0), i) for i in range(3)]
+    ids += [task_id("arith-12", step_tag(5), 0), task_id("arith", step_tag(6), 0), "arith-1-s007", "other"]
+    steps, evals = submitted("arith-1", ids)
+    assert steps == {0: {0, 1, 2, 3}, 1: {2}} and evals == {0: {0, 1, 2}}
