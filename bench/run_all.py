@@ -64,7 +64,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._host import host_index  # noqa: E402
+from bench._host import REPEATS, host_index  # noqa: E402
 from bench._provenance import bench_provenance, changed_for, commit_info, entry_provenance  # noqa: E402
 from bench.render import comparisons_for, render_docs, render_into  # noqa: E402
 
@@ -350,10 +350,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in todo:
             progress.update(task, description=f"bench/{name}.py{' --quick' if args.quick else ''}")
             extra = [] if args.quick else FULL_ARGS.get(name, [])
-            before = host_index() if name in found else None
+            # a quick run is a smoke run (its figures are never committed): three repetitions, not seven
+            repeats = 3 if args.quick else REPEATS
+            before = host_index(repeats) if name in found else None
             entry = run_one(name, found.get(name), args.quick, budget(name, args.quick, args.timeout), extra)
             if before is not None:
-                entry["host_index"] = {"before": before, "after": host_index()}
+                entry["host_index"] = {"before": before, "after": host_index(repeats)}
                 entry["mode"] = run["mode"]
                 entry["provenance"] = {**provs[name], "date": run["machine"]["date"], "host": run["machine"]["hostname"]}
                 add_host_scaled(name, entry)

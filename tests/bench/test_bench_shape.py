@@ -94,7 +94,7 @@ def test_every_outcome_is_recorded_and_the_run_goes_on(bench_dir, tmp_path):
     assert not is_alive(int((bench_dir / "slow.pid").read_text()))  # the whole process group was stopped
     md = doc.read_text()
     assert "RuntimeError: broker would not start" in section(md, "#### crash: failed")
-    assert run_all.main(["--bench-dir", str(bench_dir), "--only", "crash", "--strict", "--out", str(out), "--doc", str(doc)]) == 1
+    assert run_all.main(["--quick", "--bench-dir", str(bench_dir), "--only", "crash", "--strict", "--out", str(out), "--doc", str(doc)]) == 1
 
 
 def test_missing_benchmark_is_recorded(bench_dir, tmp_path):

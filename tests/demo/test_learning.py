@@ -3,7 +3,8 @@
 The run is in one process (``polarstream.learning``): seeded sampling, a fixed number of torch threads,
 no Kafka, so it gives the same curve run after run. It fails when learning breaks: a loss sign error,
 advantages that do not reach the loss, a warm start that leaves no signal, or an optimizer that moves
-the weights on a step without signal.
+the weights on a step without signal (rare in these runs; tests/trainer/test_optim.py and
+test_train_no_signal.py make such steps on purpose).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from gateway.harnesses.builtin import SYSTEM, TOOLS
 from polarstream import demo_tasks
-from polarstream.learning import RunConfig, pass_rate, reward, rl_run
+from polarstream.learning import RunConfig, reward, rl_run
 
 pytestmark = pytest.mark.slow
 # A fixed thread count keeps the run reproducible; two (the CI machine's cores) take ~60% of one's time.
@@ -37,10 +38,9 @@ def test_reward_is_the_demo_evaluators_rule():
 PROBLEMS = demo_tasks.split(0)[0][::11]
 
 
-WARM = dict(steps=80, batch_size=8, drills=32, p_tool=0.25, seed=0)
 # For the no-collapse rule the run must get past 0.8: the tool path shown half the time (still never which
 # path is rewarded) starts RL at ~0.3 instead of ~0.06.
-WARM_HALF_TOOL = {**WARM, "p_tool": 0.5}
+WARM_HALF_TOOL = dict(steps=80, batch_size=8, drills=32, p_tool=0.5, seed=0)
 
 
 def _warm(settings: dict) -> Path:
@@ -73,30 +73,6 @@ def _warm(settings: dict) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def warm_model():
-    return _warm(WARM)
-
-
-def test_reward_rises_and_weights_move_only_on_steps_with_signal(warm_model):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_num_threads(THREADS)
-    cfg = RunConfig(steps=8, tasks_per_step=3, samples=8, lr=8e-4, seed=0)
-    log, model = rl_run(warm_model, PROBLEMS, cfg, system=SYSTEM, tools=TOOLS)
-
-    for s in log.steps:  # a step without signal leaves every weight bit-identical; one with signal moves them
-        assert s.moved == s.signal, s
-    assert any(s.signal for s in log.steps)
-    # Per-step rewards are 24 samples of whichever problems were drawn: the rise is measured on all of
-    # them, 8 samples each, before and after.
-    tok = AutoTokenizer.from_pretrained(warm_model)
-    before = pass_rate(AutoModelForCausalLM.from_pretrained(warm_model), tok, PROBLEMS, 8, system=SYSTEM, tools=TOOLS)
-    after = pass_rate(model, tok, PROBLEMS, 8, system=SYSTEM, tools=TOOLS)
-    print(f"pass rate {before:.3f} -> {after:.3f}; step rewards {log.rewards}")
-    assert after >= before + 0.2, (before, after, log.rewards)
-
-
 @pytest.mark.timeout(900)  # a 20-step run: ~50 s alone, several minutes beside three busy workers
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_learning_stays_learned(seed):
@@ -106,7 +82,9 @@ def test_learning_stays_learned(seed):
     0.39 across steps that made no update at all). The rule must bite: seed 0 gets past 0.8 by step ~10 (1
     and 2 by step ~17). One seed per test, so the suite's workers share them. It guards the trainer's
     defaults (lr_saturation included) but does not reproduce issue 48's collapse: in 20 steps these runs end
-    near 0.85, short of the saturated regime where the demo's collapse happened."""
+    near 0.85, short of the saturated regime where the demo's collapse happened. Each run must also learn
+    (its last 4 steps 0.2 above its first 4) and move the weights exactly on the steps with signal: what a
+    separate 8-step run checked before, at ~50 s of a busy suite."""
     from polarstream.report import worst_fall
 
     # One thread: the suite runs the three seeds at once beside other tests on 2 cores, where two threads
@@ -117,6 +95,8 @@ def test_learning_stays_learned(seed):
                     system=SYSTEM, tools=TOOLS)
     fall, rewards = worst_fall(log.rewards), [round(r, 2) for r in log.rewards]
     print(f"seed {seed}: worst fall after 0.8 {fall}; step rewards {rewards}")
+    for s in log.steps:  # a step with signal moves the weights; one without leaves every weight bit-identical
+        assert s.moved == s.signal, s
     assert sum(rewards[-4:]) / 4 >= sum(rewards[:4]) / 4 + 0.2, rewards  # it learned
     assert fall is not None or seed != 0, f"seed 0 never reached a 2-step mean of 0.8: {rewards}"
     assert fall is None or fall <= 0.3, (fall, rewards)
