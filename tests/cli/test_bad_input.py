@@ -20,6 +20,7 @@ from typing import get_args, get_type_hints
 
 import pytest
 import typer
+import yaml
 from typer.core import TyperGroup
 from typer.testing import CliRunner
 
@@ -193,3 +194,43 @@ def test_bad_input_is_one_line(env, monkeypatch, path, name, kind):
     if named is not None:  # the error says which value it refused (box borders and wrapping aside)
         flat = re.sub(r"[\s│╭╮╰╯─]", "", r.stderr)
         assert re.sub(r"\s", "", named) in flat, r.stderr
+
+
+# -- experiment files and task sources (issue 49): the problems a user's own run meets first -----------
+
+@pytest.mark.parametrize("body, words", [
+    ("colour: red\n", "colour: Extra inputs are not permitted"),
+    ("async_level: -1\n", "async_level: Input should be greater than or equal to 0"),
+    ("train: no/such/tasks\n", "train: "),  # the missing task dir, resolved against the file's folder
+    ("eval: builtin:arith-everything\n", "eval: 'builtin:arith-everything': the built-in sources are"),
+    ("group_size: many\n", "group_size: Input should be a valid integer"),
+    ("zero_signal: drop\n", "zero_signal: Input should be 'mask'"),
+    ("- a list\n", "expected a mapping of settings"),
+    ("max_steps: [1,\n", "malformed YAML"),
+])
+def test_a_bad_experiment_file_is_one_line_naming_the_field(tmp_path, body, words):
+    f = tmp_path / "exp.yaml"
+    f.write_text(body)
+    from producers.experiment import ExperimentError, load_experiment
+
+    with pytest.raises(ExperimentError) as e:
+        load_experiment(f)
+    assert str(e.value).startswith(f"{f}") and words in str(e.value) and "\n" not in str(e.value)
+    r = CliRunner().invoke(app, ["run", str(f)])
+    assert r.exit_code == 1 and r.stderr.startswith("error: ") and len(r.stderr.splitlines()) == 1
+
+
+def test_an_empty_split_and_a_task_that_needs_docker_stop_the_run_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr("infra.stack.Stack.up", lambda *a: (_ for _ in ()).throw(AssertionError("started the stack")))
+    (tmp_path / "empty.jsonl").write_text("\n")
+    docker = tmp_path / "docker-task"
+    (docker / "environment").mkdir(parents=True)
+    (docker / "tests").mkdir()
+    (docker / "instruction.md").write_text("x\n")
+    (docker / "tests" / "test.sh").write_text("exit 0\n")
+    (docker / "environment" / "Dockerfile").write_text("FROM x\n")
+    for train, words in (("empty.jsonl", "no tasks in it"), ("docker-task", "needs an image built from environment/Dockerfile")):
+        f = tmp_path / "exp.yaml"
+        f.write_text(yaml.safe_dump({"model": str(tmp_path), "train": train, "eval": ""}))
+        r = CliRunner().invoke(app, ["run", str(f), "--run-dir", str(tmp_path / "run")])
+        assert r.exit_code == 1 and words in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
