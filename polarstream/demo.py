@@ -62,6 +62,7 @@ class DemoConfig:
     # The run's name on Kafka and in storage. Given (polarstream run), the same command continues the run
     # after a crash: it reads where the run stands back from the topics. Empty: a new run every time.
     run_id: str = ""
+    order: str = "draws"  # which tasks a step trains (producers/driver.py step_batches): draws or epochs
     run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
 
 
@@ -350,6 +351,18 @@ def heldout_pass_at_1(settings: Settings) -> dict[int, float]:
     return {c["policy_version"]: c["pass@1"] for c in report["cells"] if c["task_set"] == HELDOUT_SET}
 
 
+def per_task(trained: dict[str, tuple[str, str] | TaskRequest], groups: dict[str, TrainingGroup]) -> dict[str, dict]:
+    """Per train task (its id, or an arith problem's question): the groups trained on it and their mean
+    reward, in the order first trained; the curriculum's view of which tasks are solved or still hard."""
+    stats: dict[str, list[float]] = {}
+    for gid, item in trained.items():
+        name = item.task_id if isinstance(item, TaskRequest) else item[0]
+        group = groups.get(gid)
+        if group is not None and group.trajectories:
+            stats.setdefault(name, []).append(sum(t.reward for t in group.trajectories) / len(group.trajectories))
+    return {name: {"groups": len(r), "mean_reward": round(sum(r) / len(r), 3)} for name, r in stats.items()}
+
+
 def _loop_figures(loop: dict, steps: int) -> dict:
     """steps/hour over the training loop and the engine's idle fraction in it (None where unmeasured)."""
     span = loop["end"] - loop["start"] if {"start", "end"} <= loop.keys() else None
@@ -477,7 +490,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         else:  # a real CLI sends its own settings; the node pins the run's temperature on every call
             harness = HarnessSpec(name=cfg.harness, config=harness_config(cfg.harness, cfg.api))
         tool = shape.tool if shape is not None else "write_file"
-        batches = step_batches(train, cfg.seed, cfg.steps, cfg.tasks_per_step)
+        batches = step_batches(train, cfg.seed, cfg.steps, cfg.tasks_per_step, cfg.order)
         lag: dict[str, int] = {}
 
         def task(item: tuple[str, str] | TaskRequest, task_id: str, samples: int, task_set: str) -> dict:
@@ -583,9 +596,10 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                           else "final eval")
                 live.update(_view(cfg, results, lag, status, held))
             live.update(_view(cfg, results, lag, "done", held))
+        trained_tasks = {task_id(run_id, step_tag(r.step), i): item for r in results for i, item in enumerate(batches[r.step])}
         summary = write_report(run_dir, cfg, results, watcher.policy, settings, time.monotonic() - t0, model_dir,
                                heldout=held, warm=warm, total_s=time.monotonic() - t_start, viewer_url=urls["ui"],
-                               extra=_loop_figures(loop, cfg.steps))
+                               extra={**_loop_figures(loop, cfg.steps), "per_task": per_task(trained_tasks, watcher.groups)})
     finally:
         if watcher is not None:
             watcher.close()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from producers.experiment import Experiment
 
+from . import demo_tasks
 from .demo import DemoConfig, run
 
 
@@ -30,7 +31,7 @@ def demo_config(exp: Experiment, run_dir: Path) -> DemoConfig:
                      heldout_samples=exp.eval_samples, harness=exp.harness, runtime=exp.runtime, seed=exp.seed, lr=exp.lr,
                      temperature=exp.temperature, step_timeout_s=exp.step_timeout_s, async_level=exp.async_level,
                      eval_every=exp.eval_every, harness_config=dict(exp.harness_config), run_dir=run_dir,
-                     run_id=run_id(exp, run_dir))
+                     run_id=run_id(exp, run_dir), order=exp.order)
     if exp.harness != "builtin" and "api" in exp.harness_config:
         cfg.api = str(exp.harness_config["api"])
     if exp.train != "builtin:arith":
@@ -40,6 +41,11 @@ def demo_config(exp: Experiment, run_dir: Path) -> DemoConfig:
         cfg.task_set = exp.name
     elif not exp.eval:
         cfg.heldout_samples = 0
+    if exp.order == "epochs" and exp.epochs:
+        from producers.driver import epoch_steps
+
+        train = len(cfg.train_tasks) if cfg.train_tasks is not None else len(demo_tasks.split(exp.seed, exp.heldout)[0])
+        cfg.steps = min(cfg.steps, epoch_steps(train, exp.groups_per_step, exp.epochs))
     return cfg
 
 
@@ -59,6 +65,7 @@ def run_experiment(exp: Experiment, run_dir: Path) -> Path:
         "eval_before": demo_summary.get("heldout_before"), "eval_after": demo_summary.get("heldout_after"),
         "eval_metric": "pass@1", "eval_samples": exp.eval_samples,
         "eval_per_version": demo_summary.get("heldout_per_eval"), "zero_signal_groups": demo_summary.get("zero_signal_groups"),
+        "order": exp.order, "steps": len(demo_summary["reward_per_step"]), "per_task": demo_summary.get("per_task"),
         "rl_wall_time_s": demo_summary["wall_time_s"],
         # over the training loop (first step out to last step trained), as the demo's loop measured them
         **{k: demo_summary.get(k) for k in ("rl_loop_s", "steps_per_hour", "engine_idle_fraction")},

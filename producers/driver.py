@@ -60,11 +60,29 @@ class Schedule:
         return None
 
 
-def step_batches(tasks: Sequence[T], seed: int, steps: int, per_step: int) -> list[list[T]]:
-    """The tasks of every step: ``per_step`` draws a step from one stream seeded by ``seed`` (the demo's
-    order since its first run), so step k's batch is the same on every start of the run."""
-    order = random.Random(seed)
-    return [[order.choice(tasks) for _ in range(per_step)] for _ in range(steps)]
+def step_batches(tasks: Sequence[T], seed: int, steps: int, per_step: int, order: str = "draws") -> list[list[T]]:
+    """The tasks of every step, the same on every start of the run. ``draws``: ``per_step`` draws a step,
+    with replacement, from one stream seeded by ``seed`` (the demo's order since its first run). ``epochs``:
+    every task once per epoch, in a shuffle seeded by the seed and the epoch; steps run on through the
+    epochs (a step may straddle two), so every step is full."""
+    if order == "draws":
+        rng = random.Random(seed)
+        return [[rng.choice(tasks) for _ in range(per_step)] for _ in range(steps)]
+    if order != "epochs":
+        raise ValueError(f"order: {order!r} is neither 'draws' nor 'epochs'")
+    stream: list[T] = []
+    epoch = 0
+    while len(stream) < steps * per_step:
+        shuffled = list(tasks)
+        random.Random(f"{seed}:epoch:{epoch}").shuffle(shuffled)
+        stream += shuffled
+        epoch += 1
+    return [stream[k * per_step:(k + 1) * per_step] for k in range(steps)]
+
+
+def epoch_steps(tasks: int, per_step: int, epochs: int) -> int:
+    """Steps that train every one of ``tasks`` tasks ``epochs`` times (the last may start the next epoch)."""
+    return -(-tasks * epochs // per_step)
 
 
 def task_id(run_id: str, tag: str, index: int) -> str:

@@ -43,6 +43,11 @@ class Experiment(BaseModel):
     async_level: int = Field(0, ge=0, le=16, description="S: how many steps' groups may be sampled ahead of the published "
                              "policy; at most S+1 steps are in flight, and the trainer drops groups more than S versions "
                              "behind. 0 = on-policy: a step's tasks go out once the previous step's weights are served")
+    order: Literal["epochs", "draws"] = Field("epochs", description="which tasks a step trains: epochs = every train task "
+                                              "once per epoch, in a shuffle seeded by seed and the epoch; draws = "
+                                              "groups_per_step draws with replacement a step (the demo's order)")
+    epochs: int = Field(0, ge=0, description="order: epochs only: stop after this many passes over the train tasks "
+                        "(fewer steps than max_steps when they come first; 0: max_steps decides)")
     zero_signal: Literal["mask"] = Field("mask", description="groups whose samples all scored the same: mask (they close "
                                          "the step but move no weight)")
     eval_every: int = Field(0, ge=0, description="evaluate every N trained steps as well (0: before and after only)")

@@ -16,7 +16,7 @@ def test_the_arith_example_at_s0_is_the_demo(tmp_path):
     cfg = demo_config(load_experiment(EXAMPLES / "arith.yaml"), tmp_path)
     demo = DemoConfig(run_dir=tmp_path)
     keep = ("steps", "tasks_per_step", "samples", "heldout", "heldout_samples", "harness", "seed", "lr", "temperature",
-            "async_level", "eval_every", "model", "train_tasks", "eval_tasks", "task_set", "step_timeout_s")
+            "async_level", "eval_every", "model", "train_tasks", "eval_tasks", "task_set", "step_timeout_s", "order")
     assert {k: getattr(cfg, k) for k in keep} == {k: getattr(demo, k) for k in keep}
 
 
@@ -28,3 +28,32 @@ def test_a_users_run_takes_their_model_tasks_and_harness(tmp_path):
     assert (cfg.harness, cfg.api, cfg.harness_config, cfg.async_level, cfg.eval_every, cfg.task_set) == (
         "pi", "chat", {"api": "chat"}, 2, 5, "coding")
     assert all(t.evaluator.kind == "harbor" and t.workspace.mount == "/app" for t in cfg.train_tasks)
+    # every task once an epoch: 8 epochs of 5 tasks, 2 a step, is 20 steps; 3 epochs would stop at 8
+    assert (cfg.order, cfg.steps) == ("epochs", 20)
+    exp.epochs = 3
+    assert demo_config(exp, tmp_path / "run").steps == 8
+
+
+def test_a_run_id_names_the_experiment_and_run_dir_and_nothing_else(tmp_path):
+    from polarstream.run import run_id
+
+    exp = load_experiment(EXAMPLES / "arith.yaml")
+    rid = run_id(exp, tmp_path / "a")
+    assert rid.startswith("arith-") and rid == run_id(load_experiment(EXAMPLES / "arith.yaml"), tmp_path / "a")
+    assert rid != run_id(exp, tmp_path / "b") != run_id(load_experiment(EXAMPLES / "arith.yaml", seed=1), tmp_path / "a")
+
+
+def test_per_task_statistics_follow_the_groups_trained_on_each_task():
+    from polarstream.demo import per_task
+    from schemas import TaskRequest, Trajectory, TrainingGroup
+
+    def group(gid: str, rewards: list[float]) -> TrainingGroup:
+        trajs = [Trajectory(session_id=f"{gid}.s{i}", group_id=gid, task_id=gid, reward=r)
+                 for i, r in enumerate(rewards)]
+        return TrainingGroup(group_id=gid, task_id=gid, trajectories=trajs, advantages=[0.0] * len(trajs))
+
+    fix = TaskRequest(task_id="fix-bug", instruction="fix it")
+    trained = {"r-s000-t0": fix, "r-s000-t1": ("Compute 1 + 2", "3"), "r-s001-t0": fix, "r-s001-t1": fix}
+    groups = {g.group_id: g for g in (group("r-s000-t0", [0, 1]), group("r-s000-t1", [1, 1]), group("r-s001-t0", [1, 1]))}
+    assert per_task(trained, groups) == {"fix-bug": {"groups": 2, "mean_reward": 0.75},
+                                         "Compute 1 + 2": {"groups": 1, "mean_reward": 1.0}}

@@ -87,3 +87,22 @@ def test_submitted_reads_a_runs_steps_and_evals_back_from_its_task_ids():
     ids += [task_id("arith-12", step_tag(5), 0), task_id("arith", step_tag(6), 0), "arith-1-s007", "other"]
     steps, evals = submitted("arith-1", ids)
     assert steps == {0: {0, 1, 2, 3}, 1: {2}} and evals == {0: {0, 1, 2}}
+
+
+def test_epochs_train_every_task_once_an_epoch_in_a_seeded_shuffle():
+    from collections import Counter
+
+    from producers.driver import epoch_steps, step_batches
+
+    tasks = [f"q{i}" for i in range(10)]
+    steps = epoch_steps(len(tasks), 4, 3)  # 30 tasks, 4 a step: 8 steps, the last into a 4th epoch
+    assert steps == 8
+    batches = step_batches(tasks, 7, steps, 4, order="epochs")
+    stream = [t for b in batches for t in b]
+    assert all(len(b) == 4 for b in batches) and len(stream) == 32
+    for e in range(3):  # each epoch: every task exactly once
+        assert Counter(stream[e * 10:(e + 1) * 10]) == Counter(tasks)
+    assert stream[:10] != stream[10:20] != stream[20:30]  # shuffled again each epoch
+    assert step_batches(tasks, 7, steps, 4, order="epochs") == batches != step_batches(tasks, 8, steps, 4, order="epochs")
+    with pytest.raises(ValueError, match="order"):
+        step_batches(tasks, 7, 1, 4, order="sorted")
