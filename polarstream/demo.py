@@ -10,6 +10,7 @@ trained on the previous step's groups.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -63,6 +64,8 @@ class DemoConfig:
     # after a crash: it reads where the run stands back from the topics. Empty: a new run every time.
     run_id: str = ""
     order: str = "draws"  # which tasks a step trains (producers/driver.py step_batches): draws or epochs
+    min_completion: float = 0.5  # a group counts once this fraction of its samples is usable
+    early_stop_at: float = 0.0  # > 0: cancel a group's stragglers once this fraction is usable
     run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
 
 
@@ -351,6 +354,26 @@ def heldout_pass_at_1(settings: Settings) -> dict[int, float]:
     return {c["policy_version"]: c["pass@1"] for c in report["cells"] if c["task_set"] == HELDOUT_SET}
 
 
+def task_payload(item: tuple[str, str] | TaskRequest, task_id: str, samples: int, task_set: str, harness: HarnessSpec,
+                 tool: str = "write_file", min_completion: float = 0.5, early_stop_at: float = 0.0) -> dict:
+    """The TaskRequest sent for one train or eval task: an arith problem, or a user's task template with the
+    run's sampling. A group counts once ``min_completion`` of its samples (rounded down, at least 1) are
+    usable; with ``early_stop_at`` > 0 the rollout server cancels the stragglers once that fraction
+    (rounded up) is."""
+    if isinstance(item, TaskRequest):  # a user's task: its own workspace and evaluator
+        # its own event id: copies of one template share the template's, and consumers dedupe on it
+        req = item.model_copy(update={"event_id": derived_event_id("task", task_id), "task_id": task_id,
+                                      "group_id": task_id, "num_samples": samples, "harness": harness, "task_set": task_set,
+                                      "metadata": {**item.metadata, "source_task_id": item.task_id}})
+    else:
+        q, a = item
+        req = demo_tasks.task_request(q, a, task_id=task_id, num_samples=samples, harness=harness, task_set=task_set,
+                                      tool=tool)
+    req.min_valid = max(1, int(min_completion * samples))
+    req.early_stop = max(req.min_valid, math.ceil(early_stop_at * samples)) if early_stop_at > 0 else 0
+    return req.model_dump(mode="json")
+
+
 def per_task(trained: dict[str, tuple[str, str] | TaskRequest], groups: dict[str, TrainingGroup]) -> dict[str, dict]:
     """Per train task (its id, or an arith problem's question): the groups trained on it and their mean
     reward, in the order first trained; the curriculum's view of which tasks are solved or still hard."""
@@ -494,15 +517,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         lag: dict[str, int] = {}
 
         def task(item: tuple[str, str] | TaskRequest, task_id: str, samples: int, task_set: str) -> dict:
-            if isinstance(item, TaskRequest):  # a user's task: its own workspace and evaluator, the run's sampling
-                # its own event id: copies of one template share the template's, and consumers dedupe on it
-                return item.model_copy(update={"event_id": derived_event_id("task", task_id), "task_id": task_id,
-                                               "group_id": task_id, "num_samples": samples, "harness": harness,
-                                               "min_valid": max(1, samples // 2), "task_set": task_set,
-                                               "metadata": {**item.metadata, "source_task_id": item.task_id}}).model_dump(mode="json")
-            q, a = item
-            return demo_tasks.task_request(q, a, task_id=task_id, num_samples=samples, harness=harness, task_set=task_set,
-                                           tool=tool).model_dump(mode="json")
+            return task_payload(item, task_id, samples, task_set, harness, tool, cfg.min_completion, cfg.early_stop_at)
 
         def submit(problems: list, tag: str, samples: int, task_set: str, missing: set[int] | None = None) -> set[str]:
             """Send the tasks of a step or an eval; a restarted driver sends only those ``missing`` from

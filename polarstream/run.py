@@ -31,7 +31,8 @@ def demo_config(exp: Experiment, run_dir: Path) -> DemoConfig:
                      heldout_samples=exp.eval_samples, harness=exp.harness, runtime=exp.runtime, seed=exp.seed, lr=exp.lr,
                      temperature=exp.temperature, step_timeout_s=exp.step_timeout_s, async_level=exp.async_level,
                      eval_every=exp.eval_every, harness_config=dict(exp.harness_config), run_dir=run_dir,
-                     run_id=run_id(exp, run_dir), order=exp.order)
+                     run_id=run_id(exp, run_dir), order=exp.order, min_completion=exp.min_completion,
+                     early_stop_at=exp.early_stop_at)
     if exp.harness != "builtin" and "api" in exp.harness_config:
         cfg.api = str(exp.harness_config["api"])
     if exp.train != "builtin:arith":

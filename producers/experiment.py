@@ -50,6 +50,10 @@ class Experiment(BaseModel):
                         "(fewer steps than max_steps when they come first; 0: max_steps decides)")
     zero_signal: Literal["mask"] = Field("mask", description="groups whose samples all scored the same: mask (they close "
                                          "the step but move no weight)")
+    min_completion: float = Field(0.5, gt=0, le=1, description="a group counts once this fraction of its samples "
+                                  "finished usable (rounded down, at least 1); the rest are masked")
+    early_stop_at: float = Field(0.0, ge=0, le=1, description="straggler early stop: once this fraction of a group's "
+                                 "samples finished usable, cancel the rest (0: never; at least min_completion)")
     eval_every: int = Field(0, ge=0, description="evaluate every N trained steps as well (0: before and after only)")
     eval_samples: int = Field(4, ge=1, description="samples per eval task (pass@1 is their mean)")
     heldout: int = Field(16, ge=1, description="builtin:arith only: problems kept out of training for builtin:arith-heldout")

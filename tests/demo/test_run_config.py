@@ -57,3 +57,18 @@ def test_per_task_statistics_follow_the_groups_trained_on_each_task():
     groups = {g.group_id: g for g in (group("r-s000-t0", [0, 1]), group("r-s000-t1", [1, 1]), group("r-s001-t0", [1, 1]))}
     assert per_task(trained, groups) == {"fix-bug": {"groups": 2, "mean_reward": 0.75},
                                          "Compute 1 + 2": {"groups": 1, "mean_reward": 1.0}}
+
+
+def test_a_tasks_minimum_completion_and_straggler_early_stop_come_from_the_experiment():
+    from polarstream.demo import task_payload
+    from schemas import HarnessSpec, TaskRequest
+
+    pi, fix = HarnessSpec(name="pi"), TaskRequest(task_id="fix-bug", instruction="fix it", event_id="e1")
+    default = task_payload(fix, "r-s000-t0", 8, "coding", pi)
+    assert (default["min_valid"], default["early_stop"], default["num_samples"]) == (4, 0, 8)  # the demo's: half
+    assert default["event_id"] != "e1" and default["metadata"]["source_task_id"] == "fix-bug"
+    assert default["group_id"] == default["task_id"] == "r-s000-t0" and default["harness"]["name"] == "pi"
+    strict = task_payload(fix, "r-s000-t1", 8, "coding", pi, min_completion=0.75, early_stop_at=0.6)
+    assert (strict["min_valid"], strict["early_stop"]) == (6, 6)  # early stop never below the minimum
+    arith = task_payload(("Compute 1 + 2", "3"), "r-s000-t2", 3, "demo-arith", pi, early_stop_at=0.5)
+    assert (arith["min_valid"], arith["early_stop"], arith["metadata"]["answer"]) == (1, 2, "3")
