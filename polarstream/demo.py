@@ -64,6 +64,8 @@ class DemoConfig:
     # after a crash: it reads where the run stands back from the topics. Empty: a new run every time.
     run_id: str = ""
     order: str = "draws"  # which tasks a step trains (producers/driver.py step_batches): draws or epochs
+    # --driver-only: the components run elsewhere; {"rollout": URL, "engine": URL} is all the driver needs
+    attach: dict[str, str] = field(default_factory=dict)
     min_completion: float = 0.5  # a group counts once this fraction of its samples is usable
     early_stop_at: float = 0.0  # > 0: cancel a group's stragglers once this fraction is usable
     run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
@@ -395,6 +397,46 @@ def _loop_figures(loop: dict, steps: int) -> dict:
             "engine_idle_fraction": round(max(0.0, 1 - busy / span), 3) if span and busy is not None else None}
 
 
+def _start_components(cfg: DemoConfig, settings: Settings, procs: Processes, ports: dict[str, int], urls: dict[str, str],
+                      model_dir: Path, runtime: str, run_dir: Path, console) -> None:
+    """The viewer, engine, gateway node, stream worker, trainer and rollout server, each its own process
+    (adopted instead where a killed driver of this run left it running)."""
+    # The viewer before the services: it follows the run's topics from their creation on (with the
+    # model's tokenizer, so traces read as text).
+    ui = procs.start("ui", "ui", "--port", str(ports["ui"]), "--model", str(model_dir))
+    procs.wait_http(ui, f"{urls['ui']}/seq")
+    console.print(f"viewer: [bold]{urls['ui']}/[/]  (groups, sessions with their chains, traces; live)")
+    with console.status("starting engine, gateway node, stream worker, trainer and rollout server"):
+        engine = procs.start("engine", "engine", "--model", str(model_dir), "--port", str(ports["engine"]),
+                             "--seed", str(cfg.seed), "--threads", "1")
+        procs.wait_http(engine, f"{urls['engine']}/health")
+        node = procs.start("node", "node", "--engine-url", urls["engine"], "--model", str(model_dir),
+                           "--runtime", runtime, "--port", str(ports["gateway"]), "--run-workers", "4",
+                           "--init-workers", "4", "--ready-target", "4", "--postrun-workers", "4",
+                           "--temperature", str(cfg.temperature))  # pinned: the trainer's temperature
+        procs.wait_http(node, f"{urls['gateway']}/health")
+        procs.start("streams", "streams", "worker", "--builder", "prefix_merging", "--group-deadline", "120",
+                    "--missing-calls-grace", "10", "--stats-interval", "2",
+                    "--metrics-port", str(ports["streams_metrics"]))
+        procs.start("trainer", "train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
+                    "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
+                    "--gateway", urls["gateway"], "--run-dir", str(run_dir / "trainer"),
+                    "--storage-url", settings.storage_url, "--metrics-port", str(ports["trainer_metrics"]),
+                    # a group where every sample scored the same still closes the demo's on-policy step;
+                    # the trainer publishes the step but leaves the weights untouched (no signal)
+                    "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0",
+                    "--set", f"temperature={cfg.temperature}",
+                    # the driver's bound, enforced again where the groups are trained (one setting for both).
+                    # Groups finish out of order, so one of step k can reach the trainer after step k+1's,
+                    # a version later than the bound: it is down-weighted (0.5 per version past S), not
+                    # dropped, since a dropped group would leave its step a group short for good.
+                    "--set", f"max_staleness={cfg.async_level}", "--set", "stale_mode=downweight",
+                    # held-out groups are for evaluation only: the trainer consumes and skips them
+                    "--set", f"skip_task_sets={HELDOUT_SET}")
+        rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))
+        procs.wait_http(rollout, f"{urls['rollout']}/health")
+
+
 def run(cfg: DemoConfig, settings: Settings | None = None,
         on_step: Callable[[int, dict[str, str]], None] | None = None) -> Path:
     """Run the demo; returns the path of demo-summary.json.
@@ -421,8 +463,9 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
     })
     t_start = time.monotonic()
     console.print(f"[bold]polarstream demo[/] -> {run_dir}")
-    with console.status("bringing up Kafka and the S3 server (first run fetches jars from Maven Central)"):
-        Stack(settings).up()
+    if not cfg.attach:
+        with console.status("bringing up Kafka and the S3 server (first run fetches jars from Maven Central)"):
+            Stack(settings).up()
     env = {
         "POLAR_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "POLAR_TOPIC_PREFIX": settings.topic_prefix,
         "POLAR_STORAGE_URL": settings.storage_url, "POLAR_S3_PORT": str(settings.s3_port),
@@ -431,11 +474,12 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         "OMP_NUM_THREADS": "1",
     }
     # A named run keeps its components' pids and ports, so a driver started again adopts those still running.
-    procs = Processes(run_dir / "logs", env, registry=run_dir / "components.json" if cfg.run_id else None)
+    procs = Processes(run_dir / "logs", env, registry=run_dir / "components.json" if cfg.run_id and not cfg.attach else None)
     watcher: Watcher | None = None
     results: list[StepResult] = []
     ports = {name: procs.port(name) for name in ("engine", "gateway", "rollout", "ui", "streams_metrics", "trainer_metrics")}
-    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    urls = {name: "" if cfg.attach else f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    urls.update(cfg.attach)
     metrics = {"gateway": f"{urls['gateway']}/metrics", "rollout": f"{urls['rollout']}/metrics",
                "streams": f"{urls['streams_metrics']}/metrics", "trainer": f"{urls['trainer_metrics']}/metrics"}
     runtime = pick_runtime(cfg.runtime)
@@ -446,6 +490,9 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         else:
             train, heldout = demo_tasks.split(cfg.seed, cfg.heldout)
         shape = None
+        if cfg.attach and cfg.harness != "builtin" and not cfg.model:
+            raise ProcessFailed("--driver-only drives a real CLI only with the experiment's own model (the arith "
+                                "family's warm start for a CLI is made where the components start)")
         if cfg.harness != "builtin" and not cfg.model:
             from engine.models import ensure_model
 
@@ -455,8 +502,9 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                 shape = capture(cfg.harness, cfg.api, settings, env, run_dir, ensure_model("tiny"), runtime)
             console.print(f"{cfg.harness} {shape.version} over {shape.api}: a system prompt of "
                           f"{len(shape.first[0].get('content') or '')} characters, tools {[t['name'] for t in shape.tools]}")
-        if cfg.model:
-            model_dir, warm = Path(cfg.model).absolute(), {"train_pass_rate": None, "working_correct": None}
+        if cfg.model or cfg.attach:  # a user's model, or one the components elsewhere were started with
+            model_dir = Path(cfg.model).absolute() if cfg.model else Path("(the engine's model)")
+            warm = {"train_pass_rate": None, "working_correct": None}
         else:
             with console.status("warm start: supervised fine-tuning of the tiny model (first run only, then cached)"):
                 model_dir, warm = demo_model(cfg, settings, train, shape)
@@ -467,40 +515,10 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
             raise ProcessFailed(f"the warm-started model solves {warm['train_pass_rate']:.3f} of the train tasks "
                                 f"(< {cfg.min_pass_rate}): RL would have no signal; change --seed or the warm start")
         t0 = time.monotonic()  # the run proper: everything after the (cached) warm start
-        # The viewer before the services: it follows the run's topics from their creation on (with the
-        # model's tokenizer, so traces read as text).
-        ui = procs.start("ui", "ui", "--port", str(ports["ui"]), "--model", str(model_dir))
-        procs.wait_http(ui, f"{urls['ui']}/seq")
-        console.print(f"viewer: [bold]{urls['ui']}/[/]  (groups, sessions with their chains, traces; live)")
-        with console.status("starting engine, gateway node, stream worker, trainer and rollout server"):
-            engine = procs.start("engine", "engine", "--model", str(model_dir), "--port", str(ports["engine"]),
-                                 "--seed", str(cfg.seed), "--threads", "1")
-            procs.wait_http(engine, f"{urls['engine']}/health")
-            node = procs.start("node", "node", "--engine-url", urls["engine"], "--model", str(model_dir),
-                               "--runtime", runtime, "--port", str(ports["gateway"]), "--run-workers", "4",
-                               "--init-workers", "4", "--ready-target", "4", "--postrun-workers", "4",
-                               "--temperature", str(cfg.temperature))  # pinned: the trainer's temperature
-            procs.wait_http(node, f"{urls['gateway']}/health")
-            procs.start("streams", "streams", "worker", "--builder", "prefix_merging", "--group-deadline", "120",
-                        "--missing-calls-grace", "10", "--stats-interval", "2",
-                        "--metrics-port", str(ports["streams_metrics"]))
-            procs.start("trainer", "train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
-                        "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
-                        "--gateway", urls["gateway"], "--run-dir", str(run_dir / "trainer"),
-                        "--storage-url", settings.storage_url, "--metrics-port", str(ports["trainer_metrics"]),
-                        # a group where every sample scored the same still closes the demo's on-policy step;
-                        # the trainer publishes the step but leaves the weights untouched (no signal)
-                        "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0",
-                        "--set", f"temperature={cfg.temperature}",
-                        # the driver's bound, enforced again where the groups are trained (one setting for both).
-                        # Groups finish out of order, so one of step k can reach the trainer after step k+1's,
-                        # a version later than the bound: it is down-weighted (0.5 per version past S), not
-                        # dropped, since a dropped group would leave its step a group short for good.
-                        "--set", f"max_staleness={cfg.async_level}", "--set", "stale_mode=downweight",
-                        # held-out groups are for evaluation only: the trainer consumes and skips them
-                        "--set", f"skip_task_sets={HELDOUT_SET}")
-            rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))
-            procs.wait_http(rollout, f"{urls['rollout']}/health")
+        if cfg.attach:  # --driver-only: they run elsewhere; this process only drives them
+            console.print(f"driving the components at {', '.join(f'{k} {v}' for k, v in cfg.attach.items())}")
+        else:
+            _start_components(cfg, settings, procs, ports, urls, model_dir, runtime, run_dir, console)
         watcher = Watcher(settings)
         # Every answer is capped at 48 tokens (a tool call takes about 36). Without a cap, text the tiny model
         # rambles around a correct call costs nothing, so GRPO reinforces it with the call until the policy

@@ -62,6 +62,8 @@ def register(app: typer.Typer) -> None:
         async_level: Annotated[Optional[int], typer.Option(help="overrides the file's async_level (S)")] = None,
         max_steps: Annotated[Optional[int], typer.Option(help="overrides the file's max_steps")] = None,
         run_dir: Annotated[Optional[Path], typer.Option(help="where logs, the report and run-summary.json go")] = None,
+        driver_only: Annotated[bool, typer.Option("--driver-only", help="start nothing: drive the components that run "
+                                                  "elsewhere (the file's rollout_url and engine_url)")] = False,
         print_config: Annotated[bool, typer.Option("--print-config", help="print every setting with its default and "
                                                                           "meaning, as YAML, and exit")] = False,
     ) -> None:
@@ -83,9 +85,12 @@ def register(app: typer.Typer) -> None:
         except ExperimentError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
+        if driver_only and not (exp.rollout_url and exp.engine_url):
+            typer.echo(f"error: {experiment or 'experiment'}: --driver-only needs rollout_url and engine_url in the file", err=True)
+            raise typer.Exit(1)
         out = run_dir or Path("runs") / time.strftime(f"{exp.name}-%Y%m%d-%H%M%S")
         try:
-            path = run_experiment(exp, out)
+            path = run_experiment(exp, out, driver_only)
         except (ProcessFailed, TaskSourceError) as e:
             typer.echo(f"run failed: {e}", err=True)
             raise typer.Exit(1) from None

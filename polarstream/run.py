@@ -23,7 +23,7 @@ from . import demo_tasks
 from .demo import DemoConfig, run
 
 
-def demo_config(exp: Experiment, run_dir: Path) -> DemoConfig:
+def demo_config(exp: Experiment, run_dir: Path, driver_only: bool = False) -> DemoConfig:
     """The run as the demo's loop takes it: the arith family and its warm start, or the user's model and tasks."""
     from producers.tasks import load_tasks
 
@@ -33,6 +33,8 @@ def demo_config(exp: Experiment, run_dir: Path) -> DemoConfig:
                      eval_every=exp.eval_every, harness_config=dict(exp.harness_config), run_dir=run_dir,
                      run_id=run_id(exp, run_dir), order=exp.order, min_completion=exp.min_completion,
                      early_stop_at=exp.early_stop_at)
+    if driver_only:
+        cfg.attach = {"rollout": exp.rollout_url, "engine": exp.engine_url}
     if exp.harness != "builtin" and "api" in exp.harness_config:
         cfg.api = str(exp.harness_config["api"])
     if exp.train != "builtin:arith":
@@ -50,16 +52,24 @@ def demo_config(exp: Experiment, run_dir: Path) -> DemoConfig:
     return cfg
 
 
+# Where the components are is not what the run is: the same run, driven from elsewhere, keeps its id.
+NOT_IDENTITY = {"run_id", "rollout_url", "engine_url"}
+
+
 def run_id(exp: Experiment, run_dir: Path) -> str:
-    """The run's name on Kafka and in storage: the experiment's name and a digest of it and the run directory."""
-    digest = hashlib.sha256(f"{exp.model_dump_json()}\n{run_dir.absolute()}".encode()).hexdigest()[:8]
+    """The run's name on Kafka and in storage: the experiment's own ``run_id``, else its name and a digest
+    of its settings and the run directory."""
+    if exp.run_id:
+        return exp.run_id
+    digest = hashlib.sha256(f"{exp.model_dump_json(exclude=NOT_IDENTITY)}\n{run_dir.absolute()}".encode()).hexdigest()[:8]
     return f"{exp.name}-{digest}"
 
 
-def run_experiment(exp: Experiment, run_dir: Path) -> Path:
-    """Run ``exp``; returns the path of run-summary.json."""
+def run_experiment(exp: Experiment, run_dir: Path, driver_only: bool = False) -> Path:
+    """Run ``exp`` (``driver_only``: drive the components at its rollout_url and engine_url instead of
+    starting them); returns the path of run-summary.json."""
     t0 = time.monotonic()
-    demo_summary = json.loads(run(demo_config(exp, run_dir)).read_text())
+    demo_summary = json.loads(run(demo_config(exp, run_dir, driver_only)).read_text())
     summary = {
         "name": exp.name, "run_id": run_id(exp, run_dir), "async_level": exp.async_level, "seed": exp.seed, "train": exp.train, "eval": exp.eval,
         "reward_per_step": demo_summary["reward_per_step"],

@@ -63,6 +63,10 @@ class Experiment(BaseModel):
     temperature: float = Field(1.0, gt=0, description="sampling temperature, pinned on every call and used by the trainer")
     trainer: dict[str, Any] = Field(default_factory=dict, description="more TrainConfig settings (trainer/config.py), "
                                     "each passed as --set key=value")
+    run_id: str = Field("", pattern=r"^[A-Za-z0-9._-]{0,120}$", description="the run's id on Kafka and in storage; "
+                        "'' = the name and a digest of this file and --run-dir (the same command continues a killed run)")
+    rollout_url: str = Field("", description="--driver-only: the rollout server of components that run elsewhere")
+    engine_url: str = Field("", description="--driver-only: an engine of that run (the policy version it serves, its stats)")
     storage_url: str = Field("", description="checkpoints (s3://bucket/prefix or file://...); '' = the local S3 server")
     step_timeout_s: float = Field(300.0, gt=0, description="a step whose groups are not trained within this many seconds "
                                   "(times S+1) stops the run")

@@ -234,3 +234,11 @@ def test_an_empty_split_and_a_task_that_needs_docker_stop_the_run_before_anythin
         f.write_text(yaml.safe_dump({"model": str(tmp_path), "train": train, "eval": ""}))
         r = CliRunner().invoke(app, ["run", str(f), "--run-dir", str(tmp_path / "run")])
         assert r.exit_code == 1 and words in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_driver_only_without_the_components_urls_is_one_line(tmp_path):
+    f = tmp_path / "exp.yaml"
+    f.write_text("rollout_url: http://127.0.0.1:8700\n")
+    r = CliRunner().invoke(app, ["run", str(f), "--driver-only"])
+    assert r.exit_code == 1 and "--driver-only needs rollout_url and engine_url" in r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr

@@ -41,6 +41,10 @@ def test_a_run_id_names_the_experiment_and_run_dir_and_nothing_else(tmp_path):
     rid = run_id(exp, tmp_path / "a")
     assert rid.startswith("arith-") and rid == run_id(load_experiment(EXAMPLES / "arith.yaml"), tmp_path / "a")
     assert rid != run_id(exp, tmp_path / "b") != run_id(load_experiment(EXAMPLES / "arith.yaml", seed=1), tmp_path / "a")
+    # where the components run is not what the run is: driven from elsewhere, it keeps its id
+    elsewhere = load_experiment(EXAMPLES / "arith.yaml", rollout_url="http://10.0.0.2:8700", engine_url="http://10.0.0.3:8000")
+    assert run_id(elsewhere, tmp_path / "a") == rid
+    assert run_id(load_experiment(EXAMPLES / "arith.yaml", run_id="shared-run"), tmp_path / "b") == "shared-run"
 
 
 def test_per_task_statistics_follow_the_groups_trained_on_each_task():

@@ -1,5 +1,5 @@
 """Issue 49's kill test: ``polarstream run`` SIGKILLed three times and its trainer once, during one run
-(~60 s alone).
+(~60 s alone); after the third kill ``--driver-only`` finishes it, driving the components left running.
 
 The same command, run again after each kill, continues from what Kafka and the checkpoints hold: it adopts
 the components the killed driver left running, sends only what never reached polar.tasks, and the trainer
@@ -106,6 +106,13 @@ def test_a_run_killed_three_times_and_its_trainer_once_trains_what_an_uninterrup
         # 3: killed as soon as it has read the run back from the topics, while it goes on from there
         wait_until("the second resume", lambda: (tmp_path / "driver.log").read_text().count("resuming killed-") == 2, driver)
         driver.kill(), driver.wait()
+        # the rest driven from "elsewhere": --driver-only, given the running rollout server and engine (the
+        # file gains their URLs, which are not part of the run's identity: it is the same run)
+        ports = json.loads((run_dir / "components.json").read_text())["ports"]
+        exp = yaml.safe_load(exp_path.read_text())
+        exp.update(rollout_url=f"http://127.0.0.1:{ports['rollout']}", engine_url=f"http://127.0.0.1:{ports['engine']}")
+        exp_path.write_text(yaml.safe_dump(exp))
+        cmd.append("--driver-only")
         driver = start()
         assert driver.wait(timeout=600) == 0, _tail(tmp_path / "driver.log")
     finally:
@@ -113,7 +120,7 @@ def test_a_run_killed_three_times_and_its_trainer_once_trains_what_an_uninterrup
             driver.kill()
         _stop_components(run_dir)
     log = (tmp_path / "driver.log").read_text()
-    assert log.count("resuming killed-") == 3 and "trainer exited; started it again" in log
+    assert log.count("resuming killed-") == 3 and "trainer exited; started it again" in log and "driving the components at" in log
 
     summary = json.loads((run_dir / "run-summary.json").read_text())
     assert len(summary["reward_per_step"]) == STEPS
