@@ -152,7 +152,9 @@ def test_a_run_killed_three_times_and_its_trainer_once_trains_what_an_uninterrup
     assert sorted(trained) == list(range(1, STEPS + 1))
     got = Counter(tasks[g].metadata["source_task_id"] for ids in trained.values() for g in ids)
     train = [TaskRequest.model_validate_json(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
-    expected = Counter(t.task_id for batch in step_batches(train, exp.seed, STEPS, GROUPS) for t in batch)
+    expected = Counter(t.task_id for batch in step_batches(train, exp.seed, STEPS, GROUPS, exp.order) for t in batch)
+    # 4 steps of 2 over 6 tasks, in epochs: every task once (steps 1-3), then step 4 starts the second epoch
+    assert exp.order == "epochs" and len(expected) == 6 and sorted(expected.values()) == [1, 1, 1, 1, 2, 2]
     assert got == expected
 
 
