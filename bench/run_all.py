@@ -67,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 from bench._host import REPEATS, host_index  # noqa: E402
 from bench._provenance import bench_provenance, changed_for, commit_info, entry_provenance  # noqa: E402
 from bench.render import comparisons_for, render_docs, render_into  # noqa: E402
+from infra.process import stop_group  # noqa: E402
 
 EXPECTED = ("publisher", "engine", "gateway", "streams", "trainer", "rollout")
 NOT_BENCHMARKS = {"run_all", "render"}
@@ -184,16 +185,7 @@ def run_one(name: str, script: Path | None, quick: bool, timeout: float, extra: 
 def _kill_group(proc: subprocess.Popen) -> None:
     """Stop the benchmark's process group: SIGINT first, so its ``finally`` blocks stop the servers it
     started in sessions of their own; then SIGTERM and SIGKILL for whatever is left."""
-    for sig, grace in ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    stop_group(proc, ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 5)))
 
 
 def _load() -> float:

@@ -102,6 +102,21 @@ def ephemeral_range() -> tuple[int, int]:
         return 49152, 65535
 
 
+def stop_group(proc, steps=((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0))) -> None:
+    """Signal the process group of ``proc`` (anything with ``pid`` and ``wait(timeout)``, the leader of its
+    own session) step by step, waiting each step's grace for it to exit; gone already is fine."""
+    for sig, grace in steps:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def free_port() -> int:
     """A port that is free now, chosen outside the kernel's ephemeral range.
 

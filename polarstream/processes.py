@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,11 +19,7 @@ from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from infra.process import free_port, stop_group  # noqa: F401  (free_port: the demo's ports, outside the ephemeral range)
 
 
 class ProcessFailed(RuntimeError):
@@ -65,20 +60,6 @@ def _command(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
     except OSError:
         return []
-
-
-def _stop(proc: subprocess.Popen | Adopted, grace: float = 10.0) -> None:
-    """SIGTERM ``proc``'s process group, SIGKILL after ``grace`` seconds."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            pass
 
 
 @dataclass
@@ -146,7 +127,7 @@ class Processes:
             proc: subprocess.Popen | Adopted = Adopted(was["pid"])
         else:
             if running:  # the earlier driver's, with another command: it would hold the port this one needs
-                _stop(Adopted(was["pid"]))
+                stop_group(Adopted(was["pid"]))
             proc = self._spawn(name, args, log)
         child = Child(name, proc, log, args)
         self.children.append(child)
