@@ -66,6 +66,7 @@ class DemoConfig:
     order: str = "draws"  # which tasks a step trains (producers/driver.py step_batches): draws or epochs
     # --driver-only: the components run elsewhere; {"rollout": URL, "engine": URL} is all the driver needs
     attach: dict[str, str] = field(default_factory=dict)
+    trainer_settings: dict[str, str] = field(default_factory=dict)  # more trainer --set key=value (polarstream run)
     min_completion: float = 0.5  # a group counts once this fraction of its samples is usable
     early_stop_at: float = 0.0  # > 0: cancel a group's stragglers once this fraction is usable
     run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
@@ -432,7 +433,9 @@ def _start_components(cfg: DemoConfig, settings: Settings, procs: Processes, por
                     # dropped, since a dropped group would leave its step a group short for good.
                     "--set", f"max_staleness={cfg.async_level}", "--set", "stale_mode=downweight",
                     # held-out groups are for evaluation only: the trainer consumes and skips them
-                    "--set", f"skip_task_sets={HELDOUT_SET}")
+                    "--set", f"skip_task_sets={HELDOUT_SET}",
+                    # the experiment's own trainer settings (polarstream run checked that none of the above)
+                    *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")])
         rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))
         procs.wait_http(rollout, f"{urls['rollout']}/health")
 

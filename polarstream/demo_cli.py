@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
         out = run_dir or Path("runs") / time.strftime(f"{exp.name}-%Y%m%d-%H%M%S")
         try:
             path = run_experiment(exp, out, driver_only)
-        except (ProcessFailed, TaskSourceError) as e:
+        except (ProcessFailed, TaskSourceError, ExperimentError) as e:
             typer.echo(f"run failed: {e}", err=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:

@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from producers.experiment import Experiment
+from producers.experiment import Experiment, ExperimentError
 
 from . import demo_tasks
 from .demo import DemoConfig, run
@@ -33,6 +33,7 @@ def demo_config(exp: Experiment, run_dir: Path, driver_only: bool = False) -> De
                      eval_every=exp.eval_every, harness_config=dict(exp.harness_config), run_dir=run_dir,
                      run_id=run_id(exp, run_dir), order=exp.order, min_completion=exp.min_completion,
                      early_stop_at=exp.early_stop_at)
+    cfg.trainer_settings = trainer_settings(exp)
     if driver_only:
         cfg.attach = {"rollout": exp.rollout_url, "engine": exp.engine_url}
     if exp.harness != "builtin" and "api" in exp.harness_config:
@@ -52,6 +53,28 @@ def demo_config(exp: Experiment, run_dir: Path, driver_only: bool = False) -> De
     return cfg
 
 
+# Trainer settings the experiment sets itself, so that the driver and the trainer cannot disagree on them
+OWNED = {"lr": "lr", "temperature": "temperature", "max_staleness": "async_level", "stale_mode": "async_level",
+         "groups_per_step": "groups_per_step", "max_steps": "max_steps", "skip_task_sets": "eval",
+         "skip_zero_variance": "zero_signal"}
+
+
+def trainer_settings(exp: Experiment) -> dict[str, str]:
+    """The file's ``trainer:`` settings as the trainer's --set values; ExperimentError names a key that is
+    not a trainer setting, or one the experiment sets itself."""
+    from dataclasses import fields
+
+    from trainer.config import TrainConfig
+
+    known = {f.name for f in fields(TrainConfig)}
+    for key in exp.trainer:
+        if key in OWNED:
+            raise ExperimentError(f"trainer.{key}: set by the experiment's {OWNED[key]}, not here")
+        if key not in known:
+            raise ExperimentError(f"trainer.{key}: not a trainer setting (trainer/config.py)")
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in exp.trainer.items()}
+
+
 # Where the components are is not what the run is: the same run, driven from elsewhere, keeps its id.
 NOT_IDENTITY = {"run_id", "rollout_url", "engine_url"}
 
@@ -69,7 +92,11 @@ def run_experiment(exp: Experiment, run_dir: Path, driver_only: bool = False) ->
     """Run ``exp`` (``driver_only``: drive the components at its rollout_url and engine_url instead of
     starting them); returns the path of run-summary.json."""
     t0 = time.monotonic()
-    demo_summary = json.loads(run(demo_config(exp, run_dir, driver_only)).read_text())
+    from infra.settings import Settings
+
+    cfg = demo_config(exp, run_dir, driver_only)
+    settings = Settings(storage_url=exp.storage_url) if exp.storage_url else None  # else: the run's own prefix
+    demo_summary = json.loads(run(cfg, settings).read_text())
     summary = {
         "name": exp.name, "run_id": run_id(exp, run_dir), "async_level": exp.async_level, "seed": exp.seed, "train": exp.train, "eval": exp.eval,
         "reward_per_step": demo_summary["reward_per_step"],

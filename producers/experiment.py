@@ -62,7 +62,8 @@ class Experiment(BaseModel):
     lr: float = Field(5e-4, gt=0, description="the trainer's learning rate")
     temperature: float = Field(1.0, gt=0, description="sampling temperature, pinned on every call and used by the trainer")
     trainer: dict[str, Any] = Field(default_factory=dict, description="more TrainConfig settings (trainer/config.py), "
-                                    "each passed as --set key=value")
+                                    "each passed as --set key=value; not those this file sets itself (lr, "
+                                    "max_staleness via async_level, ...)")
     run_id: str = Field("", pattern=r"^[A-Za-z0-9._-]{0,120}$", description="the run's id on Kafka and in storage; "
                         "'' = the name and a digest of this file and --run-dir (the same command continues a killed run)")
     rollout_url: str = Field("", description="--driver-only: the rollout server of components that run elsewhere")

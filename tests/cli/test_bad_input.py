@@ -242,3 +242,14 @@ def test_driver_only_without_the_components_urls_is_one_line(tmp_path):
     r = CliRunner().invoke(app, ["run", str(f), "--driver-only"])
     assert r.exit_code == 1 and "--driver-only needs rollout_url and engine_url" in r.stderr
     assert len(r.stderr.splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("trainer, words", [({"kl": 0.1}, "trainer.kl: not a trainer setting"),
+                                            ({"max_staleness": 2}, "trainer.max_staleness: set by the experiment's async_level")])
+def test_a_trainer_setting_the_trainer_lacks_or_the_experiment_owns_is_one_line(tmp_path, monkeypatch, trainer, words):
+    monkeypatch.setattr("infra.stack.Stack.up", _refuse)
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"task_id": "t1", "instruction": "do it", "num_samples": 1, "min_valid": 1}) + "\n")
+    f = tmp_path / "exp.yaml"
+    f.write_text(yaml.safe_dump({"model": str(tmp_path), "train": "tasks.jsonl", "eval": "", "trainer": trainer}))
+    r = CliRunner().invoke(app, ["run", str(f), "--run-dir", str(tmp_path / "run")])
+    assert r.exit_code == 1 and words in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr

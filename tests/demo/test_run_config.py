@@ -28,6 +28,10 @@ def test_a_users_run_takes_their_model_tasks_and_harness(tmp_path):
     assert (cfg.harness, cfg.api, cfg.harness_config, cfg.async_level, cfg.eval_every, cfg.task_set) == (
         "pi", "chat", {"api": "chat"}, 2, 5, "coding")
     assert all(t.evaluator.kind == "harbor" and t.workspace.mount == "/app" for t in cfg.train_tasks)
+    assert cfg.trainer_settings == {}  # the file's trainer: settings reach the trainer as --set
+    exp.trainer = {"kl_coef": 0.01, "activation_checkpointing": True}
+    assert demo_config(exp, tmp_path / "run").trainer_settings == {"kl_coef": "0.01", "activation_checkpointing": "true"}
+    exp.trainer = {}
     # every task once an epoch: 8 epochs of 5 tasks, 2 a step, is 20 steps; 3 epochs would stop at 8
     assert (cfg.order, cfg.steps) == ("epochs", 20)
     exp.epochs = 3
