@@ -19,11 +19,12 @@ from pathlib import Path
 import httpx
 import yaml
 
+from infra.process import free_port
 from infra.settings import Settings
 from schemas import CallRecorded, HarnessSpec
 
 from . import demo_tasks
-from .processes import Processes, ProcessFailed, free_port
+from .processes import Processes, ProcessFailed
 from .shape import CAPTURE_CONTENT, CAPTURE_QUESTION, Shape, api_option, write_tool
 
 

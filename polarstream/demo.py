@@ -27,7 +27,7 @@ from schemas import HarnessSpec, Parts, PolicyVersion, TaskRequest, TrainingGrou
 from . import demo_tasks
 from producers.driver import Schedule, eval_tag, step_batches, step_tag, submitted, task_id
 
-from .processes import Processes, ProcessFailed, free_port
+from .processes import Processes, ProcessFailed
 from .shape import Shape, harness_config
 
 
@@ -215,7 +215,6 @@ class Watcher:
         self.dedupe = Deduper()
         self.tasks: dict[str, int] = {}  # group id -> when its task reached polar.tasks (ms)
         self.groups: dict[str, TrainingGroup] = {}
-        self.group_ms: dict[str, int] = {}  # group id -> when it was completed (ms)
         self.parts = Parts()
         self.policy: PolicyVersion | None = None
         self.policies: dict[int, PolicyVersion] = {}
@@ -233,7 +232,6 @@ class Watcher:
                 whole = self.parts.add(rec)  # a group sent in parts counts once all of them are in
                 if whole is not None:
                     self.groups[whole.group_id] = whole
-                    self.group_ms[whole.group_id] = item.timestamp_ms
             elif isinstance(rec, PolicyVersion):
                 self.policies[rec.version] = rec
                 if self.policy is None or rec.version >= self.policy.version:

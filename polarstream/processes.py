@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from infra.process import free_port, stop_group  # noqa: F401  (free_port: the demo's ports, outside the ephemeral range)
+from infra.process import free_port, pid_alive, stop_group
 
 
 class ProcessFailed(RuntimeError):
@@ -30,11 +30,11 @@ class Adopted:
     """A component an earlier driver started and left running: watched by its pid (not our child, so its
     exit code is unknown: -1 once it is gone)."""
 
-    def __init__(self, pid: int):
-        self.pid, self.returncode = pid, None
+    def __init__(self, pid: int, args: list[str] | tuple[str, ...]):
+        self.pid, self.returncode, self.marker = pid, None, _marker(args)
 
     def poll(self) -> int | None:
-        if self.returncode is None and not _alive(self.pid):
+        if self.returncode is None and not pid_alive(self.pid, self.marker):
             self.returncode = -1
         return self.returncode
 
@@ -47,19 +47,9 @@ class Adopted:
         return self.returncode
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")  # a zombie nobody reaped has exited
-
-
-def _command(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
-    except OSError:
-        return []
+def _marker(args: list[str] | tuple[str, ...]) -> str:
+    """What a child's command line holds for ``args``, whole arguments only (its NUL-separated form)."""
+    return "\0" + "\0".join(args) + "\0"
 
 
 @dataclass
@@ -122,12 +112,12 @@ class Processes:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{name}.log"
         was = self._recorded["children"].get(name)
-        running = bool(was) and _alive(was["pid"]) and _command(was["pid"])[-len(was["args"]):] == was["args"]
+        running = bool(was) and pid_alive(was["pid"], _marker(was["args"]))
         if running and was["args"] == list(args):
-            proc: subprocess.Popen | Adopted = Adopted(was["pid"])
+            proc: subprocess.Popen | Adopted = Adopted(was["pid"], args)
         else:
             if running:  # the earlier driver's, with another command: it would hold the port this one needs
-                stop_group(Adopted(was["pid"]))
+                stop_group(Adopted(was["pid"], was["args"]))
             proc = self._spawn(name, args, log)
         child = Child(name, proc, log, args)
         self.children.append(child)
