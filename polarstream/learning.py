@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers.cache_utils import Cache, DynamicLayer
 
 from . import demo_tasks
 from .shape import Shape
@@ -61,35 +62,76 @@ def sample(model, tokenizer, prompt: list[int], n: int, max_new_tokens: int, tem
            generator: torch.Generator) -> list[list[int]]:
     """``n`` completions of ``prompt`` drawn from the full softmax at ``temperature`` (no top-k/top-p,
     as the demo's engine samples), each ending at the end-of-turn token or ``max_new_tokens``."""
-    return sample_with_logprobs(model, tokenizer, prompt, n, max_new_tokens, temperature, generator)[0]
+    return sample_many(model, tokenizer, [prompt], n, max_new_tokens, temperature, generator)[0][0]
+
+
+class _Room(DynamicLayer):
+    """A layer's KV with room for the whole completion: a decode step writes in place, where
+    DynamicLayer's ``torch.cat`` copied the whole cache every token (half of a step's time here)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int):
+        super().__init__()
+        b, h, t, d = keys.shape
+        self._k, self._v = keys.new_empty(b, h, t + room, d), values.new_empty(b, h, t + room, d)
+        self._k[:, :, :t], self._v[:, :, :t] = keys, values
+        self.dtype, self.device, self.is_initialized, self._n = keys.dtype, keys.device, True, t
+        self.keys, self.values = self._k[:, :, :t], self._v[:, :, :t]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        t = key_states.shape[-2]
+        self._k[:, :, self._n:self._n + t], self._v[:, :, self._n:self._n + t] = key_states, value_states
+        self._n += t
+        self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
+        return self.keys, self.values
+
+
+# Rows decoded together: all of a step's problems at once (48 for the CI run) without a large eval's KV.
+MAX_ROWS = 64
 
 
 @torch.no_grad()
-def sample_with_logprobs(model, tokenizer, prompt: list[int], n: int, max_new_tokens: int, temperature: float,
-                         generator: torch.Generator) -> tuple[list[list[int]], list[list[float]]]:
-    """``sample``, with each sampled token's logprob under the sampling distribution (what an engine
-    returns as the behaviour policy's logprobs: fp32, logits / temperature)."""
+def sample_many(model, tokenizer, prompts: Sequence[list[int]], n: int, max_new_tokens: int, temperature: float,
+                generator: torch.Generator) -> list[tuple[list[list[int]], list[list[float]]]]:
+    """``n`` completions of each prompt with each sampled token's logprob under the sampling
+    distribution (what an engine returns as the behaviour policy's logprobs: fp32, logits / temperature).
+
+    Prompts of one length decode as one batch (up to ``MAX_ROWS`` rows; the demo's prompts all have one
+    length), so no row is padded. Tokens are drawn as the engine draws them (``engine.sampling.draw``:
+    inverse CDF, one uniform per row from ``generator``), in prompt order, so a seed gives one result."""
+    from engine.sampling import draw
+
     stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    out = model(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1)  # the prompt runs once
-    cache, logits = out.past_key_values, out.logits[:, -1].expand(n, -1)
-    cache.batch_repeat_interleave(n)
-    done = torch.zeros(n, dtype=torch.bool)
-    comps: list[list[int]] = [[] for _ in range(n)]
-    lps: list[list[float]] = [[] for _ in range(n)]
-    for _ in range(max_new_tokens):
-        scaled = logits.float() / temperature
-        nxt = torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator).squeeze(-1)  # (n,)
-        picked = torch.log_softmax(scaled, dim=-1).gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
-        for i in range(n):
-            if not done[i]:
-                comps[i].append(int(nxt[i]))
-                lps[i].append(float(picked[i]))
-        done |= nxt == stop
-        if bool(done.all()):
-            break
-        out = model(input_ids=nxt.unsqueeze(-1), past_key_values=cache, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1]
-    return comps, lps
+    out: list = [None] * len(prompts)
+    per = max(1, MAX_ROWS // n)
+    by_len: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_len.setdefault(len(p), []).append(i)
+    chunks = [idx[j:j + per] for idx in by_len.values() for j in range(0, len(idx), per)]
+    for chunk in sorted(chunks):
+        rows = len(chunk) * n
+        first = model(input_ids=torch.tensor([prompts[i] for i in chunk]), use_cache=True, logits_to_keep=1)
+        cache = Cache(layers=[_Room(layer.keys.repeat_interleave(n, 0), layer.values.repeat_interleave(n, 0), max_new_tokens)
+                              for layer in first.past_key_values.layers])
+        logits = first.logits[:, -1].repeat_interleave(n, 0)
+        done = torch.zeros(rows, dtype=torch.bool)
+        toks, picks, live = [], [], []
+        greedy = torch.zeros(rows, dtype=torch.bool)
+        for _ in range(max_new_tokens):
+            scaled = logits.float() / temperature
+            nxt = draw(scaled, greedy, [generator] * rows)
+            toks.append(nxt)
+            picks.append(torch.log_softmax(scaled, dim=-1).gather(-1, nxt[:, None])[:, 0])
+            live.append(~done)
+            done = done | (nxt == stop)
+            if bool(done.all()):
+                break
+            logits = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+        ids, lps, keep = torch.stack(toks, 1).tolist(), torch.stack(picks, 1).tolist(), torch.stack(live, 1).tolist()
+        for j, i in enumerate(chunk):
+            rs = range(j * n, (j + 1) * n)
+            out[i] = ([[t for t, k in zip(ids[r], keep[r]) if k] for r in rs],
+                      [[lp for lp, k in zip(lps[r], keep[r]) if k] for r in rs])
+    return out
 
 
 def shape_prompt(tokenizer, question: str, shape: Shape) -> list[int]:
@@ -117,8 +159,9 @@ def answer_rates(model, tokenizer, problems: Sequence[tuple[str, str]], samples:
     model.eval()
     prompt_of, score = task_io(tokenizer, system, tools, shape)
     passed = correct = 0.0
-    for q, a in problems:
-        for c in sample(model, tokenizer, prompt_of(q), samples, max_new_tokens, temperature, gen):
+    drawn = sample_many(model, tokenizer, [prompt_of(q) for q, _ in problems], samples, max_new_tokens, temperature, gen)
+    for (q, a), (comps, _) in zip(problems, drawn):
+        for c in comps:
             text = tokenizer.decode(c)
             passed += score(text, a)
             correct += text.startswith(f"{q} = {a}.")
@@ -198,9 +241,9 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunC
         model.set_attn_implementation("sdpa")
         batch, rewards = [], []
         drawn = list(problems) if cfg.all_problems else [rng.choice(list(problems)) for _ in range(cfg.tasks_per_step)]
-        for q, a in drawn:
-            prompt = prompt_of(q)
-            comps, lps = sample_with_logprobs(model, tok, prompt, cfg.samples, cfg.max_new_tokens, cfg.temperature, gen)
+        prompts = [prompt_of(q) for q, _ in drawn]
+        sampled = sample_many(model, tok, prompts, cfg.samples, cfg.max_new_tokens, cfg.temperature, gen)
+        for (q, a), prompt, (comps, lps) in zip(drawn, prompts, sampled):
             rs = [score(tok.decode(c), a) for c in comps]
             advs = compute_advantages(rs).values
             for c, adv, lp in zip(comps, advs, lps):
