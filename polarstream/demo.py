@@ -25,7 +25,8 @@ from infra.settings import Settings
 from schemas import HarnessSpec, Parts, PolicyVersion, TaskRequest, TrainingGroup, derived_event_id
 
 from . import demo_tasks
-from producers.driver import Schedule, eval_tag, step_batches, step_tag, submitted, task_id
+from producers.driver import (Schedule, eval_tag, replacement, replacements_due, step_batches, step_tag, submitted, task_id,
+                              zero_signal_wish)
 
 from .processes import Processes, ProcessFailed
 from .shape import Shape, harness_config
@@ -69,6 +70,9 @@ class DemoConfig:
     trainer_settings: dict[str, str] = field(default_factory=dict)  # more trainer --set key=value (polarstream run)
     min_completion: float = 0.5  # a group counts once this fraction of its samples is usable
     early_stop_at: float = 0.0  # > 0: cancel a group's stragglers once this fraction is usable
+    zero_signal: str = "mask"  # groups without signal: mask, or replace (drop; another task in each one's place)
+    replace_cap: int = 8  # replace: replacements a step may drop again; later ones are masked
+    wandb: dict = field(default_factory=dict)  # {project, entity, mode}: also log to Weights & Biases
     run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
 
 
@@ -118,6 +122,7 @@ class StepResult:
     # groups without signal (every sample scored the same): masked, they close the step but move nothing
     all_correct: int = 0  # every sample scored 1: too easy now
     all_wrong: int = 0  # every sample scored 0: too hard now
+    replaced: int = 0  # zero_signal replace: groups without signal dropped (counted above) and replaced
 
     @property
     def merge_rate(self) -> float:
@@ -288,8 +293,10 @@ def consumer_lag(settings: Settings) -> dict[str, int]:
 
 
 def _step_result(step: int, groups: list[TrainingGroup], wall_s: float, version: int,
-                 trained: PolicyVersion | None = None) -> StepResult:
-    """``trained``: the PolicyVersion the trainer published after training on ``groups``."""
+                 trained: PolicyVersion | None = None, dropped: list[TrainingGroup] = ()) -> StepResult:
+    """``trained``: the PolicyVersion the trainer published after training on ``groups``; ``dropped``: the
+    step's groups without signal that the trainer dropped and the driver replaced."""
+    flat = [*groups, *dropped]
     trajs = [t for g in groups for t in g.trajectories]
     m = trained.metrics if trained is not None else {}
     return StepResult(
@@ -307,8 +314,9 @@ def _step_result(step: int, groups: list[TrainingGroup], wall_s: float, version:
         entropy=m.get("entropy"),
         grad_norm=m.get("grad_norm"),
         lr=m.get("lr"),
-        all_correct=sum(all(t.reward >= 1.0 for t in g.trajectories) for g in groups if g.trajectories),
-        all_wrong=sum(all(t.reward <= 0.0 for t in g.trajectories) for g in groups if g.trajectories),
+        all_correct=sum(all(t.reward >= 1.0 for t in g.trajectories) for g in flat if g.trajectories),
+        all_wrong=sum(all(t.reward <= 0.0 for t in g.trajectories) for g in flat if g.trajectories),
+        replaced=len(dropped),
     )
 
 
@@ -346,21 +354,24 @@ def engine_busy_s(engine_url: str) -> float | None:
         return None
 
 
-def heldout_pass_at_1(settings: Settings) -> dict[int, float]:
-    """pass@1 of the held-out task set per policy version, from polar.trajectories through the
-    ``polarstream eval`` reader (the same report a user gets)."""
+def heldout_metrics(settings: Settings, samples: int) -> dict[int, dict[str, float]]:
+    """The held-out task set's pass@1, pass@n (unbiased, n = ``samples``) and avg@n (mean reward) per policy
+    version, from polar.trajectories through the ``polarstream eval`` reader (the same report a user gets)."""
     from .tools.eval_run import run_eval
 
-    report = run_eval(settings, ks=(1,))
-    return {c["policy_version"]: c["pass@1"] for c in report["cells"] if c["task_set"] == HELDOUT_SET}
+    report = run_eval(settings, ks=(1, samples))
+    return {c["policy_version"]: {"pass@1": c["pass@1"], f"pass@{samples}": c[f"pass@{samples}"],
+                                  f"avg@{samples}": c["mean_reward"]}
+            for c in report["cells"] if c["task_set"] == HELDOUT_SET}
 
 
 def task_payload(item: tuple[str, str] | TaskRequest, task_id: str, samples: int, task_set: str, harness: HarnessSpec,
-                 tool: str = "write_file", min_completion: float = 0.5, early_stop_at: float = 0.0) -> dict:
+                 tool: str = "write_file", min_completion: float = 0.5, early_stop_at: float = 0.0,
+                 zero_signal: str = "mask") -> dict:
     """The TaskRequest sent for one train or eval task: an arith problem, or a user's task template with the
     run's sampling. A group counts once ``min_completion`` of its samples (rounded down, at least 1) are
     usable; with ``early_stop_at`` > 0 the rollout server cancels the stragglers once that fraction
-    (rounded up) is."""
+    (rounded up) is. ``zero_signal``: what the trainer does with the group if it has no signal."""
     if isinstance(item, TaskRequest):  # a user's task: its own workspace and evaluator
         # its own event id: copies of one template share the template's, and consumers dedupe on it
         req = item.model_copy(update={"event_id": derived_event_id("task", task_id), "task_id": task_id,
@@ -372,6 +383,7 @@ def task_payload(item: tuple[str, str] | TaskRequest, task_id: str, samples: int
                                       tool=tool)
     req.min_valid = max(1, int(min_completion * samples))
     req.early_stop = max(req.min_valid, math.ceil(early_stop_at * samples)) if early_stop_at > 0 else 0
+    req.zero_signal = zero_signal
     return req.model_dump(mode="json")
 
 
@@ -451,6 +463,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
     from infra.stack import Stack
 
     from .report import write_report
+    from .tracking import Tracker
 
     console = Console()
     run_dir = cfg.run_dir.absolute()
@@ -485,7 +498,11 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                "streams": f"{urls['streams_metrics']}/metrics", "trainer": f"{urls['trainer_metrics']}/metrics"}
     runtime = pick_runtime(cfg.runtime)
     held: dict[str, float] = {}
+    held_metrics: dict[str, dict[str, float]] = {}  # every eval's pass@1, pass@n and avg@n
+    tracker: Tracker | None = None
     try:
+        tracker = Tracker(run_dir, run_id, cfg.wandb, {"run_id": run_id, "seed": cfg.seed, "steps": cfg.steps,
+                                                       "async_level": cfg.async_level, "lr": cfg.lr})
         if cfg.train_tasks is not None:
             train, heldout = list(cfg.train_tasks), list(cfg.eval_tasks or [])
         else:
@@ -535,20 +552,41 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         batches = step_batches(train, cfg.seed, cfg.steps, cfg.tasks_per_step, cfg.order)
         lag: dict[str, int] = {}
 
-        def task(item: tuple[str, str] | TaskRequest, task_id: str, samples: int, task_set: str) -> dict:
-            return task_payload(item, task_id, samples, task_set, harness, tool, cfg.min_completion, cfg.early_stop_at)
+        per_step, replacing = cfg.tasks_per_step, cfg.zero_signal == "replace"
 
-        def submit(problems: list, tag: str, samples: int, task_set: str, missing: set[int] | None = None) -> set[str]:
-            """Send the tasks of a step or an eval; a restarted driver sends only those ``missing`` from
-            polar.tasks, one at a time (one may have arrived since it looked: the server refuses it, 409)."""
-            tasks = [task(p, task_id(run_id, tag, i), samples, task_set) for i, p in enumerate(problems)]
-            if missing is None:
+        def step_item(k: int, i: int) -> tuple[str, str] | TaskRequest:
+            """Task ``i`` of step ``k``: its own ``per_step`` first, then its replacements (producers/driver.py)."""
+            return batches[k][i] if i < per_step else replacement(train, cfg.seed, k, i - per_step)
+
+        def step_task(k: int, i: int) -> dict:
+            item = step_item(k, i)
+            wish = zero_signal_wish(i, per_step, cfg.replace_cap) if replacing else "mask"
+            return task_payload(item, task_id(run_id, step_tag(k), i), cfg.samples, cfg.task_set, harness, tool,
+                                cfg.min_completion, cfg.early_stop_at, wish)
+
+        def eval_tasks(v: int) -> list[dict]:
+            return [task_payload(p, task_id(run_id, eval_tag(v), i), cfg.heldout_samples, HELDOUT_SET, harness, tool,
+                                 cfg.min_completion, cfg.early_stop_at) for i, p in enumerate(heldout)]
+
+        def send(tasks: list[dict], one_by_one: bool = False) -> set[str]:
+            """Post tasks to the rollout server. ``one_by_one`` where some may be on polar.tasks already (a
+            restarted driver's, a replacement): the server refuses those (409), which is no error."""
+            if not one_by_one:
                 httpx.post(f"{urls['rollout']}/tasks", json=tasks, timeout=60).raise_for_status()
-            for i in sorted(missing or ()):
-                r = httpx.post(f"{urls['rollout']}/tasks", json=[tasks[i]], timeout=60)
+            for t in tasks if one_by_one else ():
+                r = httpx.post(f"{urls['rollout']}/tasks", json=[t], timeout=60)
                 if r.status_code != 409:
                     r.raise_for_status()
             return {t["group_id"] for t in tasks}
+
+        def index(gid: str) -> int:
+            return int(gid.rsplit("-t", 1)[1])
+
+        def dropped(gid: str) -> bool:
+            """The trainer drops this group: no signal, and its task asked for a drop (zero_signal replace)."""
+            g = watcher.groups.get(gid)
+            return (replacing and g is not None and g.no_signal
+                    and zero_signal_wish(index(gid), per_step, cfg.replace_cap) == "drop")
 
         schedule = Schedule(steps=cfg.steps, async_level=cfg.async_level, eval_every=cfg.eval_every,
                             evaluate=bool(heldout) and cfg.heldout_samples > 0)
@@ -573,11 +611,13 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
             first = min((watcher.tasks[g] for g in ids if g in watcher.tasks), default=None)
             return t_resume if first is None else t_resume - max(0.0, time.time() - first / 1000)
 
-        for k, have in sorted(sent_steps.items()):
-            ids = submit(batches[k], step_tag(k), cfg.samples, cfg.task_set, set(range(cfg.tasks_per_step)) - have)
+        for k, have in sorted(sent_steps.items()):  # replacements still due are sent by the loop
+            ids = send([step_task(k, i) for i in sorted(set(range(per_step)) - have)], one_by_one=True)
+            ids |= {task_id(run_id, step_tag(k), i) for i in have}
             steps_out[k] = (ids, sent_at(ids))
         for v, have in sorted(sent_evals.items()):
-            ids = submit(heldout, eval_tag(v), cfg.heldout_samples, HELDOUT_SET, set(range(len(heldout))) - have)
+            ids = send([t for i, t in enumerate(eval_tasks(v)) if i not in have], one_by_one=True)
+            ids |= {task_id(run_id, eval_tag(v), i) for i in range(len(heldout))}
             evals_out[v] = (ids, sent_at(ids))
         if sent_steps or sent_evals:
             console.print(f"resuming {run_id}: {len(sent_steps)} steps and {len(sent_evals)} evals were sent; "
@@ -597,12 +637,21 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                 now = time.monotonic()
                 for v, (wanted, started) in list(evals_out.items()):
                     if wanted <= watcher.groups.keys():  # its eval is in: pass@1 at that version (polarstream eval)
-                        evaluated[v] = heldout_pass_at_1(settings).get(v, 0.0)
-                        held[label(v)] = evaluated[v]
+                        metrics = heldout_metrics(settings, cfg.heldout_samples).get(v) or {"pass@1": 0.0}
+                        evaluated[v] = metrics["pass@1"]
+                        held[label(v)], held_metrics[label(v)] = evaluated[v], metrics
+                        tracker.eval(v, metrics)
                         del evals_out[v]
                     elif now - max(started, t_resume) > cfg.step_timeout_s:
                         raise ProcessFailed(f"held-out eval of version {v} did not finish within {cfg.step_timeout_s:.0f}s "
                                             f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}); logs in {procs.log_dir}")
+                for k in range(len(results), len(steps_out)) if replacing else ():
+                    wanted, started = steps_out[k]  # one replacement per group the trainer dropped
+                    due = replacements_due([index(g) for g in wanted if dropped(g)], per_step, cfg.replace_cap)
+                    new = [step_task(k, per_step + j) for j in range(due)
+                           if task_id(run_id, step_tag(k), per_step + j) not in wanted]
+                    if new:
+                        steps_out[k] = (wanted | send(new, one_by_one=True), started)
                 while len(results) < len(steps_out):  # steps in order: groups in and trained into the next version
                     k = len(results)
                     wanted, started = steps_out[k]
@@ -612,30 +661,36 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                                                 f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}, policy {trained}); "
                                                 f"logs in {procs.log_dir}")
                         break
-                    results.append(_step_result(k, [watcher.groups[g] for g in sorted(wanted)], now - started,
-                                                watcher.policy.version, watcher.policies.get(k + 1)))
+                    results.append(_step_result(k, [watcher.groups[g] for g in sorted(wanted) if not dropped(g)], now - started,
+                                                watcher.policy.version, watcher.policies.get(k + 1),
+                                                [watcher.groups[g] for g in sorted(wanted) if dropped(g)]))
+                    r = results[-1]
+                    tracker.step(k + 1, r.reward, r.groups, r.all_correct, r.all_wrong, r.replaced)
                     if len(results) == cfg.steps:
                         loop.update(end=now, busy_end=engine_busy_s(urls["engine"]))
                     if on_step is not None:
                         on_step(k, metrics)
                     lag = consumer_lag(settings)
                 if (v := schedule.due_eval(served, set(evaluated), set(evals_out))) is not None:
-                    evals_out[v] = (submit(heldout, eval_tag(v), cfg.heldout_samples, HELDOUT_SET), now)
+                    evals_out[v] = (send(eval_tasks(v)), now)
                 for k in schedule.due_steps(len(steps_out), served, set(evaluated)):
                     if k == 0:
                         loop.update(start=now, busy_start=engine_busy_s(urls["engine"]))
-                    steps_out[k] = (submit(batches[k], step_tag(k), cfg.samples, cfg.task_set), now)
+                    steps_out[k] = (send([step_task(k, i) for i in range(per_step)]), now)
                 status = (f"eval of version {', '.join(map(str, evals_out))}" if evals_out else
                           f"step {len(results) + 1}/{cfg.steps}: {len(steps_out) - len(results)} in flight" if len(results) < cfg.steps
                           else "final eval")
                 live.update(_view(cfg, results, lag, status, held))
             live.update(_view(cfg, results, lag, "done", held))
-        trained_tasks = {task_id(run_id, step_tag(r.step), i): item for r in results for i, item in enumerate(batches[r.step])}
+        trained_tasks = {g: step_item(r.step, index(g)) for r in results for g in r.group_ids}
         summary = write_report(run_dir, cfg, results, watcher.policy, settings, time.monotonic() - t0, model_dir,
                                heldout=held, warm=warm, total_s=time.monotonic() - t_start, viewer_url=urls["ui"],
-                               extra={**_loop_figures(loop, cfg.steps), "per_task": per_task(trained_tasks, watcher.groups)})
+                               extra={**_loop_figures(loop, cfg.steps), "per_task": per_task(trained_tasks, watcher.groups),
+                                      "heldout_metrics": held_metrics})
     finally:
         if watcher is not None:
             watcher.close()
+        if tracker is not None:
+            tracker.close()
         procs.stop_all()
     return summary

@@ -137,9 +137,9 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
         "model_dir": str(model_dir),
         "topic_prefix": settings.topic_prefix,
         "kafka_bootstrap": settings.kafka_bootstrap,
-        # groups without signal, by kind (the zero-signal policy masks both: they move no weight)
+        # groups without signal, by kind (masked: they move no weight; or dropped and replaced)
         "zero_signal_groups": {"all_correct": sum(r.all_correct for r in results), "all_wrong": sum(r.all_wrong for r in results),
-                               "groups": sum(r.groups for r in results)},
+                               "replaced": sum(r.replaced for r in results), "groups": sum(r.groups for r in results)},
         "heldout_per_eval": heldout,  # every eval: before, "step N" (eval_every), after
         **(extra or {}),  # the training loop's span, steps per hour, the engine's idle fraction
         # a user's run names its tasks by count: the templates themselves are in their source

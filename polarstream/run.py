@@ -32,8 +32,15 @@ def demo_config(exp: Experiment, run_dir: Path, driver_only: bool = False) -> De
                      temperature=exp.temperature, step_timeout_s=exp.step_timeout_s, async_level=exp.async_level,
                      eval_every=exp.eval_every, harness_config=dict(exp.harness_config), run_dir=run_dir,
                      run_id=run_id(exp, run_dir), order=exp.order, min_completion=exp.min_completion,
-                     early_stop_at=exp.early_stop_at)
+                     early_stop_at=exp.early_stop_at, zero_signal=exp.zero_signal, replace_cap=exp.replace_cap)
     cfg.trainer_settings = trainer_settings(exp)
+    if exp.wandb is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ExperimentError("wandb: Weights & Biases is turned on, but the wandb package is not installed "
+                                  "(pip install wandb)")
+        cfg.wandb = exp.wandb.model_dump()
     if driver_only:
         cfg.attach = {"rollout": exp.rollout_url, "engine": exp.engine_url}
     if exp.harness != "builtin" and "api" in exp.harness_config:
@@ -75,16 +82,18 @@ def trainer_settings(exp: Experiment) -> dict[str, str]:
     return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in exp.trainer.items()}
 
 
-# Where the components are is not what the run is: the same run, driven from elsewhere, keeps its id.
-NOT_IDENTITY = {"run_id", "rollout_url", "engine_url"}
+# Where the components are, and where the figures also go, is not what the run is: the same run, driven
+# from elsewhere or with W&B turned on, keeps its id.
+NOT_IDENTITY = {"run_id", "rollout_url", "engine_url", "wandb"}
 
 
 def run_id(exp: Experiment, run_dir: Path) -> str:
     """The run's name on Kafka and in storage: the experiment's own ``run_id``, else its name and a digest
-    of its settings and the run directory."""
+    of its settings and the run directory. Settings left at their defaults are not in the digest, so a
+    setting added later does not rename the runs that predate it."""
     if exp.run_id:
         return exp.run_id
-    digest = hashlib.sha256(f"{exp.model_dump_json(exclude=NOT_IDENTITY)}\n{run_dir.absolute()}".encode()).hexdigest()[:8]
+    digest = hashlib.sha256(f"{exp.model_dump_json(exclude=NOT_IDENTITY, exclude_defaults=True)}\n{run_dir.absolute()}".encode()).hexdigest()[:8]
     return f"{exp.name}-{digest}"
 
 
@@ -102,7 +111,7 @@ def run_experiment(exp: Experiment, run_dir: Path, driver_only: bool = False) ->
         "reward_per_step": demo_summary["reward_per_step"],
         "eval_before": demo_summary.get("heldout_before"), "eval_after": demo_summary.get("heldout_after"),
         "eval_metric": "pass@1", "eval_samples": exp.eval_samples,
-        "eval_per_version": demo_summary.get("heldout_per_eval"), "zero_signal_groups": demo_summary.get("zero_signal_groups"),
+        "eval_per_version": demo_summary.get("heldout_per_eval"), "eval_metrics": demo_summary.get("heldout_metrics"), "zero_signal_groups": demo_summary.get("zero_signal_groups"),
         "order": exp.order, "steps": len(demo_summary["reward_per_step"]), "per_task": demo_summary.get("per_task"),
         "rl_wall_time_s": demo_summary["wall_time_s"],
         # over the training loop (first step out to last step trained), as the demo's loop measured them

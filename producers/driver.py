@@ -11,6 +11,12 @@ trainer down-weights it (``stale_mode=downweight``) rather than drop it, which w
 Evaluation is pinned to one policy version: the eval tasks of version v go out once v is served, and no
 step that would train past v goes out before they are in (an eval is a barrier; it drains the pipeline).
 
+Zero-signal groups (every sample scored the same: no gradient). ``mask``: they fill their step and move no
+weight. ``replace`` (DAPO's dynamic sampling): the trainer drops them (the task says so: ``zero_signal``) and
+the driver sends another task in each one's place, so a step trains on signal. A replacement may itself come
+back flat and be replaced, but only ``replace_cap`` times a step: later replacements are masked, so every
+step closes (``zero_signal_wish``). Replacement j of step k is a draw seeded by the seed, k and j.
+
 Resume. The driver keeps no state of its own: which tasks step k trains is a function of the seed and k
 (``step_batches``), and a task's id names its run, step and place (``task_id``), so what went out is
 read back from polar.tasks (``submitted``) and what came back from polar.groups and polar.policy. A
@@ -83,6 +89,24 @@ def step_batches(tasks: Sequence[T], seed: int, steps: int, per_step: int, order
 def epoch_steps(tasks: int, per_step: int, epochs: int) -> int:
     """Steps that train every one of ``tasks`` tasks ``epochs`` times (the last may start the next epoch)."""
     return -(-tasks * epochs // per_step)
+
+
+def zero_signal_wish(index: int, per_step: int, replace_cap: int) -> str:
+    """What the trainer does with the group of task ``index`` of a step (its own ``per_step`` tasks first,
+    then replacement j at ``per_step + j``) when it has no signal, under ``zero_signal: replace``: drop it
+    (the driver replaces it), or, past the cap, mask it."""
+    return "drop" if index < per_step + replace_cap else "mask"
+
+
+def replacements_due(flat: Iterable[int], per_step: int, replace_cap: int) -> int:
+    """How many replacements a step needs: one per arrived group without signal that was dropped
+    (``flat``: their task indices in the step)."""
+    return sum(zero_signal_wish(i, per_step, replace_cap) == "drop" for i in flat)
+
+
+def replacement(tasks: Sequence[T], seed: int, step: int, j: int) -> T:
+    """Replacement ``j`` of step ``step``: the same task on every start of the run."""
+    return random.Random(f"{seed}:replace:{step}:{j}").choice(list(tasks))
 
 
 def task_id(run_id: str, tag: str, index: int) -> str:

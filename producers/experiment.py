@@ -21,6 +21,14 @@ class ExperimentError(ValueError):
     """An experiment file that cannot run; the message is one line naming the file and field."""
 
 
+class WandbSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    project: str = Field("polarstream", description="the W&B project")
+    entity: str | None = Field(None, description="the W&B entity (team or user); None: your default")
+    mode: Literal["offline", "online"] = Field("offline", description="offline writes RUN_DIR/wandb for `wandb sync`")
+
+
 class Experiment(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -48,8 +56,12 @@ class Experiment(BaseModel):
                                               "groups_per_step draws with replacement a step (the demo's order)")
     epochs: int = Field(0, ge=0, description="order: epochs only: stop after this many passes over the train tasks "
                         "(fewer steps than max_steps when they come first; 0: max_steps decides)")
-    zero_signal: Literal["mask"] = Field("mask", description="groups whose samples all scored the same: mask (they close "
-                                         "the step but move no weight)")
+    zero_signal: Literal["mask", "replace"] = Field("mask", description="groups whose samples all scored the same: mask "
+                                                    "(they close the step but move no weight) or replace (DAPO's dynamic "
+                                                    "sampling: the trainer drops them and another task goes out in each "
+                                                    "one's place)")
+    replace_cap: int = Field(8, ge=0, description="zero_signal: replace only: replacements a step may drop and replace "
+                             "again; later ones are masked, so a step always closes")
     min_completion: float = Field(0.5, gt=0, le=1, description="a group counts once this fraction of its samples "
                                   "finished usable (rounded down, at least 1); the rest are masked")
     early_stop_at: float = Field(0.0, ge=0, le=1, description="straggler early stop: once this fraction of a group's "
@@ -64,6 +76,8 @@ class Experiment(BaseModel):
     trainer: dict[str, Any] = Field(default_factory=dict, description="more TrainConfig settings (trainer/config.py), "
                                     "each passed as --set key=value; not those this file sets itself (lr, "
                                     "max_staleness via async_level, ...)")
+    wandb: WandbSettings | None = Field(None, description="also log each step's reward and each eval to Weights & "
+                                       "Biases (needs pip install wandb); TensorBoard always gets them, in RUN_DIR/tb")
     run_id: str = Field("", pattern=r"^[A-Za-z0-9._-]{0,120}$", description="the run's id on Kafka and in storage; "
                         "'' = the name and a digest of this file and --run-dir (the same command continues a killed run)")
     rollout_url: str = Field("", description="--driver-only: the rollout server of components that run elsewhere")

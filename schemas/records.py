@@ -19,6 +19,7 @@ SCHEMA_VERSION = 1
 
 Provider = Literal["anthropic.messages", "openai.chat", "openai.responses", "google.generate_content", "engine"]
 SessionStatus = Literal["ok", "timeout", "failed", "infra_error", "cancelled"]
+ZeroSignal = Literal["mask", "drop"]
 # A vocabulary index: a negative one would index from the end, and every reader (the trainer's tensors,
 # the parquet export) holds ids as int32.
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]
@@ -117,6 +118,10 @@ class TaskRequest(Record):
     task_set: str = "default"
     metadata: dict[str, Any] = Field(default_factory=dict)
     early_stop: int = Field(0, ge=0)  # cancel the remaining sessions once this many usable ones finished (0: never)
+    # What the trainer does with this task's group when its samples all score the same (no signal): mask
+    # (train it, moving no weight: it still fills its step) or drop (skip it; the driver sends another task
+    # in its place, DAPO's dynamic sampling). Carried on the session events and trajectories to the trainer.
+    zero_signal: ZeroSignal = "mask"
     cancelled: str = ""  # non-empty (the reason) on a cancel marker re-published to polar.tasks; nodes honour it
 
     @model_validator(mode="after")
@@ -268,6 +273,7 @@ class SessionEvent(Record):
     num_calls: int | None = None  # on finished: calls the gateway recorded, so assembly knows all are in
     harness: str = ""
     task_set: str = "default"
+    zero_signal: ZeroSignal = "mask"  # the task's (TaskRequest.zero_signal)
     detail: str = ""
 
     def key(self) -> str:
@@ -320,6 +326,7 @@ class Trajectory(Record):
     metrics: dict[str, float] = Field(default_factory=dict)
     harness: str = ""
     task_set: str = "default"
+    zero_signal: ZeroSignal = "mask"  # the task's (TaskRequest.zero_signal)
     builder: Literal["per_request", "prefix_merging"] = "prefix_merging"
     traces: list[Trace] = Field(default_factory=list)
     stats: dict[str, float] = Field(default_factory=dict)  # calls, traces, merged, breaks, tokens...
@@ -365,6 +372,11 @@ class TrainingGroup(Record):
             )
         _check_parts(self)
         return self
+
+    @property
+    def no_signal(self) -> bool:
+        """Every advantage is 0: the group moves no weight (the trainer's and the driver's one test)."""
+        return all(a == 0 for a in self.advantages)
 
     def key(self) -> str:
         return self.group_id

@@ -84,6 +84,7 @@ def build_trajectory(
         metrics=metrics,
         harness=finished.harness,
         task_set=finished.task_set,
+        zero_signal=finished.zero_signal,
         builder=config.builder,
         traces=result.traces,
         stats=stats,

@@ -40,7 +40,8 @@ class TrainConfig:
     # loaded are stale (with sync_every=0, behind the trainer's own version)
     stale_mode: Literal["drop", "downweight"] = "drop"
     stale_weight: float = 0.5  # downweight: weight = stale_weight ** (staleness - max_staleness)
-    skip_zero_variance: bool = True  # a group whose advantages are all 0 carries no gradient: skip it
+    skip_zero_variance: bool = True  # a group whose advantages are all 0 carries no gradient: skip it (False: train it
+    # masked, closing its step, unless its task asks for a drop: TaskRequest.zero_signal)
     skip_task_sets: list[str] = field(default_factory=list)  # task sets that never train (held-out evaluation)
     poll_timeout_s: float = 1.0  # one broker poll
     idle_timeout_s: float = 0.0  # stop after this long without a new group (0: wait forever)

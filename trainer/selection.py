@@ -111,7 +111,8 @@ def plan_step(polled: Sequence[Polled], seen: SeenIds, served_version: int, cfg:
             plan.skipped.append({**info, "reason": "empty"})
         elif cfg.skip_task_sets and any(t.task_set in cfg.skip_task_sets for t in g.trajectories):
             plan.skipped.append({**info, "reason": "eval_only"})  # a held-out set: evaluated, never trained on
-        elif cfg.skip_zero_variance and all(a == 0 for a in g.advantages):
+        elif g.no_signal and (cfg.skip_zero_variance or any(t.zero_signal == "drop" for t in g.trajectories)):
+            # skipped trainer-wide, or by its task's wish (the driver replaces it: producers/driver.py)
             plan.skipped.append({**info, "reason": "zero_variance"})
         else:
             plan.chosen.append(Chosen(g, staleness, weight))

@@ -85,7 +85,8 @@ def session_event(job: Job, kind: str, *, session_id: str | None = None, attempt
     return SessionEvent(
         event_id=derived_event_id("session-event", sid, att, kind, tag), session_id=sid, group_id=job.assigned.group_id,
         task_id=job.assigned.task_id, sample_index=job.assigned.sample_index, attempt=att, num_samples=t.num_samples,
-        min_valid=t.min_valid, kind=kind, harness=t.harness.name, task_set=t.task_set, **fields)
+        min_valid=t.min_valid, kind=kind, harness=t.harness.name, task_set=t.task_set, zero_signal=t.zero_signal,
+        **fields)
 
 
 # ----------------------------------------------------------------------------------------- INIT

@@ -6,6 +6,11 @@ the components the killed driver left running, sends only what never reached pol
 started again resumes from its checkpoint. The run must train exactly the tasks an uninterrupted run
 trains (``step_batches``: the draws are a function of the seed and the step, pinned to the demo's own
 order by tests/producers/test_driver.py), fan every task out once, and still evaluate at its steps.
+
+It runs with ``zero_signal: replace`` and a cap of 0: the untrained tiny model never solves a task, so the
+trainer drops every step's own groups (they have no signal) and the driver sends a replacement for each,
+which, past the cap, is trained masked. So the kills also land between a drop and its replacement, and a
+restarted driver must send exactly the replacements still due.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from schemas import HarnessSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-STEPS, GROUPS, SAMPLES = 4, 2, 2
+STEPS, GROUPS, SAMPLES, CAP = 4, 2, 2, 0
 
 
 def _env(infra) -> dict[str, str]:
@@ -51,7 +56,7 @@ def _experiment(tmp_path: Path) -> Path:
     exp = {"name": "killed", "model": str(ensure_model("tiny")), "train": "train.jsonl", "eval": "eval.jsonl",
            "harness_config": {"max_tokens": 12, "max_turns": 1}, "runtime": "subprocess", "group_size": SAMPLES,
            "groups_per_step": GROUPS, "max_steps": STEPS, "eval_every": 2, "eval_samples": 1, "seed": 3,
-           "step_timeout_s": 180}
+           "step_timeout_s": 180, "zero_signal": "replace", "replace_cap": CAP}
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(exp))
     return path
@@ -70,6 +75,7 @@ def test_a_run_killed_three_times_and_its_trainer_once_trains_what_an_uninterrup
     from infra.settings import Settings
     from polarstream.run import run_id
     from producers.experiment import load_experiment
+    from producers.driver import replacement, zero_signal_wish
     from producers.kafka_read import merged, plan_spans
     from schemas import SessionAssigned, TaskRequest, TrainingGroup, decode
     from schemas.records import RECORD_BY_TOPIC
@@ -140,7 +146,7 @@ def test_a_run_killed_three_times_and_its_trainer_once_trains_what_an_uninterrup
         elif isinstance(rec, SessionAssigned):
             sessions[rec.session_id] += 1
         elif isinstance(rec, TrainingGroup):
-            groups[rec.event_id] = rec.group_id
+            groups[rec.event_id] = rec
     assert sessions and max(sessions.values()) == 1, "a session was fanned out twice"
 
     # The trainer's log, across its restart: each step's groups, as the step that survived trained them
@@ -148,14 +154,28 @@ def test_a_run_killed_three_times_and_its_trainer_once_trains_what_an_uninterrup
     for line in (run_dir / "trainer" / "train.jsonl").read_text().splitlines():
         event = json.loads(line)
         if event.get("event") == "step":
-            trained[event["step"]] = [groups[e] for e in event["groups"]]
+            trained[event["step"]] = sorted(groups[e].group_id for e in event["groups"])
     assert sorted(trained) == list(range(1, STEPS + 1))
-    got = Counter(tasks[g].metadata["source_task_id"] for ids in trained.values() for g in ids)
     train = [TaskRequest.model_validate_json(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    by_gid = {g.group_id: g for g in groups.values()}
+    own, replaced = Counter(), 0
+    for k, batch in enumerate(step_batches(train, exp.seed, STEPS, GROUPS, exp.order)):
+        sent = sorted((int(t.rsplit("-t", 1)[1]), t) for t in tasks if t.startswith(f"{rid}-s{k:03d}-"))
+        own.update(tasks[t].metadata["source_task_id"] for i, t in sent if i < GROUPS)
+        for i, t in sent[GROUPS:]:  # replacement j = i - GROUPS: the seeded draw, asking for what the cap says
+            assert tasks[t].metadata["source_task_id"] == replacement(train, exp.seed, k, i - GROUPS).task_id
+            assert tasks[t].zero_signal == zero_signal_wish(i, GROUPS, CAP)
+        dropped = [t for i, t in sent if by_gid[t].no_signal and tasks[t].zero_signal == "drop"]
+        assert len(sent) == GROUPS + len(dropped), f"step {k}: one replacement per dropped group, no more: {sent}"
+        # the step the trainer took is the step's groups less those it dropped: what an uninterrupted run trains
+        assert trained[k + 1] == sorted(t for _, t in sent if t not in dropped), k
+        replaced += len(dropped)
+    assert replaced > 0 and summary["zero_signal_groups"]["replaced"] == replaced
+    # the steps' own tasks: 4 steps of 2 over 6 tasks, in epochs: every task once (steps 1-3), then step 4
+    # starts the second epoch
     expected = Counter(t.task_id for batch in step_batches(train, exp.seed, STEPS, GROUPS, exp.order) for t in batch)
-    # 4 steps of 2 over 6 tasks, in epochs: every task once (steps 1-3), then step 4 starts the second epoch
     assert exp.order == "epochs" and len(expected) == 6 and sorted(expected.values()) == [1, 1, 1, 1, 2, 2]
-    assert got == expected
+    assert own == expected
 
 
 def _stop_components(run_dir: Path) -> None:

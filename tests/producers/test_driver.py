@@ -106,3 +106,34 @@ def test_epochs_train_every_task_once_an_epoch_in_a_seeded_shuffle():
     assert step_batches(tasks, 7, steps, 4, order="epochs") == batches != step_batches(tasks, 8, steps, 4, order="epochs")
     with pytest.raises(ValueError, match="order"):
         step_batches(tasks, 7, 1, 4, order="sorted")
+
+
+@pytest.mark.parametrize("per_step,cap", [(4, 0), (4, 2), (2, 8)])
+@pytest.mark.parametrize("flat_share", [0.0, 0.5, 1.0])
+def test_drop_and_replace_always_closes_a_step_with_its_groups_and_at_most_per_step_plus_cap_more(per_step, cap, flat_share):
+    """The trainer drops a flat group exactly when its task's wish says so; the driver sends one replacement
+    per such drop. Whatever comes back flat, the step ends with ``per_step`` trained groups (the trainer's
+    count) after at most per_step + cap replacements, and replacement draws are a function of seed, step, j."""
+    import random
+
+    from producers.driver import replacement, replacements_due, zero_signal_wish
+
+    rng = random.Random(f"{per_step}:{cap}:{flat_share}")
+    flat: set[int] = set()
+    sent = per_step
+    for i in range(10 * (per_step + cap) + 10):  # groups come back in the order they went out
+        if i == sent:
+            break
+        if rng.random() < flat_share:
+            flat.add(i)
+        sent = max(sent, per_step + replacements_due(flat, per_step, cap))
+    else:
+        raise AssertionError("the step never closed")
+    trained = [i for i in range(sent) if not (i in flat and zero_signal_wish(i, per_step, cap) == "drop")]
+    assert len(trained) == per_step
+    assert sent - per_step <= per_step + cap
+    if flat_share == 1.0:  # all flat: every droppable one replaced, the last per_step masked
+        assert sent - per_step == per_step + cap and all(zero_signal_wish(i, per_step, cap) == "mask" for i in trained)
+    tasks = [f"t{i}" for i in range(50)]
+    assert replacement(tasks, 3, 5, 1) == replacement(tasks, 3, 5, 1)
+    assert len({replacement(tasks, 3, 5, j) for j in range(20)}) > 1

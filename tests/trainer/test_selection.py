@@ -124,3 +124,17 @@ def test_held_out_task_sets_are_consumed_but_never_trained():
     assert [(s["group_id"], s["reason"]) for s in plan.skipped] == [("h", "eval_only")]
     # without the setting the same group trains
     assert len(plan_step(_polled([held]), SeenIds(), served_version=0, cfg=TrainConfig()).chosen) == 1
+
+
+def test_a_group_without_signal_is_dropped_when_its_task_asks_and_masked_otherwise():
+    """With skip_zero_variance off (the driver's runs), a flat group closes its step masked, unless its task
+    said ``zero_signal: drop`` (the driver then sends another in its place); a group with signal always trains."""
+    def asking(group, wish):
+        return group.model_copy(update={"trajectories": [t.model_copy(update={"zero_signal": wish}) for t in group.trajectories]})
+
+    flat_mask, flat_drop = make_group("m", [[1], [2]], [1.0, 1.0]), asking(make_group("d", [[1], [2]], [0.0, 0.0]), "drop")
+    signal_drop = asking(make_group("s", [[1], [2]], [1.0, 0.0]), "drop")
+    plan = plan_step(_polled([flat_mask, flat_drop, signal_drop]), SeenIds(), served_version=0,
+                     cfg=TrainConfig(skip_zero_variance=False))
+    assert [c.group.group_id for c in plan.chosen] == ["m", "s"]
+    assert [(s["group_id"], s["reason"]) for s in plan.skipped] == [("d", "zero_variance")]
