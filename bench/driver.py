@@ -7,6 +7,11 @@ wall time). Per level: min and median over rounds. ``async_speedup_s1`` (and ``_
 rounds of S's steps/hour over S = 0's in the same round. The runs skip evaluation (it is a barrier that
 drains the pipeline, the same at every level) and start from the cached warm start of seed 0.
 
+What overlap can buy here is bounded by the cores: each run also records how many of the machine's cores
+everything on it kept busy over the loop (/proc/stat). A step costs about the same CPU at every level, so
+if S = 0 already keeps B of the C cores busy, no level can run more than C / B times as many steps an hour
+(``async_speedup_bound``): the arithmetic the goal is judged against.
+
     .venv/bin/python bench/driver.py [--quick] [--rounds N] [--steps N]
 """
 
@@ -41,7 +46,7 @@ def run_once(exp: Path, level: int, run_dir: Path, timeout_s: float) -> dict:
         return {"async_level": level, "failed": (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]}
     s = json.loads((run_dir / "demo-summary.json").read_text())
     return {"async_level": level, "steps_per_hour": s["steps_per_hour"], "engine_idle_fraction": s["engine_idle_fraction"],
-            "rl_loop_s": s["rl_loop_s"], "first_quarter": round(s["first_quarter_mean"], 3),
+            "rl_loop_s": s["rl_loop_s"], "machine_busy_cores": s.get("machine_busy_cores"), "first_quarter": round(s["first_quarter_mean"], 3),
             "last_quarter": round(s["last_quarter_mean"], 3), "wall_s": round(time.monotonic() - t0, 1)}
 
 
@@ -50,7 +55,8 @@ def summarize(runs: list[dict]) -> dict:
     out: dict = {}
     for level in LEVELS:
         ok = [r for r in runs if r["async_level"] == level and "failed" not in r]
-        for key, name in (("steps_per_hour", "steps_per_hour"), ("engine_idle_fraction", "engine_idle_fraction")):
+        for key, name in (("steps_per_hour", "steps_per_hour"), ("engine_idle_fraction", "engine_idle_fraction"),
+                          ("machine_busy_cores", "machine_busy_cores")):
             values = [r[key] for r in ok if r.get(key) is not None]
             out[f"{name}_s{level}"] = round(statistics.median(values), 3) if values else None
             out[f"{name}_s{level}_min"] = round(min(values), 3) if values else None
@@ -64,6 +70,8 @@ def summarize(runs: list[dict]) -> dict:
         out[f"async_speedup_s{level}_min"] = round(min(ratios), 3) if ratios else None
     idle0, idle1 = out.get("engine_idle_fraction_s0"), out.get("engine_idle_fraction_s1")
     out["engine_idle_s1_vs_s0"] = round(idle1 / idle0, 3) if idle0 and idle1 is not None else None
+    busy0 = out.get("machine_busy_cores_s0")  # at most cores / busy0 as many steps an hour at any level
+    out["async_speedup_bound"] = round((os.cpu_count() or 1) / busy0, 3) if busy0 else None
     return out
 
 

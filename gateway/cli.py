@@ -28,8 +28,8 @@ def require_upstreams(engine_urls: list[str], settings) -> None:
     from infra.reach import ENGINE_HINT, require_kafka, require_url
 
     for url in engine_urls:
-        require_url(url, "the engine", ENGINE_HINT)
-    require_kafka(settings)
+        require_url(url, "the engine", ENGINE_HINT, wait_s=settings.wait_for_s)
+    require_kafka(settings, wait_s=settings.wait_for_s)
 
 
 def serve(

@@ -154,6 +154,18 @@ def connect_error(host: str, port: int, timeout: float) -> str | None:
         return (e.strerror or str(e)).lower()
 
 
+def machine_cpu() -> tuple[float, float, int] | None:
+    """(busy, total, cores): CPU time of the whole machine so far, summed over its cores, from /proc/stat
+    (None elsewhere). Over an interval, Δbusy / Δtotal * cores is how many cores everything kept busy."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+        user, nice, system, idle, iowait, irq, softirq, steal = (float(x) for x in lines[0].split()[1:9])
+    except (OSError, ValueError, IndexError):
+        return None
+    busy = user + nice + system + irq + softirq + steal
+    return busy, busy + idle + iowait, sum(line[:3] == "cpu" and line[3:4].isdigit() for line in lines)
+
+
 def tcp_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
     """True when something accepts TCP connections on host:port."""
     return connect_error(host, port, timeout) is None

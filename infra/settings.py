@@ -95,6 +95,11 @@ class Settings(BaseSettings):
     session_secret: str = Field(DEV_SESSION_SECRET, repr=False)
     session_key_ttl_s: float = Field(7 * 24 * 3600, gt=0, description="how long a minted session key is valid")
 
+    # A deployment starts its parts in any order (infra/reach.py)
+    wait_for_s: float = Field(60.0, ge=0, description="how long a long-running component (node, gateway, trainer, "
+                              "stream worker, rollout server, viewer) waits for the Kafka, S3 and engines it needs, "
+                              "saying what it waits for, before it gives up; 0: at once")
+
     config: str | None = Field(None, description="optional YAML file with any of these settings")
 
     @model_validator(mode="after")

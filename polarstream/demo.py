@@ -9,24 +9,27 @@ trained on the previous step's groups.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
+from infra.process import machine_cpu
 from infra.settings import Settings
 from schemas import HarnessSpec, Parts, PolicyVersion, TaskRequest, TrainingGroup, derived_event_id
 
 from . import demo_tasks
-from producers.driver import (Schedule, eval_tag, replacement, replacements_due, step_batches, step_tag, submitted, task_id,
-                              zero_signal_wish)
+from producers.driver import (Curriculum, Schedule, eval_tag, outcome, replacement, replacements_due, retired, step_batches,
+                              step_tag, submitted, task_id, zero_signal_wish)
 
 from .processes import Processes, ProcessFailed
 from .shape import Shape, harness_config
@@ -73,6 +76,11 @@ class DemoConfig:
     zero_signal: str = "mask"  # groups without signal: mask, or replace (drop; another task in each one's place)
     replace_cap: int = 8  # replace: replacements a step may drop again; later ones are masked
     wandb: dict = field(default_factory=dict)  # {project, entity, mode}: also log to Weights & Biases
+    retire: str = "none"  # curriculum: stop drawing tasks always solved, never solved, or both (producers/driver.py)
+    retire_after: int = 2  # ... judged on their last this many groups
+    # --only: start these of COMPONENTS here and drive nothing (the rest, and the driver, run elsewhere: their
+    # URLs are in attach); they serve the ports of their URLs in attach, so the other machines find them
+    only: frozenset[str] = frozenset()
     run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
 
 
@@ -356,10 +364,11 @@ def engine_busy_s(engine_url: str) -> float | None:
 
 def heldout_metrics(settings: Settings, samples: int) -> dict[int, dict[str, float]]:
     """The held-out task set's pass@1, pass@n (unbiased, n = ``samples``) and avg@n (mean reward) per policy
-    version, from polar.trajectories through the ``polarstream eval`` reader (the same report a user gets)."""
+    version, from polar.trajectories through the ``polarstream eval`` reader (the same report a user gets),
+    with failed and infra-error samples counted as not passing."""
     from .tools.eval_run import run_eval
 
-    report = run_eval(settings, ks=(1, samples))
+    report = run_eval(settings, ks=(1, samples), failures_fail=True)  # a broken sandbox scores 0, not nothing
     return {c["policy_version"]: {"pass@1": c["pass@1"], f"pass@{samples}": c[f"pass@{samples}"],
                                   f"avg@{samples}": c["mean_reward"]}
             for c in report["cells"] if c["task_set"] == HELDOUT_SET}
@@ -400,59 +409,91 @@ def per_task(trained: dict[str, tuple[str, str] | TaskRequest], groups: dict[str
 
 
 def _loop_figures(loop: dict, steps: int) -> dict:
-    """steps/hour over the training loop and the engine's idle fraction in it (None where unmeasured)."""
+    """steps/hour over the training loop, the engine's idle fraction in it, and how many of the machine's
+    cores everything on it kept busy meanwhile (what overlap can still use: bench/driver.py) (None where
+    unmeasured)."""
     span = loop["end"] - loop["start"] if {"start", "end"} <= loop.keys() else None
     busy = (loop["busy_end"] - loop["busy_start"]) if None not in (loop.get("busy_start"), loop.get("busy_end")) else None
+    cpu = (loop.get("cpu_start"), loop.get("cpu_end"))
+    cores = cpu[1][2] if cpu[1] else None
+    busy_cores = ((cpu[1][0] - cpu[0][0]) / (cpu[1][1] - cpu[0][1]) * cores
+                  if None not in cpu and cpu[1][1] > cpu[0][1] else None)
     return {"rl_loop_s": round(span, 1) if span else None,
             "steps_per_hour": round(steps / span * 3600, 1) if span else None,
-            "engine_idle_fraction": round(max(0.0, 1 - busy / span), 3) if span and busy is not None else None}
+            "engine_idle_fraction": round(max(0.0, 1 - busy / span), 3) if span and busy is not None else None,
+            "machine_busy_cores": round(busy_cores, 3) if busy_cores is not None else None, "cores": cores}
+
+
+# What a run starts, in this order; ``polarstream run --only`` starts some of them on one machine
+COMPONENTS = ("ui", "engine", "node", "streams", "trainer", "rollout")
+# The components other machines reach, and the URL (in DemoConfig.attach, the experiment's *_url) they use
+SERVES = {"engine": "engine", "node": "gateway", "rollout": "rollout"}
 
 
 def _start_components(cfg: DemoConfig, settings: Settings, procs: Processes, ports: dict[str, int], urls: dict[str, str],
-                      model_dir: Path, runtime: str, run_dir: Path, console) -> None:
-    """The viewer, engine, gateway node, stream worker, trainer and rollout server, each its own process
-    (adopted instead where a killed driver of this run left it running)."""
+                      model_dir: Path, runtime: str, run_dir: Path, console, only: Sequence[str] = COMPONENTS) -> None:
+    """The viewer, engine, gateway node, stream worker, trainer and rollout server (those in ``only``), each
+    its own process (adopted instead where a killed driver of this run left it running)."""
     # The viewer before the services: it follows the run's topics from their creation on (with the
     # model's tokenizer, so traces read as text).
-    ui = procs.start("ui", "ui", "--port", str(ports["ui"]), "--model", str(model_dir))
-    procs.wait_http(ui, f"{urls['ui']}/seq")
-    console.print(f"viewer: [bold]{urls['ui']}/[/]  (groups, sessions with their chains, traces; live)")
-    with console.status("starting engine, gateway node, stream worker, trainer and rollout server"):
-        engine = procs.start("engine", "engine", "--model", str(model_dir), "--port", str(ports["engine"]),
-                             "--seed", str(cfg.seed), "--threads", "1")
-        procs.wait_http(engine, f"{urls['engine']}/health")
-        node = procs.start("node", "node", "--engine-url", urls["engine"], "--model", str(model_dir),
-                           "--runtime", runtime, "--port", str(ports["gateway"]), "--run-workers", "4",
-                           "--init-workers", "4", "--ready-target", "4", "--postrun-workers", "4",
-                           "--temperature", str(cfg.temperature))  # pinned: the trainer's temperature
-        procs.wait_http(node, f"{urls['gateway']}/health")
-        procs.start("streams", "streams", "worker", "--builder", "prefix_merging", "--group-deadline", "120",
-                    "--missing-calls-grace", "10", "--stats-interval", "2",
-                    "--metrics-port", str(ports["streams_metrics"]))
-        procs.start("trainer", "train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
-                    "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
-                    "--gateway", urls["gateway"], "--run-dir", str(run_dir / "trainer"),
-                    "--storage-url", settings.storage_url, "--metrics-port", str(ports["trainer_metrics"]),
-                    # a group where every sample scored the same still closes the demo's on-policy step;
-                    # the trainer publishes the step but leaves the weights untouched (no signal)
-                    "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0",
-                    "--set", f"temperature={cfg.temperature}",
-                    # the driver's bound, enforced again where the groups are trained (one setting for both).
-                    # Groups finish out of order, so one of step k can reach the trainer after step k+1's,
-                    # a version later than the bound: it is down-weighted (0.5 per version past S), not
-                    # dropped, since a dropped group would leave its step a group short for good.
-                    "--set", f"max_staleness={cfg.async_level}", "--set", "stale_mode=downweight",
-                    # held-out groups are for evaluation only: the trainer consumes and skips them
-                    "--set", f"skip_task_sets={HELDOUT_SET}",
-                    # the experiment's own trainer settings (polarstream run checked that none of the above)
-                    *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")])
-        rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))
-        procs.wait_http(rollout, f"{urls['rollout']}/health")
+    if "ui" in only:
+        ui = procs.start("ui", "ui", "--port", str(ports["ui"]), "--model", str(model_dir))
+        procs.wait_http(ui, f"{urls['ui']}/seq")
+        console.print(f"viewer: [bold]{urls['ui']}/[/]  (groups, sessions with their chains, traces; live)")
+    with console.status(f"starting {', '.join(c for c in COMPONENTS[1:] if c in only)}"):
+        if "engine" in only:
+            engine = procs.start("engine", "engine", "--model", str(model_dir), "--port", str(ports["engine"]),
+                                 "--seed", str(cfg.seed), "--threads", "1")
+            procs.wait_http(engine, f"{urls['engine']}/health")
+        if "node" in only:
+            node = procs.start("node", "node", "--engine-url", urls["engine"], "--model", str(model_dir),
+                               "--runtime", runtime, "--port", str(ports["gateway"]), "--run-workers", "4",
+                               "--init-workers", "4", "--ready-target", "4", "--postrun-workers", "4",
+                               "--temperature", str(cfg.temperature))  # pinned: the trainer's temperature
+            procs.wait_http(node, f"{urls['gateway']}/health")
+        if "streams" in only:
+            procs.start("streams", "streams", "worker", "--builder", "prefix_merging", "--group-deadline", "120",
+                        "--missing-calls-grace", "10", "--stats-interval", "2",
+                        "--metrics-port", str(ports["streams_metrics"]))
+        if "trainer" in only:
+            procs.start("trainer", "train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
+                        "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
+                        "--gateway", urls["gateway"], "--run-dir", str(run_dir / "trainer"),
+                        "--storage-url", settings.storage_url, "--metrics-port", str(ports["trainer_metrics"]),
+                        # a group where every sample scored the same still closes the demo's on-policy step;
+                        # the trainer publishes the step but leaves the weights untouched (no signal)
+                        "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0",
+                        "--set", f"temperature={cfg.temperature}",
+                        # the driver's bound, enforced again where the groups are trained (one setting for both).
+                        # Groups finish out of order, so one of step k can reach the trainer after step k+1's,
+                        # a version later than the bound: it is down-weighted (0.5 per version past S), not
+                        # dropped, since a dropped group would leave its step a group short for good.
+                        "--set", f"max_staleness={cfg.async_level}", "--set", "stale_mode=downweight",
+                        # held-out groups are for evaluation only: the trainer consumes and skips them
+                        "--set", f"skip_task_sets={HELDOUT_SET}",
+                        # the experiment's own trainer settings (polarstream run checked that none of the above)
+                        *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")])
+        if "rollout" in only:
+            rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))
+            procs.wait_http(rollout, f"{urls['rollout']}/health")
+
+
+def _serve(cfg: DemoConfig, procs: Processes, urls: dict[str, str], console) -> None:
+    """``--only``: keep this machine's components running (a trainer that dies is started again, and one
+    that finished its steps may exit) until all have exited or the command is interrupted."""
+    console.print(f"running {', '.join(c for c in COMPONENTS if c in cfg.only)} of run {cfg.run_id} "
+                  f"({', '.join(f'{SERVES[c]} {urls[SERVES[c]]}' for c in COMPONENTS if c in cfg.only and c in SERVES) or 'no URL'}); "
+                  "Ctrl-C stops them")
+    while any(c.proc.poll() is None for c in procs.children):
+        for name in procs.check_all(finished_ok=frozenset({"trainer"}), restart=frozenset({"trainer"})):
+            console.print(f"{name} exited; started it again (it resumes from its newest checkpoint)")
+        time.sleep(1.0)
 
 
 def run(cfg: DemoConfig, settings: Settings | None = None,
-        on_step: Callable[[int, dict[str, str]], None] | None = None) -> Path:
-    """Run the demo; returns the path of demo-summary.json.
+        on_step: Callable[[int, dict[str, str]], None] | None = None) -> Path | None:
+    """Run the demo; returns the path of demo-summary.json (None with ``cfg.only``: components served
+    until they exit or the command is interrupted).
 
     ``on_step(step, metrics_urls)`` runs after each training step while every service is up; the
     URLs are each service's ``/metrics`` by name (the test parses them mid-run).
@@ -477,9 +518,15 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
     })
     t_start = time.monotonic()
     console.print(f"[bold]polarstream demo[/] -> {run_dir}")
-    if not cfg.attach:
+    if not cfg.attach and not cfg.only:
         with console.status("bringing up Kafka and the S3 server (first run fetches jars from Maven Central)"):
             Stack(settings).up()
+    else:  # Kafka runs elsewhere: the run's topics must exist whichever part of the run starts first
+        from infra.reach import require_kafka
+        from infra.topics import ensure_topics
+
+        require_kafka(settings, wait_s=settings.wait_for_s)
+        ensure_topics(settings)
     env = {
         "POLAR_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "POLAR_TOPIC_PREFIX": settings.topic_prefix,
         "POLAR_STORAGE_URL": settings.storage_url, "POLAR_S3_PORT": str(settings.s3_port),
@@ -488,12 +535,18 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         "OMP_NUM_THREADS": "1",
     }
     # A named run keeps its components' pids and ports, so a driver started again adopts those still running.
-    procs = Processes(run_dir / "logs", env, registry=run_dir / "components.json" if cfg.run_id and not cfg.attach else None)
+    procs = Processes(run_dir / "logs", env,
+                      registry=run_dir / "components.json" if cfg.run_id and (cfg.only or not cfg.attach) else None)
     watcher: Watcher | None = None
     results: list[StepResult] = []
     ports = {name: procs.port(name) for name in ("engine", "gateway", "rollout", "ui", "streams_metrics", "trainer_metrics")}
-    urls = {name: "" if cfg.attach else f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    urls.update(cfg.attach)
+    for name in cfg.only & SERVES.keys():  # served where the experiment's URL says the others will find it
+        ports[SERVES[name]] = urlsplit(cfg.attach[SERVES[name]]).port or ports[SERVES[name]]
+    # what runs on this machine: everything, nothing (--driver-only), or the --only components
+    here = ({SERVES.get(name, name) for name in cfg.only} | {"streams_metrics", "trainer_metrics"} if cfg.only
+            else set() if cfg.attach else set(ports))
+    urls = {name: f"http://127.0.0.1:{port}" if name in here else "" for name, port in ports.items()}
+    urls.update({k: v for k, v in cfg.attach.items() if k not in here})
     metrics = {"gateway": f"{urls['gateway']}/metrics", "rollout": f"{urls['rollout']}/metrics",
                "streams": f"{urls['streams_metrics']}/metrics", "trainer": f"{urls['trainer_metrics']}/metrics"}
     runtime = pick_runtime(cfg.runtime)
@@ -509,8 +562,8 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
             train, heldout = demo_tasks.split(cfg.seed, cfg.heldout)
         shape = None
         if cfg.attach and cfg.harness != "builtin" and not cfg.model:
-            raise ProcessFailed("--driver-only drives a real CLI only with the experiment's own model (the arith "
-                                "family's warm start for a CLI is made where the components start)")
+            raise ProcessFailed("--driver-only and --only run a real CLI only with the experiment's own model (the "
+                                "arith family's warm start for a CLI is made where all the components start)")
         if cfg.harness != "builtin" and not cfg.model:
             from engine.models import ensure_model
 
@@ -520,7 +573,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                 shape = capture(cfg.harness, cfg.api, settings, env, run_dir, ensure_model("tiny"), runtime)
             console.print(f"{cfg.harness} {shape.version} over {shape.api}: a system prompt of "
                           f"{len(shape.first[0].get('content') or '')} characters, tools {[t['name'] for t in shape.tools]}")
-        if cfg.model or cfg.attach:  # a user's model, or one the components elsewhere were started with
+        if cfg.model or (cfg.attach and not cfg.only):  # a user's model, or the one the components elsewhere serve
             model_dir = Path(cfg.model).absolute() if cfg.model else Path("(the engine's model)")
             warm = {"train_pass_rate": None, "working_correct": None}
         else:
@@ -533,6 +586,10 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
             raise ProcessFailed(f"the warm-started model solves {warm['train_pass_rate']:.3f} of the train tasks "
                                 f"(< {cfg.min_pass_rate}): RL would have no signal; change --seed or the warm start")
         t0 = time.monotonic()  # the run proper: everything after the (cached) warm start
+        if cfg.only:  # some components here; the driver and the rest run elsewhere
+            _start_components(cfg, settings, procs, ports, urls, model_dir, runtime, run_dir, console, cfg.only)
+            _serve(cfg, procs, urls, console)
+            return None
         if cfg.attach:  # --driver-only: they run elsewhere; this process only drives them
             console.print(f"driving the components at {', '.join(f'{k} {v}' for k, v in cfg.attach.items())}")
         else:
@@ -549,14 +606,37 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         else:  # a real CLI sends its own settings; the node pins the run's temperature on every call
             harness = HarnessSpec(name=cfg.harness, config=harness_config(cfg.harness, cfg.api))
         tool = shape.tool if shape is not None else "write_file"
-        batches = step_batches(train, cfg.seed, cfg.steps, cfg.tasks_per_step, cfg.order)
+
+        def key(item: tuple[str, str] | TaskRequest) -> str:  # a task's name in the curriculum and per_task
+            return item.task_id if isinstance(item, TaskRequest) else item[0]
+
+        curriculum = Curriculum(train, cfg.seed, cfg.order, cfg.tasks_per_step, key) if cfg.retire != "none" else None
+        batches = curriculum.batches if curriculum else step_batches(train, cfg.seed, cfg.steps, cfg.tasks_per_step, cfg.order)
         lag: dict[str, int] = {}
 
         per_step, replacing = cfg.tasks_per_step, cfg.zero_signal == "replace"
 
         def step_item(k: int, i: int) -> tuple[str, str] | TaskRequest:
             """Task ``i`` of step ``k``: its own ``per_step`` first, then its replacements (producers/driver.py)."""
-            return batches[k][i] if i < per_step else replacement(train, cfg.seed, k, i - per_step)
+            while len(batches) <= k:  # the curriculum draws steps in order, each with its own retired set
+                curriculum.draw(retired(history(len(batches) - cfg.async_level), cfg.retire, cfg.retire_after))
+            if i < per_step:
+                return batches[k][i]
+            gone = curriculum.retired[k] if curriculum else set()
+            return replacement([t for t in train if key(t) not in gone], cfg.seed, k, i - per_step)
+
+        def history(steps: int) -> dict[str, list[str]]:
+            """Each task's group outcomes over steps before ``steps``, in the order they went out (all in: a
+            step goes out only once the steps before k - S are done)."""
+            seen: dict[str, list[str]] = {}
+            for k in range(max(0, steps)):
+                for i in itertools.count():
+                    group = watcher.groups.get(task_id(run_id, step_tag(k), i))
+                    if group is None and i >= per_step:
+                        break
+                    if group is not None:
+                        seen.setdefault(key(step_item(k, i)), []).append(outcome([t.reward for t in group.trajectories]))
+            return seen
 
         def step_task(k: int, i: int) -> dict:
             item = step_item(k, i)
@@ -564,9 +644,9 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
             return task_payload(item, task_id(run_id, step_tag(k), i), cfg.samples, cfg.task_set, harness, tool,
                                 cfg.min_completion, cfg.early_stop_at, wish)
 
-        def eval_tasks(v: int) -> list[dict]:
+        def eval_tasks(v: int) -> list[dict]:  # every sample runs (no straggler early stop): pass@n needs n
             return [task_payload(p, task_id(run_id, eval_tag(v), i), cfg.heldout_samples, HELDOUT_SET, harness, tool,
-                                 cfg.min_completion, cfg.early_stop_at) for i, p in enumerate(heldout)]
+                                 cfg.min_completion) for i, p in enumerate(heldout)]
 
         def send(tasks: list[dict], one_by_one: bool = False) -> set[str]:
             """Post tasks to the rollout server. ``one_by_one`` where some may be on polar.tasks already (a
@@ -637,10 +717,10 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                 now = time.monotonic()
                 for v, (wanted, started) in list(evals_out.items()):
                     if wanted <= watcher.groups.keys():  # its eval is in: pass@1 at that version (polarstream eval)
-                        metrics = heldout_metrics(settings, cfg.heldout_samples).get(v) or {"pass@1": 0.0}
-                        evaluated[v] = metrics["pass@1"]
-                        held[label(v)], held_metrics[label(v)] = evaluated[v], metrics
-                        tracker.eval(v, metrics)
+                        scores = heldout_metrics(settings, cfg.heldout_samples).get(v) or {"pass@1": 0.0}
+                        evaluated[v] = scores["pass@1"]
+                        held[label(v)], held_metrics[label(v)] = evaluated[v], scores
+                        tracker.eval(v, scores)
                         del evals_out[v]
                     elif now - max(started, t_resume) > cfg.step_timeout_s:
                         raise ProcessFailed(f"held-out eval of version {v} did not finish within {cfg.step_timeout_s:.0f}s "
@@ -667,15 +747,17 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                     r = results[-1]
                     tracker.step(k + 1, r.reward, r.groups, r.all_correct, r.all_wrong, r.replaced)
                     if len(results) == cfg.steps:
-                        loop.update(end=now, busy_end=engine_busy_s(urls["engine"]))
+                        loop.update(end=now, busy_end=engine_busy_s(urls["engine"]), cpu_end=machine_cpu())
                     if on_step is not None:
                         on_step(k, metrics)
                     lag = consumer_lag(settings)
                 if (v := schedule.due_eval(served, set(evaluated), set(evals_out))) is not None:
                     evals_out[v] = (send(eval_tasks(v)), now)
                 for k in schedule.due_steps(len(steps_out), served, set(evaluated)):
+                    if curriculum and len(results) < k - cfg.async_level:
+                        break  # its retired set needs the steps before k - S done
                     if k == 0:
-                        loop.update(start=now, busy_start=engine_busy_s(urls["engine"]))
+                        loop.update(start=now, busy_start=engine_busy_s(urls["engine"]), cpu_start=machine_cpu())
                     steps_out[k] = (send([step_task(k, i) for i in range(per_step)]), now)
                 status = (f"eval of version {', '.join(map(str, evals_out))}" if evals_out else
                           f"step {len(results) + 1}/{cfg.steps}: {len(steps_out) - len(results)} in flight" if len(results) < cfg.steps
@@ -686,7 +768,8 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         summary = write_report(run_dir, cfg, results, watcher.policy, settings, time.monotonic() - t0, model_dir,
                                heldout=held, warm=warm, total_s=time.monotonic() - t_start, viewer_url=urls["ui"],
                                extra={**_loop_figures(loop, cfg.steps), "per_task": per_task(trained_tasks, watcher.groups),
-                                      "heldout_metrics": held_metrics})
+                                      "heldout_metrics": held_metrics,
+                                      "retired": sorted(retired(history(len(results)), cfg.retire, cfg.retire_after))})
     finally:
         if watcher is not None:
             watcher.close()

@@ -64,6 +64,9 @@ def register(app: typer.Typer) -> None:
         run_dir: Annotated[Optional[Path], typer.Option(help="where logs, the report and run-summary.json go")] = None,
         driver_only: Annotated[bool, typer.Option("--driver-only", help="start nothing: drive the components that run "
                                                   "elsewhere (the file's rollout_url and engine_url)")] = False,
+        only: Annotated[Optional[str], typer.Option("--only", help="start these components here (comma separated: ui, "
+                                                     "engine, node, streams, trainer, rollout) and drive nothing: "
+                                                     "one file, a run spread over machines")] = None,
         print_config: Annotated[bool, typer.Option("--print-config", help="print every setting with its default and "
                                                                           "meaning, as YAML, and exit")] = False,
     ) -> None:
@@ -88,13 +91,26 @@ def register(app: typer.Typer) -> None:
         if driver_only and not (exp.rollout_url and exp.engine_url):
             typer.echo(f"error: {experiment or 'experiment'}: --driver-only needs rollout_url and engine_url in the file", err=True)
             raise typer.Exit(1)
+        if driver_only and only is not None:
+            typer.echo("error: --only starts components and --driver-only drives them: give one", err=True)
+            raise typer.Exit(1)
+        components = frozenset(c.strip() for c in (only or "").split(",") if c.strip()) if only is not None else frozenset()
+        if only is not None:
+            from .run import only_checked
+
+            try:
+                only_checked(exp, components)
+            except ExperimentError as e:
+                typer.echo(f"error: {experiment or 'experiment'}: {e}", err=True)
+                raise typer.Exit(1) from None
         out = run_dir or Path("runs") / time.strftime(f"{exp.name}-%Y%m%d-%H%M%S")
         try:
-            path = run_experiment(exp, out, driver_only)
+            path = run_experiment(exp, out, driver_only, components)
         except (ProcessFailed, TaskSourceError, ExperimentError) as e:
             typer.echo(f"run failed: {e}", err=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             typer.echo("run interrupted; every process it started was stopped (infra stays up: polarstream infra down)", err=True)
             raise typer.Exit(130) from None
-        typer.echo(path)
+        if path is not None:
+            typer.echo(path)

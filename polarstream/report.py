@@ -143,7 +143,8 @@ def write_report(run_dir: Path, cfg: "DemoConfig", results: list["StepResult"], 
         "heldout_per_eval": heldout,  # every eval: before, "step N" (eval_every), after
         **(extra or {}),  # the training loop's span, steps per hour, the engine's idle fraction
         # a user's run names its tasks by count: the templates themselves are in their source
-        "config": {k: str(v) if isinstance(v, Path) else len(v) if k.endswith("_tasks") and v is not None else v
+        "config": {k: str(v) if isinstance(v, Path) else len(v) if k.endswith("_tasks") and v is not None
+                   else sorted(v) if isinstance(v, frozenset) else v
                    for k, v in ((f.name, getattr(cfg, f.name)) for f in fields(cfg))},
         "warm_start": warm or {},
         "per_step": [{**asdict(r), "merge_rate": r.merge_rate} for r in results],

@@ -23,8 +23,9 @@ from . import demo_tasks
 from .demo import DemoConfig, run
 
 
-def demo_config(exp: Experiment, run_dir: Path, driver_only: bool = False) -> DemoConfig:
-    """The run as the demo's loop takes it: the arith family and its warm start, or the user's model and tasks."""
+def demo_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: frozenset[str] = frozenset()) -> DemoConfig:
+    """The run as the demo's loop takes it: the arith family and its warm start, or the user's model and tasks.
+    ``only``: start these components here and drive nothing (``only_checked`` says what that needs)."""
     from producers.tasks import load_tasks
 
     cfg = DemoConfig(steps=exp.max_steps, tasks_per_step=exp.groups_per_step, samples=exp.group_size, heldout=exp.heldout,
@@ -32,7 +33,8 @@ def demo_config(exp: Experiment, run_dir: Path, driver_only: bool = False) -> De
                      temperature=exp.temperature, step_timeout_s=exp.step_timeout_s, async_level=exp.async_level,
                      eval_every=exp.eval_every, harness_config=dict(exp.harness_config), run_dir=run_dir,
                      run_id=run_id(exp, run_dir), order=exp.order, min_completion=exp.min_completion,
-                     early_stop_at=exp.early_stop_at, zero_signal=exp.zero_signal, replace_cap=exp.replace_cap)
+                     early_stop_at=exp.early_stop_at, zero_signal=exp.zero_signal, replace_cap=exp.replace_cap,
+                     retire=exp.retire, retire_after=exp.retire_after)
     cfg.trainer_settings = trainer_settings(exp)
     if exp.wandb is not None:
         import importlib.util
@@ -43,6 +45,10 @@ def demo_config(exp: Experiment, run_dir: Path, driver_only: bool = False) -> De
         cfg.wandb = exp.wandb.model_dump()
     if driver_only:
         cfg.attach = {"rollout": exp.rollout_url, "engine": exp.engine_url}
+    if only:
+        cfg.only = only_checked(exp, only)
+        cfg.attach = {k: v for k, v in (("engine", exp.engine_url), ("gateway", exp.gateway_url),
+                                        ("rollout", exp.rollout_url)) if v}
     if exp.harness != "builtin" and "api" in exp.harness_config:
         cfg.api = str(exp.harness_config["api"])
     if exp.train != "builtin:arith":
@@ -82,9 +88,31 @@ def trainer_settings(exp: Experiment) -> dict[str, str]:
     return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in exp.trainer.items()}
 
 
+def only_checked(exp: Experiment, only: frozenset[str]) -> frozenset[str]:
+    """``--only``'s components, once the file says all they need: the run's id (every machine must name the
+    same run), the URL each one serves at (the others reach it there), and where the engine and gateway
+    node that the node and trainer talk to are. ExperimentError of one line otherwise."""
+    from .demo import COMPONENTS, SERVES
+
+    unknown = sorted(only - set(COMPONENTS))
+    if unknown or not only:
+        raise ExperimentError(f"--only {','.join(sorted(only))}: expected some of {','.join(COMPONENTS)}")
+    if not exp.run_id:
+        raise ExperimentError("--only needs run_id in the file: every machine of a run must name the same run")
+    urls = {"engine": exp.engine_url, "gateway": exp.gateway_url, "rollout": exp.rollout_url}
+    # each URL a component here serves at or talks to: node -> engine; trainer -> engine, gateway node
+    uses = {"node": ("engine",), "trainer": ("engine", "gateway")}
+    for name in sorted(only):
+        for url in ((SERVES[name],) if name in SERVES else ()) + uses.get(name, ()):
+            if not urls[url]:
+                raise ExperimentError(f"--only {name}: needs {url}_url in the file (where the "
+                                      f"{'gateway node' if url == 'gateway' else url} of the run serves)")
+    return only
+
+
 # Where the components are, and where the figures also go, is not what the run is: the same run, driven
 # from elsewhere or with W&B turned on, keeps its id.
-NOT_IDENTITY = {"run_id", "rollout_url", "engine_url", "wandb"}
+NOT_IDENTITY = {"run_id", "rollout_url", "engine_url", "gateway_url", "wandb"}
 
 
 def run_id(exp: Experiment, run_dir: Path) -> str:
@@ -97,15 +125,19 @@ def run_id(exp: Experiment, run_dir: Path) -> str:
     return f"{exp.name}-{digest}"
 
 
-def run_experiment(exp: Experiment, run_dir: Path, driver_only: bool = False) -> Path:
+def run_experiment(exp: Experiment, run_dir: Path, driver_only: bool = False, only: frozenset[str] = frozenset()) -> Path | None:
     """Run ``exp`` (``driver_only``: drive the components at its rollout_url and engine_url instead of
-    starting them); returns the path of run-summary.json."""
+    starting them; ``only``: start those components here and drive nothing); returns the path of
+    run-summary.json (None with ``only``)."""
     t0 = time.monotonic()
     from infra.settings import Settings
 
-    cfg = demo_config(exp, run_dir, driver_only)
+    cfg = demo_config(exp, run_dir, driver_only, only)
     settings = Settings(storage_url=exp.storage_url) if exp.storage_url else None  # else: the run's own prefix
-    demo_summary = json.loads(run(cfg, settings).read_text())
+    path = run(cfg, settings)
+    if path is None:
+        return None
+    demo_summary = json.loads(path.read_text())
     summary = {
         "name": exp.name, "run_id": run_id(exp, run_dir), "async_level": exp.async_level, "seed": exp.seed, "train": exp.train, "eval": exp.eval,
         "reward_per_step": demo_summary["reward_per_step"],
@@ -113,6 +145,7 @@ def run_experiment(exp: Experiment, run_dir: Path, driver_only: bool = False) ->
         "eval_metric": "pass@1", "eval_samples": exp.eval_samples,
         "eval_per_version": demo_summary.get("heldout_per_eval"), "eval_metrics": demo_summary.get("heldout_metrics"), "zero_signal_groups": demo_summary.get("zero_signal_groups"),
         "order": exp.order, "steps": len(demo_summary["reward_per_step"]), "per_task": demo_summary.get("per_task"),
+        "retired": demo_summary.get("retired"),
         "rl_wall_time_s": demo_summary["wall_time_s"],
         # over the training loop (first step out to last step trained), as the demo's loop measured them
         **{k: demo_summary.get(k) for k in ("rl_loop_s", "steps_per_hour", "engine_idle_fraction")},

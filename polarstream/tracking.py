@@ -4,8 +4,8 @@ eval's pass@1 at its policy version, into TensorBoard (``RUN_DIR/tb``, beside th
 
 The x axis is the policy version: a step trains version k + 1 from step k's groups, and the eval of
 version v measures the policy after v steps, so the two curves line up. A restarted driver re-reads the
-run from Kafka and reports its finished steps again: TensorBoard keeps both (same values), and a resumed
-W&B run (same id) is only given versions past the ones it already has.
+run from Kafka and reports its finished steps again: TensorBoard and W&B (the same run, by its id) keep
+both points, with the same values.
 """
 
 from __future__ import annotations
@@ -20,21 +20,24 @@ class Tracker:
 
         self.tb = SummaryWriter(str(run_dir / "tb"))
         self.wandb = None
-        self._wandb_from = 0
         if wandb:
             import wandb as wb  # polarstream run checked it is installed
             # the run's id is the W&B run's id, so the same command after a crash continues the same W&B run
             self.wandb = wb.init(project=wandb.get("project", "polarstream"), entity=wandb.get("entity"), id=run_id,
                                  name=run_id, dir=str(run_dir), mode=wandb.get("mode", "offline"), resume="allow",
                                  config=config or {}, settings=wb.Settings(silent=True))
-            self._wandb_from = self.wandb.step  # a resumed run has these already
+            # the policy version is the x axis: W&B's own step only counts log calls (it may not go back,
+            # and a resumed driver reports its finished steps again)
+            self.wandb.define_metric("policy_version")
+            for prefix in ("driver/*", "eval/*"):
+                self.wandb.define_metric(prefix, step_metric="policy_version")
 
     def _log(self, version: int, values: dict[str, float]) -> None:
         for key, value in values.items():
             self.tb.add_scalar(key, value, version)
         self.tb.flush()
-        if self.wandb is not None and version >= self._wandb_from:
-            self.wandb.log(values, step=version)
+        if self.wandb is not None:
+            self.wandb.log({"policy_version": version, **values})
 
     def step(self, version: int, reward: float, groups: int, all_correct: int, all_wrong: int, replaced: int) -> None:
         """Step ``version - 1`` trained into ``version``: its reward and groups without signal."""

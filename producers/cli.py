@@ -57,7 +57,7 @@ def rollout(
 
     settings = _settings(config)
     require_free_port(port or settings.rollout_port, host)
-    require_kafka(settings)
+    require_kafka(settings, wait_s=settings.wait_for_s)
     uvicorn.run(create_rollout_app(settings, control_token=token), host=host, port=port or settings.rollout_port, log_level="warning")
 
 

@@ -17,6 +17,11 @@ the driver sends another task in each one's place, so a step trains on signal. A
 back flat and be replaced, but only ``replace_cap`` times a step: later replacements are masked, so every
 step closes (``zero_signal_wish``). Replacement j of step k is a draw seeded by the seed, k and j.
 
+Curriculum. With ``retire`` on, a task whose last ``retire_after`` groups were all solved (or all
+unsolved) is no longer drawn (``Curriculum``): it teaches nothing now. Step k's retired set is read from the
+groups of steps before k - S, which are all in when step k may go out (the driver waits for them), so it
+is the same set on every start of the run.
+
 Resume. The driver keeps no state of its own: which tasks step k trains is a function of the seed and k
 (``step_batches``), and a task's id names its run, step and place (``task_id``), so what went out is
 read back from polar.tasks (``submitted``) and what came back from polar.groups and polar.policy. A
@@ -26,9 +31,10 @@ the rest, whose sessions run on regardless.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -66,24 +72,74 @@ class Schedule:
         return None
 
 
-def step_batches(tasks: Sequence[T], seed: int, steps: int, per_step: int, order: str = "draws") -> list[list[T]]:
-    """The tasks of every step, the same on every start of the run. ``draws``: ``per_step`` draws a step,
-    with replacement, from one stream seeded by ``seed`` (the demo's order since its first run). ``epochs``:
-    every task once per epoch, in a shuffle seeded by the seed and the epoch; steps run on through the
-    epochs (a step may straddle two), so every step is full."""
+def task_stream(tasks: Sequence[T], seed: int, order: str = "draws") -> Iterator[T]:
+    """The run's tasks, one after another, the same on every start. ``draws``: draws with replacement from
+    one stream seeded by ``seed`` (the demo's order since its first run). ``epochs``: every task once per
+    epoch, in a shuffle seeded by the seed and the epoch."""
+    if order not in ("draws", "epochs"):
+        raise ValueError(f"order: {order!r} is neither 'draws' nor 'epochs'")
     if order == "draws":
         rng = random.Random(seed)
-        return [[rng.choice(tasks) for _ in range(per_step)] for _ in range(steps)]
-    if order != "epochs":
-        raise ValueError(f"order: {order!r} is neither 'draws' nor 'epochs'")
-    stream: list[T] = []
+        while True:
+            yield rng.choice(tasks)
     epoch = 0
-    while len(stream) < steps * per_step:
+    while True:
         shuffled = list(tasks)
         random.Random(f"{seed}:epoch:{epoch}").shuffle(shuffled)
-        stream += shuffled
+        yield from shuffled
         epoch += 1
-    return [stream[k * per_step:(k + 1) * per_step] for k in range(steps)]
+
+
+def step_batches(tasks: Sequence[T], seed: int, steps: int, per_step: int, order: str = "draws") -> list[list[T]]:
+    """The tasks of every step: ``per_step`` at a time from ``task_stream`` (in epochs a step may straddle
+    two, so every step is full)."""
+    stream = task_stream(tasks, seed, order)
+    return [list(itertools.islice(stream, per_step)) for _ in range(steps)]
+
+
+def outcome(rewards: Sequence[float]) -> str:
+    """A group's outcome for the curriculum: solved (every sample scored 1), unsolved (every one 0), mixed."""
+    if rewards and all(r >= 1.0 for r in rewards):
+        return "solved"
+    if rewards and all(r <= 0.0 for r in rewards):
+        return "unsolved"
+    return "mixed"
+
+
+def retired(history: dict[str, list[str]], retire: str, after: int) -> set[str]:
+    """The tasks (by key) a step no longer draws: those whose last ``after`` groups (``history``: outcomes
+    in the order the groups went out) were all solved (``retire`` solved or both) or all unsolved
+    (unsolved or both). ``none``: none."""
+    kinds = {"none": (), "solved": ("solved",), "unsolved": ("unsolved",), "both": ("solved", "unsolved")}[retire]
+    return {key for key, seen in history.items()
+            if len(seen) >= after and any(all(o == kind for o in seen[-after:]) for kind in kinds)}
+
+
+class Curriculum:
+    """Step k's tasks under a retirement filter: the next ``per_step`` of ``task_stream`` that are not
+    retired as of step k. Steps are drawn in order, each with the retired set of its own time, so a
+    restarted driver that replays the same sets (from the groups on Kafka) draws the same steps. When
+    every task is retired the filter stands aside: a step is never left short."""
+
+    def __init__(self, tasks: Sequence[T], seed: int, order: str, per_step: int, key):
+        self._stream = task_stream(tasks, seed, order)
+        self._keys = {key(t) for t in tasks}
+        self.key, self.per_step = key, per_step
+        self.batches: list[list[T]] = []
+        self.retired: list[set[str]] = []  # per step: what it skipped (its replacements skip it too)
+
+    def draw(self, gone: set[str]) -> list[T]:
+        """The next step's tasks, skipping ``gone`` (the retired keys)."""
+        if self._keys <= gone:
+            gone = set()
+        self.retired.append(gone)
+        batch: list[T] = []
+        while len(batch) < self.per_step:
+            t = next(self._stream)
+            if self.key(t) not in gone:
+                batch.append(t)
+        self.batches.append(batch)
+        return batch
 
 
 def epoch_steps(tasks: int, per_step: int, epochs: int) -> int:
@@ -105,7 +161,8 @@ def replacements_due(flat: Iterable[int], per_step: int, replace_cap: int) -> in
 
 
 def replacement(tasks: Sequence[T], seed: int, step: int, j: int) -> T:
-    """Replacement ``j`` of step ``step``: the same task on every start of the run."""
+    """Replacement ``j`` of step ``step``, drawn from ``tasks`` (the train tasks less those the curriculum
+    retired for that step): the same task on every start of the run."""
     return random.Random(f"{seed}:replace:{step}:{j}").choice(list(tasks))
 
 

@@ -62,6 +62,10 @@ class Experiment(BaseModel):
                                                     "one's place)")
     replace_cap: int = Field(8, ge=0, description="zero_signal: replace only: replacements a step may drop and replace "
                              "again; later ones are masked, so a step always closes")
+    retire: Literal["none", "solved", "unsolved", "both"] = Field("none", description="curriculum: stop drawing a train "
+                                                                  "task whose last retire_after groups were all solved "
+                                                                  "(every sample 1), all unsolved (every sample 0), or either")
+    retire_after: int = Field(2, ge=1, description="retire: how many of a task's latest groups decide")
     min_completion: float = Field(0.5, gt=0, le=1, description="a group counts once this fraction of its samples "
                                   "finished usable (rounded down, at least 1); the rest are masked")
     early_stop_at: float = Field(0.0, ge=0, le=1, description="straggler early stop: once this fraction of a group's "
@@ -81,7 +85,10 @@ class Experiment(BaseModel):
     run_id: str = Field("", pattern=r"^[A-Za-z0-9._-]{0,120}$", description="the run's id on Kafka and in storage; "
                         "'' = the name and a digest of this file and --run-dir (the same command continues a killed run)")
     rollout_url: str = Field("", description="--driver-only: the rollout server of components that run elsewhere")
-    engine_url: str = Field("", description="--driver-only: an engine of that run (the policy version it serves, its stats)")
+    engine_url: str = Field("", description="--driver-only: an engine of that run (the policy version it serves, its stats); "
+                            "--only engine: where it serves")
+    gateway_url: str = Field("", description="--only: the run's gateway node (where the node serves, or the one the "
+                             "trainer stamps its policy version on)")
     storage_url: str = Field("", description="checkpoints (s3://bucket/prefix or file://...); '' = the local S3 server")
     step_timeout_s: float = Field(300.0, gt=0, description="a step whose groups are not trained within this many seconds "
                                   "(times S+1) stops the run")

@@ -49,7 +49,7 @@ def worker(
         err = e.errors(include_url=False)[0]
         raise typer.BadParameter(f"{err['loc'][0]}: {err['msg']}") from None
     settings = Settings(config=str(config)) if config else Settings()
-    require_kafka(settings)  # before Faust, which would retry a dead broker and log every attempt
+    require_kafka(settings, wait_s=settings.wait_for_s)  # before Faust, which would retry a dead broker and log every attempt
     if metrics_port:
         from infra.metrics import serve
 

@@ -82,11 +82,12 @@ def _require_services(cfg, settings) -> None:
 
     require_free_port(cfg.metrics_port)  # 0: off
     for spec in cfg.engines:
-        require_url(spec.partition("=")[2], "the engine", ENGINE_HINT)
+        require_url(spec.partition("=")[2], "the engine", ENGINE_HINT, wait_s=settings.wait_for_s)
     if cfg.gateway:
-        require_url(cfg.gateway, "the gateway", "is it running? `polarstream gateway` or `polarstream node` starts one")
-    require_storage(settings, settings.checkpoint_url)
-    require_kafka(settings)
+        require_url(cfg.gateway, "the gateway", "is it running? `polarstream gateway` or `polarstream node` starts one",
+                    wait_s=settings.wait_for_s)
+    require_storage(settings, settings.checkpoint_url, wait_s=settings.wait_for_s)
+    require_kafka(settings, wait_s=settings.wait_for_s)
 
 
 def main() -> None:

@@ -64,7 +64,7 @@ def merge_report_cmd(
     from infra.reach import require_kafka
 
     settings = _settings(config)
-    require_kafka(settings)
+    require_kafka(settings, wait_s=settings.wait_for_s)
     report = merge_report(read_calls(settings))
     text = json.dumps(report, indent=2)
     if out is not None:

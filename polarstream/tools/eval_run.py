@@ -28,6 +28,7 @@ class EvalState:
     topic: str
     ks: tuple[int, ...]
     threshold: float
+    failures_fail: bool = False  # failed and infra_error samples count as not passing (evaluate.py)
     latest: Latest = field(default_factory=Latest)
     read: int = 0
     undecodable: int = 0
@@ -50,16 +51,17 @@ class EvalState:
                        "undecodable": self.undecodable},
             "ks": sorted({1, *self.ks}),
             "threshold": self.threshold,
-            "cells": evaluate(self.latest.samples.values(), self.ks, self.threshold),
+            "cells": evaluate(self.latest.samples.values(), self.ks, self.threshold, self.failures_fail),
         }
 
 
 def run_eval(settings: Settings, ks: tuple[int, ...] = (1,), threshold: float = 1.0, out_dir: Path | None = None,
              follow: bool = False, refresh_s: float = 5.0, duration_s: float = 0.0,
-             on_update: Callable[[dict], None] | None = None, stop: threading.Event | None = None) -> dict:
+             on_update: Callable[[dict], None] | None = None, stop: threading.Event | None = None,
+             failures_fail: bool = False) -> dict:
     """Evaluate what polar.trajectories holds now; with ``follow``, keep going (``duration_s`` 0: until
     interrupted or ``stop`` is set) and refresh the report files. Returns the last report."""
-    state = EvalState(settings.topic("trajectories"), tuple(ks), threshold)
+    state = EvalState(settings.topic("trajectories"), tuple(ks), threshold, failures_fail)
     spans = plan_spans(settings, ("trajectories",))
     for msg in merged(settings, spans, fresh_group("eval")):
         state.feed(msg)

@@ -8,7 +8,9 @@ Which samples count:
 - one per (group, sample_index): a retried session's latest attempt replaces the earlier ones;
 - statuses ``ok`` and ``timeout`` are outcomes of the policy (a timeout never passes); ``failed``,
   ``infra_error`` and ``cancelled`` say nothing about it, exactly as the stream processors mask them
-  from training, and are only counted (``excluded``);
+  from training, and are only counted (``excluded``). With ``failures_fail`` (an experiment's evals),
+  ``failed`` and ``infra_error`` count as samples that did not pass, so a broken sandbox cannot raise a
+  score by dropping what it could not finish; ``cancelled`` (stopped on purpose) stays out;
 - a sample passes when its status is ok and its reward is at least ``threshold``.
 
 pass@k is the unbiased estimator of Chen et al. (2021), per task, averaged over the cell's tasks that
@@ -119,9 +121,13 @@ def _mean(xs: list[float]) -> float | None:
     return math.fsum(xs) / len(xs) if xs else None
 
 
-def evaluate_cell(samples: list[Sample], ks: Iterable[int], threshold: float) -> dict:
+FAILURE_STATUSES = ("failed", "infra_error")
+
+
+def evaluate_cell(samples: list[Sample], ks: Iterable[int], threshold: float, failures_fail: bool = False) -> dict:
     """Metrics of one cell's samples (see the module doc for what counts)."""
-    outcomes = [s for s in samples if s.status in OUTCOME_STATUSES]
+    counted = OUTCOME_STATUSES + (FAILURE_STATUSES if failures_fail else ())
+    outcomes = [s for s in samples if s.status in counted]
     per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # task -> [n, c]
     for s in outcomes:
         nc = per_task[s.task_id]
@@ -151,13 +157,14 @@ def evaluate_cell(samples: list[Sample], ks: Iterable[int], threshold: float) ->
         "sampled_tokens": sum(s.sampled_tokens for s in outcomes),
         "merge_breaks": dict(sorted(breaks.items())),
         "statuses": dict(sorted(Counter(s.status for s in samples).items())),
-        "excluded": sum(s.status in MASKED_STATUSES for s in samples),
+        "excluded": sum(s.status in MASKED_STATUSES and s.status not in counted for s in samples),
         "masked_from_training": dict(sorted(Counter(m for s in samples for m in s.masked).items())),
         "per_task": {t: {"n": n, "c": c} for t, (n, c) in sorted(per_task.items())},
     }
 
 
-def evaluate(samples: Iterable[Sample], ks: Iterable[int] = (1,), threshold: float = 1.0) -> list[dict]:
+def evaluate(samples: Iterable[Sample], ks: Iterable[int] = (1,), threshold: float = 1.0,
+             failures_fail: bool = False) -> list[dict]:
     """One result per harness × policy version × task set, sorted by that key."""
     ks = sorted({1, *ks})
     if ks[0] < 1:
@@ -166,6 +173,6 @@ def evaluate(samples: Iterable[Sample], ks: Iterable[int] = (1,), threshold: flo
     for s in samples:
         cells[(s.harness, s.policy_version, s.task_set)].append(s)
     return [
-        {"harness": h, "policy_version": v, "task_set": ts, **evaluate_cell(cells[(h, v, ts)], ks, threshold)}
+        {"harness": h, "policy_version": v, "task_set": ts, **evaluate_cell(cells[(h, v, ts)], ks, threshold, failures_fail)}
         for h, v, ts in sorted(cells)
     ]

@@ -32,7 +32,7 @@ def ui_command(
     require_free_port(port, host)
     base = Settings(config=str(config)) if config else Settings()
     decode = _decoder(model) if model else None
-    require_kafka(base)
+    require_kafka(base, wait_s=base.wait_for_s)
     runs = [RunIndex(p) for p in dict.fromkeys(prefix or [base.topic_prefix])]
     token = base.admin_token if needs_token(host) else None
     if token == DEV_ADMIN_TOKEN:

@@ -182,7 +182,8 @@ def test_bad_input_is_one_line(env, monkeypatch, path, name, kind):
     value, named = env.bad(kind, name)
     polar_env = {"POLAR_KAFKA_BOOTSTRAP": f"127.0.0.1:{env.dead_port}", "POLAR_KAFKA_PORT": str(env.dead_port),
                  "POLAR_S3_ENDPOINT": env.dead_url, "POLAR_DATA_DIR": str(env.root / "data"), "POLAR_CONFIG": None,
-                 "POLAR_DEBUG": None, "POLAR_ROLLOUT_PORT": str(env.dead_port)}
+                 "POLAR_DEBUG": None, "POLAR_ROLLOUT_PORT": str(env.dead_port),
+                 "POLAR_WAIT_FOR_S": "0"}  # components otherwise wait for Kafka (tests/infra/test_reach.py)
     t0 = time.monotonic()
     r = CliRunner().invoke(app, _args(env, path, name, value), env=polar_env)
     took = time.monotonic() - t0
@@ -252,4 +253,18 @@ def test_a_trainer_setting_the_trainer_lacks_or_the_experiment_owns_is_one_line(
     f = tmp_path / "exp.yaml"
     f.write_text(yaml.safe_dump({"model": str(tmp_path), "train": "tasks.jsonl", "eval": "", "trainer": trainer}))
     r = CliRunner().invoke(app, ["run", str(f), "--run-dir", str(tmp_path / "run")])
+    assert r.exit_code == 1 and words in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("body, only, words", [
+    ("engine_url: http://127.0.0.1:8700\n", "engine", "--only needs run_id in the file"),
+    ("run_id: r1\n", "engine,gpu", "--only engine,gpu: expected some of ui,engine,node,streams,trainer,rollout"),
+    ("run_id: r1\n", "engine", "--only engine: needs engine_url in the file"),
+    ("run_id: r1\nengine_url: http://127.0.0.1:8700\n", "trainer", "--only trainer: needs gateway_url in the file"),
+])
+def test_only_without_what_its_components_need_is_one_line(tmp_path, monkeypatch, body, only, words):
+    monkeypatch.setattr("infra.stack.Stack.up", _refuse)
+    f = tmp_path / "exp.yaml"
+    f.write_text(body)
+    r = CliRunner().invoke(app, ["run", str(f), "--only", only, "--run-dir", str(tmp_path / "run")])
     assert r.exit_code == 1 and words in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr

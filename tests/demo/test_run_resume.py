@@ -10,7 +10,10 @@ order by tests/producers/test_driver.py), fan every task out once, and still eva
 It runs with ``zero_signal: replace`` and a cap of 0: the untrained tiny model never solves a task, so the
 trainer drops every step's own groups (they have no signal) and the driver sends a replacement for each,
 which, past the cap, is trained masked. So the kills also land between a drop and its replacement, and a
-restarted driver must send exactly the replacements still due.
+restarted driver must send exactly the replacements still due. It also retires every task whose last group
+was unsolved (``retire: unsolved``, after 1): each step then skips the tasks earlier steps tried, until
+all are retired and the filter stands aside, and a restarted driver must draw what the uninterrupted run
+drew from the retired sets of its own time.
 """
 
 from __future__ import annotations
@@ -55,8 +58,9 @@ def _experiment(tmp_path: Path) -> Path:
         (tmp_path / name).write_text("\n".join(rows) + "\n")
     exp = {"name": "killed", "model": str(ensure_model("tiny")), "train": "train.jsonl", "eval": "eval.jsonl",
            "harness_config": {"max_tokens": 12, "max_turns": 1}, "runtime": "subprocess", "group_size": SAMPLES,
-           "groups_per_step": GROUPS, "max_steps": STEPS, "eval_every": 2, "eval_samples": 1, "seed": 3,
-           "step_timeout_s": 180, "zero_signal": "replace", "replace_cap": CAP}
+           "groups_per_step": GROUPS, "max_steps": STEPS, "eval_every": 2, "eval_samples": 1, "seed": 5,
+           "step_timeout_s": 180, "zero_signal": "replace", "replace_cap": CAP,
+           "retire": "unsolved", "retire_after": 1}
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(exp))
     return path
@@ -75,7 +79,7 @@ def test_a_run_killed_three_times_and_its_trainer_once_trains_what_an_uninterrup
     from infra.settings import Settings
     from polarstream.run import run_id
     from producers.experiment import load_experiment
-    from producers.driver import replacement, zero_signal_wish
+    from producers.driver import Curriculum, outcome, replacement, retired, zero_signal_wish
     from producers.kafka_read import merged, plan_spans
     from schemas import SessionAssigned, TaskRequest, TrainingGroup, decode
     from schemas.records import RECORD_BY_TOPIC
@@ -158,24 +162,29 @@ def test_a_run_killed_three_times_and_its_trainer_once_trains_what_an_uninterrup
     assert sorted(trained) == list(range(1, STEPS + 1))
     train = [TaskRequest.model_validate_json(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     by_gid = {g.group_id: g for g in groups.values()}
-    own, replaced = Counter(), 0
-    for k, batch in enumerate(step_batches(train, exp.seed, STEPS, GROUPS, exp.order)):
+    # The uninterrupted run, replayed from what came back: step k draws the next tasks of the epochs' stream
+    # that were not retired by the groups of the steps before it (S = 0)
+    curriculum, history, replaced = Curriculum(train, exp.seed, exp.order, GROUPS, key=lambda t: t.task_id), {}, 0
+    for k in range(STEPS):
+        batch = curriculum.draw(retired(history, "unsolved", 1))
         sent = sorted((int(t.rsplit("-t", 1)[1]), t) for t in tasks if t.startswith(f"{rid}-s{k:03d}-"))
-        own.update(tasks[t].metadata["source_task_id"] for i, t in sent if i < GROUPS)
+        assert [tasks[t].metadata["source_task_id"] for i, t in sent if i < GROUPS] == [t.task_id for t in batch], k
+        pool = [t for t in train if t.task_id not in curriculum.retired[k]]  # replacements skip the retired too
         for i, t in sent[GROUPS:]:  # replacement j = i - GROUPS: the seeded draw, asking for what the cap says
-            assert tasks[t].metadata["source_task_id"] == replacement(train, exp.seed, k, i - GROUPS).task_id
+            assert tasks[t].metadata["source_task_id"] == replacement(pool, exp.seed, k, i - GROUPS).task_id
             assert tasks[t].zero_signal == zero_signal_wish(i, GROUPS, CAP)
         dropped = [t for i, t in sent if by_gid[t].no_signal and tasks[t].zero_signal == "drop"]
         assert len(sent) == GROUPS + len(dropped), f"step {k}: one replacement per dropped group, no more: {sent}"
         # the step the trainer took is the step's groups less those it dropped: what an uninterrupted run trains
         assert trained[k + 1] == sorted(t for _, t in sent if t not in dropped), k
         replaced += len(dropped)
+        for _, t in sent:
+            history.setdefault(tasks[t].metadata["source_task_id"], []).append(outcome([x.reward for x in by_gid[t].trajectories]))
     assert replaced > 0 and summary["zero_signal_groups"]["replaced"] == replaced
-    # the steps' own tasks: 4 steps of 2 over 6 tasks, in epochs: every task once (steps 1-3), then step 4
-    # starts the second epoch
-    expected = Counter(t.task_id for batch in step_batches(train, exp.seed, STEPS, GROUPS, exp.order) for t in batch)
-    assert exp.order == "epochs" and len(expected) == 6 and sorted(expected.values()) == [1, 1, 1, 1, 2, 2]
-    assert own == expected
+    # the filter did skip tasks: seed 5's plain epochs would draw, at steps 1 and 2, tasks that step 0 (its own
+    # and its replacements, all unsolved) retired; and the run reports what it retired
+    assert curriculum.batches != step_batches(train, exp.seed, STEPS, GROUPS, exp.order)
+    assert sorted(summary["retired"]) == sorted(retired(history, "unsolved", 1)) != []
 
 
 def _stop_components(run_dir: Path) -> None:

@@ -55,12 +55,13 @@ def test_steps_and_evals_reach_tensorboard_and_wandb_on_the_policy_version_axis(
     assert [e.value for e in tb.Scalars("driver/replaced")] == [2, 1]
 
     rows = _wandb_history(tmp_path)
-    by_step: dict[int, dict] = {}
-    for row in rows:
-        by_step.setdefault(row.pop("step"), {}).update(row)
-    assert by_step[0] == {"eval/pass@1": 0.25, "eval/pass@4": 0.5, "eval/avg@4": 0.25}
-    assert by_step[2]["driver/reward"] == 0.75 and by_step[2]["eval/pass@1"] == 0.75
-    assert by_step[1]["driver/all_correct"] == 1
+    by_version: dict[int, dict] = {}
+    for row in rows:  # one row per log call, on the policy-version axis
+        row.pop("step")
+        by_version.setdefault(row.pop("policy_version"), {}).update(row)
+    assert by_version.get(0) == {"eval/pass@1": 0.25, "eval/pass@4": 0.5, "eval/avg@4": 0.25}, rows
+    assert by_version[2]["driver/reward"] == 0.75 and by_version[2]["eval/pass@1"] == 0.75
+    assert by_version[1]["driver/all_correct"] == 1 and len(rows) == 4
 
 
 def test_turning_wandb_on_without_the_package_is_one_line(tmp_path, monkeypatch):

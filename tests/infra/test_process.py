@@ -114,3 +114,22 @@ def test_free_ports_are_outside_the_ephemeral_range_and_bindable():
     assert all(not lo <= p <= hi for p in ports) and len(set(ports)) > 40
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports[0]))  # free when handed out
+
+
+def test_machine_cpu_counts_the_busy_share_of_every_core():
+    """Over an interval in which this process spins, the machine kept at least some of a core busy and
+    never more than all its cores (bench/driver.py's bound divides by this)."""
+    import os
+    import time
+
+    from infra.process import machine_cpu
+
+    before = machine_cpu()
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.3:  # a core busy for 0.3 s of CPU
+        pass
+    after = machine_cpu()
+    busy, total, cores = after[0] - before[0], after[1] - before[1], after[2]
+    assert cores == len(os.sched_getaffinity(0)) or cores == os.cpu_count()
+    assert total > 0 and 0 < busy <= total
+    assert 0 < busy / total * cores <= cores

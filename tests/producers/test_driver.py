@@ -137,3 +137,30 @@ def test_drop_and_replace_always_closes_a_step_with_its_groups_and_at_most_per_s
     tasks = [f"t{i}" for i in range(50)]
     assert replacement(tasks, 3, 5, 1) == replacement(tasks, 3, 5, 1)
     assert len({replacement(tasks, 3, 5, j) for j in range(20)}) > 1
+
+
+def test_a_task_is_retired_after_its_last_groups_were_all_solved_or_all_unsolved():
+    from producers.driver import outcome, retired
+
+    assert [outcome(r) for r in ([1, 1], [0, 0], [1, 0], [])] == ["solved", "unsolved", "mixed", "mixed"]
+    history = {"easy": ["mixed", "solved", "solved"], "hard": ["unsolved", "unsolved"], "back": ["solved", "mixed"],
+               "once": ["solved"]}
+    assert retired(history, "both", 2) == {"easy", "hard"}
+    assert retired(history, "solved", 2) == {"easy"} and retired(history, "unsolved", 2) == {"hard"}
+    assert retired(history, "solved", 1) == {"easy", "once"}  # "back" was solved, then not: it stays
+    assert retired(history, "none", 1) == set()
+
+
+def test_the_curriculum_skips_retired_tasks_draws_the_same_steps_again_and_never_leaves_a_step_short():
+    from producers.driver import Curriculum, step_batches
+
+    tasks = [f"t{i}" for i in range(6)]
+    plain = Curriculum(tasks, 4, "epochs", 4, key=str)
+    assert [plain.draw(set()) for _ in range(3)] == step_batches(tasks, 4, 3, 4, "epochs")  # nothing retired: the same
+    gone = [set(), {"t1", "t2"}, {"t1", "t2", "t5"}, set(tasks)]
+    first, again = Curriculum(tasks, 4, "epochs", 4, key=str), Curriculum(tasks, 4, "epochs", 4, key=str)
+    drawn = [first.draw(g) for g in gone]
+    assert drawn == [again.draw(g) for g in gone]  # a restart that replays the retired sets draws the same
+    for batch, g in zip(drawn, gone):
+        assert len(batch) == 4 and (not set(batch) & g or g == set(tasks))
+    assert drawn[0] == step_batches(tasks, 4, 1, 4, "epochs")[0]

@@ -106,3 +106,15 @@ def test_a_trajectory_sent_in_parts_is_one_sample_once_all_parts_are_in():
     assert [latest.add(p) for p in parts] == [False] * (len(parts) - 1) + [True]
     assert latest.samples[("g", 0)] == Sample.of(whole)  # its tokens and turns counted from every trace
     assert not latest.add(parts[0]) and latest.duplicates == 1
+
+
+def test_an_experiments_eval_counts_failed_and_infra_error_samples_as_not_passing():
+    """What an experiment's eval reports: a sandbox that broke cannot raise pass@1 by leaving its sample out;
+    a cancelled sample (stopped on purpose) still stays out."""
+    samples = [Sample.of(traj("t", 0, 1.0)), Sample.of(traj("t", 1, 0.0, "infra_error")), Sample.of(traj("t", 2, 0.0, "failed")),
+               Sample.of(traj("t", 3, 0.0, "cancelled"))]
+    (plain,) = evaluate(samples, ks=(1, 3))
+    (strict,) = evaluate(samples, ks=(1, 3), failures_fail=True)
+    assert plain["pass@1"] == 1.0 and plain["samples"] == 1 and plain["excluded"] == 3
+    assert strict["pass@1"] == pytest.approx(1 / 3) and strict["samples"] == 3 and strict["excluded"] == 1
+    assert strict["pass@3"] == 1.0 and strict["per_task"] == {"t": {"n": 3, "c": 1}}
