@@ -322,8 +322,8 @@ def _step_result(step: int, groups: list[TrainingGroup], wall_s: float, version:
         entropy=m.get("entropy"),
         grad_norm=m.get("grad_norm"),
         lr=m.get("lr"),
-        all_correct=sum(all(t.reward >= 1.0 for t in g.trajectories) for g in flat if g.trajectories),
-        all_wrong=sum(all(t.reward <= 0.0 for t in g.trajectories) for g in flat if g.trajectories),
+        all_correct=sum(outcome([t.reward for t in g.trajectories]) == "solved" for g in flat),
+        all_wrong=sum(outcome([t.reward for t in g.trajectories]) == "unsolved" for g in flat),
         replaced=len(dropped),
     )
 
@@ -396,12 +396,17 @@ def task_payload(item: tuple[str, str] | TaskRequest, task_id: str, samples: int
     return req.model_dump(mode="json")
 
 
+def task_name(item: tuple[str, str] | TaskRequest) -> str:
+    """A train task's name in per-task statistics and the curriculum: its id, or an arith problem's question."""
+    return item.task_id if isinstance(item, TaskRequest) else item[0]
+
+
 def per_task(trained: dict[str, tuple[str, str] | TaskRequest], groups: dict[str, TrainingGroup]) -> dict[str, dict]:
     """Per train task (its id, or an arith problem's question): the groups trained on it and their mean
     reward, in the order first trained; the curriculum's view of which tasks are solved or still hard."""
     stats: dict[str, list[float]] = {}
     for gid, item in trained.items():
-        name = item.task_id if isinstance(item, TaskRequest) else item[0]
+        name = task_name(item)
         group = groups.get(gid)
         if group is not None and group.trajectories:
             stats.setdefault(name, []).append(sum(t.reward for t in group.trajectories) / len(group.trajectories))
@@ -607,10 +612,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
             harness = HarnessSpec(name=cfg.harness, config=harness_config(cfg.harness, cfg.api))
         tool = shape.tool if shape is not None else "write_file"
 
-        def key(item: tuple[str, str] | TaskRequest) -> str:  # a task's name in the curriculum and per_task
-            return item.task_id if isinstance(item, TaskRequest) else item[0]
-
-        curriculum = Curriculum(train, cfg.seed, cfg.order, cfg.tasks_per_step, key) if cfg.retire != "none" else None
+        curriculum = Curriculum(train, cfg.seed, cfg.order, cfg.tasks_per_step, task_name) if cfg.retire != "none" else None
         batches = curriculum.batches if curriculum else step_batches(train, cfg.seed, cfg.steps, cfg.tasks_per_step, cfg.order)
         lag: dict[str, int] = {}
 
@@ -623,7 +625,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
             if i < per_step:
                 return batches[k][i]
             gone = curriculum.retired[k] if curriculum else set()
-            return replacement([t for t in train if key(t) not in gone], cfg.seed, k, i - per_step)
+            return replacement([t for t in train if task_name(t) not in gone], cfg.seed, k, i - per_step)
 
         def history(steps: int) -> dict[str, list[str]]:
             """Each task's group outcomes over steps before ``steps``, in the order they went out (all in: a
@@ -635,7 +637,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                     if group is None and i >= per_step:
                         break
                     if group is not None:
-                        seen.setdefault(key(step_item(k, i)), []).append(outcome([t.reward for t in group.trajectories]))
+                        seen.setdefault(task_name(step_item(k, i)), []).append(outcome([t.reward for t in group.trajectories]))
             return seen
 
         def step_task(k: int, i: int) -> dict:
@@ -662,11 +664,14 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         def index(gid: str) -> int:
             return int(gid.rsplit("-t", 1)[1])
 
+        def flat(gid: str) -> bool:
+            """The group is in and has no signal."""
+            g = watcher.groups.get(gid)
+            return g is not None and g.no_signal
+
         def dropped(gid: str) -> bool:
             """The trainer drops this group: no signal, and its task asked for a drop (zero_signal replace)."""
-            g = watcher.groups.get(gid)
-            return (replacing and g is not None and g.no_signal
-                    and zero_signal_wish(index(gid), per_step, cfg.replace_cap) == "drop")
+            return replacing and flat(gid) and zero_signal_wish(index(gid), per_step, cfg.replace_cap) == "drop"
 
         schedule = Schedule(steps=cfg.steps, async_level=cfg.async_level, eval_every=cfg.eval_every,
                             evaluate=bool(heldout) and cfg.heldout_samples > 0)
@@ -727,7 +732,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
                                             f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}); logs in {procs.log_dir}")
                 for k in range(len(results), len(steps_out)) if replacing else ():
                     wanted, started = steps_out[k]  # one replacement per group the trainer dropped
-                    due = replacements_due([index(g) for g in wanted if dropped(g)], per_step, cfg.replace_cap)
+                    due = replacements_due([index(g) for g in wanted if flat(g)], per_step, cfg.replace_cap)
                     new = [step_task(k, per_step + j) for j in range(due)
                            if task_id(run_id, step_tag(k), per_step + j) not in wanted]
                     if new:

@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
         if driver_only and only is not None:
             typer.echo("error: --only starts components and --driver-only drives them: give one", err=True)
             raise typer.Exit(1)
-        components = frozenset(c.strip() for c in (only or "").split(",") if c.strip()) if only is not None else frozenset()
+        components = frozenset(c.strip() for c in only.split(",") if c.strip()) if only is not None else frozenset()
         if only is not None:
             from .run import only_checked
 

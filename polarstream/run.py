@@ -47,8 +47,7 @@ def demo_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only:
         cfg.attach = {"rollout": exp.rollout_url, "engine": exp.engine_url}
     if only:
         cfg.only = only_checked(exp, only)
-        cfg.attach = {k: v for k, v in (("engine", exp.engine_url), ("gateway", exp.gateway_url),
-                                        ("rollout", exp.rollout_url)) if v}
+        cfg.attach = {k: v for k, v in component_urls(exp).items() if v}
     if exp.harness != "builtin" and "api" in exp.harness_config:
         cfg.api = str(exp.harness_config["api"])
     if exp.train != "builtin:arith":
@@ -88,6 +87,11 @@ def trainer_settings(exp: Experiment) -> dict[str, str]:
     return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in exp.trainer.items()}
 
 
+def component_urls(exp: Experiment) -> dict[str, str]:
+    """Where the file says the run's engine, gateway node and rollout server are ('' where it does not)."""
+    return {"engine": exp.engine_url, "gateway": exp.gateway_url, "rollout": exp.rollout_url}
+
+
 def only_checked(exp: Experiment, only: frozenset[str]) -> frozenset[str]:
     """``--only``'s components, once the file says all they need: the run's id (every machine must name the
     same run), the URL each one serves at (the others reach it there), and where the engine and gateway
@@ -99,7 +103,7 @@ def only_checked(exp: Experiment, only: frozenset[str]) -> frozenset[str]:
         raise ExperimentError(f"--only {','.join(sorted(only))}: expected some of {','.join(COMPONENTS)}")
     if not exp.run_id:
         raise ExperimentError("--only needs run_id in the file: every machine of a run must name the same run")
-    urls = {"engine": exp.engine_url, "gateway": exp.gateway_url, "rollout": exp.rollout_url}
+    urls = component_urls(exp)
     # each URL a component here serves at or talks to: node -> engine; trainer -> engine, gateway node
     uses = {"node": ("engine",), "trainer": ("engine", "gateway")}
     for name in sorted(only):
