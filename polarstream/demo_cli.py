@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train an agent end to end (Kafka, S3, engine, gateway node, Faust, trainer, rollout) and report."""
         from .demo import DemoConfig, run, sized_for
-        from .processes import ProcessFailed
+        from .processes import ProcessFailed, stop_on_sigterm
         from .shape import APIS
 
         if harness != "builtin" and harness not in APIS:
@@ -44,14 +44,15 @@ def register(app: typer.Typer) -> None:
                         **{k: v for k, v in given.items() if v is not None})
         if run_dir is not None:
             cfg.run_dir = run_dir
+        stop_on_sigterm()
         try:
             path = run(cfg)
         except ProcessFailed as e:
             typer.echo(f"demo failed: {e}", err=True)
             raise typer.Exit(1) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             typer.echo("demo interrupted; every process it started was stopped (infra stays up: polarstream infra down)", err=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(getattr(e, "exit_code", 130)) from None
         typer.echo(path)
 
     @app.command("run")
@@ -77,7 +78,7 @@ def register(app: typer.Typer) -> None:
         from producers.experiment import print_config as defaults
         from producers.tasks import TaskSourceError
 
-        from .processes import ProcessFailed
+        from .processes import ProcessFailed, stop_on_sigterm
         from .run import run_experiment
 
         if print_config:
@@ -104,13 +105,14 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"error: {experiment or 'experiment'}: {e}", err=True)
                 raise typer.Exit(1) from None
         out = run_dir or Path("runs") / time.strftime(f"{exp.name}-%Y%m%d-%H%M%S")
+        stop_on_sigterm()
         try:
             path = run_experiment(exp, out, driver_only, components)
         except (ProcessFailed, TaskSourceError, ExperimentError) as e:
             typer.echo(f"run failed: {e}", err=True)
             raise typer.Exit(1) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             typer.echo("run interrupted; every process it started was stopped (infra stays up: polarstream infra down)", err=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(getattr(e, "exit_code", 130)) from None
         if path is not None:
             typer.echo(path)

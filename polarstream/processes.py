@@ -26,6 +26,25 @@ class ProcessFailed(RuntimeError):
     """A child exited early or never became healthy; the message carries the tail of its log."""
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM, taken as Ctrl-C is: the ``finally`` that stops the children runs. The children run in
+    sessions of their own, so nothing else reaches them, and a deployment (or a shell script, whose
+    background jobs ignore SIGINT) stops a run with SIGTERM."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM raises Stopped in the main thread, once (a second one during the cleanup is
+    ignored, so it cannot cut the cleanup short)."""
+
+    def stop(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Stopped
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 class Adopted:
     """A component an earlier driver started and left running: watched by its pid (not our child, so its
     exit code is unknown: -1 once it is gone)."""
