@@ -25,10 +25,16 @@ def register(app: typer.Typer) -> None:
         heldout: Annotated[int, typer.Option(help="problems kept out of RL and evaluated before and after it")] = 16,
         run_dir: Annotated[Optional[Path], typer.Option(help="where logs, the report and demo-summary.json go")] = None,
     ) -> None:
-        """Train an agent end to end (Kafka, S3, engine, gateway node, Faust, trainer, rollout) and report."""
-        from .demo import DemoConfig, run, sized_for
+        """Train an agent end to end (Kafka, S3, engine, gateway node, Faust, trainer, rollout) and report.
+        The run is `polarstream run` of the experiment file shipped with the package (polarstream/demo/demo.yaml)."""
+        import time
+
+        from producers.experiment import ExperimentError
+
+        from .demo.preset import demo_experiment
+        from .demo.shape import APIS
         from .processes import ProcessFailed, stop_on_sigterm
-        from .shape import APIS
+        from .run import run_experiment
 
         if harness != "builtin" and harness not in APIS:
             typer.echo(f"demo: --harness {harness}: expected builtin or one of {', '.join(sorted(APIS))}", err=True)
@@ -38,22 +44,22 @@ def register(app: typer.Typer) -> None:
             spoken = f"{', '.join(apis[:-1])} or {apis[-1]}" if len(apis) > 1 else apis[0]
             typer.echo(f"demo: --api {api}: {harness} speaks {spoken} here", err=True)
             raise typer.Exit(2)
-        api = api or apis[0]
-        given = {"steps": steps, "tasks_per_step": tasks_per_step, "samples": samples, "lr": lr}
-        cfg = sized_for(DemoConfig(harness=harness, api=api, runtime=runtime, seed=seed, heldout=heldout),
-                        **{k: v for k, v in given.items() if v is not None})
-        if run_dir is not None:
-            cfg.run_dir = run_dir
+        try:
+            exp = demo_experiment(harness, api or apis[0], runtime=runtime, seed=seed, heldout=heldout, max_steps=steps,
+                                  groups_per_step=tasks_per_step, group_size=samples, lr=lr)
+        except ExperimentError as e:
+            typer.echo(f"demo: {e}", err=True)
+            raise typer.Exit(2) from None
         stop_on_sigterm()
         try:
-            path = run(cfg)
+            path = run_experiment(exp, run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
         except ProcessFailed as e:
             typer.echo(f"demo failed: {e}", err=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt as e:
             typer.echo("demo interrupted; every process it started was stopped (infra stays up: polarstream infra down)", err=True)
             raise typer.Exit(getattr(e, "exit_code", 130)) from None
-        typer.echo(path)
+        typer.echo(path.with_name("demo-summary.json"))
 
     @app.command("run")
     def run_command(

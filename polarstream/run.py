@@ -19,16 +19,17 @@ from pathlib import Path
 
 from producers.experiment import Experiment, ExperimentError
 
-from . import demo_tasks
-from .demo import DemoConfig, run
+from .config import RunConfig
+from .demo import arith
+from .loop import run
 
 
-def demo_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: frozenset[str] = frozenset()) -> DemoConfig:
+def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: frozenset[str] = frozenset()) -> RunConfig:
     """The run as the demo's loop takes it: the arith family and its warm start, or the user's model and tasks.
     ``only``: start these components here and drive nothing (``only_checked`` says what that needs)."""
     from producers.tasks import load_tasks
 
-    cfg = DemoConfig(steps=exp.max_steps, tasks_per_step=exp.groups_per_step, samples=exp.group_size, heldout=exp.heldout,
+    cfg = RunConfig(steps=exp.max_steps, tasks_per_step=exp.groups_per_step, samples=exp.group_size, heldout=exp.heldout,
                      heldout_samples=exp.eval_samples, harness=exp.harness, runtime=exp.runtime, seed=exp.seed, lr=exp.lr,
                      temperature=exp.temperature, step_timeout_s=exp.step_timeout_s, async_level=exp.async_level,
                      eval_every=exp.eval_every, harness_config=dict(exp.harness_config), run_dir=run_dir,
@@ -60,7 +61,7 @@ def demo_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only:
     if exp.order == "epochs" and exp.epochs:
         from producers.driver import epoch_steps
 
-        train = len(cfg.train_tasks) if cfg.train_tasks is not None else len(demo_tasks.split(exp.seed, exp.heldout)[0])
+        train = len(cfg.train_tasks) if cfg.train_tasks is not None else len(arith.split(exp.seed, exp.heldout)[0])
         cfg.steps = min(cfg.steps, epoch_steps(train, exp.groups_per_step, exp.epochs))
     return cfg
 
@@ -96,7 +97,7 @@ def only_checked(exp: Experiment, only: frozenset[str]) -> frozenset[str]:
     """``--only``'s components, once the file says all they need: the run's id (every machine must name the
     same run), the URL each one serves at (the others reach it there), and where the engine and gateway
     node that the node and trainer talk to are. ExperimentError of one line otherwise."""
-    from .demo import COMPONENTS, SERVES
+    from .loop import COMPONENTS, SERVES
 
     unknown = sorted(only - set(COMPONENTS))
     if unknown or not only:
@@ -136,7 +137,7 @@ def run_experiment(exp: Experiment, run_dir: Path, driver_only: bool = False, on
     t0 = time.monotonic()
     from infra.settings import Settings
 
-    cfg = demo_config(exp, run_dir, driver_only, only)
+    cfg = run_config(exp, run_dir, driver_only, only)
     settings = Settings(storage_url=exp.storage_url) if exp.storage_url else None  # else: the run's own prefix
     path = run(cfg, settings)
     if path is None:

@@ -15,13 +15,14 @@ from collections import defaultdict
 import pytest
 
 from gateway.harnesses.report import full_prompts, read_calls
-from polarstream.demo import DemoConfig, run
+from polarstream.config import RunConfig
+from polarstream.loop import run
 
 pytestmark = [pytest.mark.integration, pytest.mark.harness, pytest.mark.slow]
 
 
 def test_short_pi_demo_records_multi_call_sessions_token_faithfully_and_trains_on_them(infra, tmp_path):
-    cfg = DemoConfig(harness="pi", api="anthropic", steps=2, tasks_per_step=2, samples=3, heldout=2, heldout_samples=1,
+    cfg = RunConfig(harness="pi", api="anthropic", steps=2, tasks_per_step=2, samples=3, heldout=2, heldout_samples=1,
                      sft_steps=15, shape_sft_steps=60, p_tool=1.0, min_pass_rate=0.0, run_dir=tmp_path / "demo",
                      step_timeout_s=240)
     base = infra.settings.model_copy(update={"topic_prefix": "", "storage_url": ""})

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from polarstream.demo import DemoConfig, run
+from polarstream.config import RunConfig
+from polarstream.loop import run
 from polarstream.report import quarter_means
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -73,7 +74,7 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
     from engine.weights import apply_state, check_state, read_checkpoint
 
     # a warm start this short solves almost nothing: the gate is off here (its rule has its own test)
-    cfg = DemoConfig(steps=2, tasks_per_step=2, samples=2, heldout=2, heldout_samples=2, sft_steps=15,
+    cfg = RunConfig(steps=2, tasks_per_step=2, samples=2, heldout=2, heldout_samples=2, sft_steps=15,
                      min_pass_rate=0.0, run_dir=tmp_path / "demo", runtime="subprocess", step_timeout_s=240)
     base = infra.settings.model_copy(update={"topic_prefix": "", "storage_url": ""})
     scraped: dict = {}

@@ -1,6 +1,6 @@
 """The demo's task is learnable, deterministically: a short RL run with the trainer's own step code.
 
-The run is in one process (``polarstream.learning``): seeded sampling, a fixed number of torch threads,
+The run is in one process (``polarstream.demo.learning``): seeded sampling, a fixed number of torch threads,
 no Kafka, so it gives the same curve run after run. It fails when learning breaks: a loss sign error,
 advantages that do not reach the loss, a warm start that leaves no signal, or an optimizer that moves
 the weights on a step without signal (rare in these runs; tests/trainer/test_optim.py and
@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from gateway.harnesses.builtin import SYSTEM, TOOLS
-from polarstream import demo_tasks
-from polarstream.learning import RunConfig, reward, rl_run
+from polarstream.demo import arith
+from polarstream.demo.arith import reward
+from polarstream.demo.learning import LearningConfig, rl_run
 
 pytestmark = pytest.mark.slow
 # A fixed thread count keeps the run reproducible; two (the CI machine's cores) take ~60% of one's time.
@@ -35,7 +36,7 @@ def test_reward_is_the_demo_evaluators_rule():
 
 # A few train problems, so that a warm start short enough for CI knows their sums well; the behaviour
 # RL must teach (finish with the tool call, with the right number in it) is the demo's.
-PROBLEMS = demo_tasks.split(0)[0][::11]
+PROBLEMS = arith.split(0)[0][::11]
 
 
 # For the no-collapse rule the run must get past 0.8: the tool path shown half the time (still never which
@@ -45,20 +46,20 @@ WARM_HALF_TOOL = dict(steps=80, batch_size=8, drills=32, p_tool=0.5, seed=0)
 
 def _warm(settings: dict) -> Path:
     """The warm start, built once per machine: cached under the cache dir by its settings and the code that
-    makes it (polarstream/warmstart.py and the tiny model's build), as the demo caches its own; ~1-3 minutes
+    makes it (polarstream/demo/warmstart.py and the tiny model's build), as the demo caches its own; ~1-3 minutes
     of a busy 2-core machine otherwise, in every suite."""
     import hashlib
     import os
     import shutil
 
-    import polarstream.warmstart
+    import polarstream.demo.warmstart
     from engine.models import ensure_model
     from infra.settings import CACHE_DIR
-    from polarstream.warmstart import warm_start
+    from polarstream.demo.warmstart import warm_start
 
     torch.set_num_threads(THREADS)
     base = ensure_model("tiny")
-    source = Path(polarstream.warmstart.__file__).read_bytes()
+    source = Path(polarstream.demo.warmstart.__file__).read_bytes()
     key = hashlib.sha256(repr((sorted(settings.items()), PROBLEMS, SYSTEM, TOOLS, base.name, THREADS)).encode() + source).hexdigest()[:12]
     out = CACHE_DIR / "models" / f"test-learning-warm-{key}"
     if not (out / "config.json").exists():
@@ -91,7 +92,7 @@ def test_learning_stays_learned(seed):
     # each (oversubscribed) took 144-274 s a seed against ~50 s alone.
     torch.set_num_threads(1)
     warm = _warm(WARM_HALF_TOOL)
-    log, _ = rl_run(warm, PROBLEMS, RunConfig(steps=20, samples=8, lr=1.2e-3, seed=seed, all_problems=True),
+    log, _ = rl_run(warm, PROBLEMS, LearningConfig(steps=20, samples=8, lr=1.2e-3, seed=seed, all_problems=True),
                     system=SYSTEM, tools=TOOLS)
     fall, rewards = worst_fall(log.rewards), [round(r, 2) for r in log.rewards]
     print(f"seed {seed}: worst fall after 0.8 {fall}; step rewards {rewards}")
@@ -115,7 +116,7 @@ def _replay_collapse(model_dir: Path, lr_saturation: float) -> tuple[float, floa
 
     from transformers import AutoTokenizer
 
-    from polarstream.learning import reward, sample
+    from polarstream.demo.learning import sample
     from trainer.attention import load_model
     from trainer.config import TrainConfig
     from trainer.loss import LossConfig
@@ -173,11 +174,12 @@ def test_the_recorded_collapse_does_not_happen_with_the_trainers_defaults():
     than 0.3. Fails on the code before the fix, whose default was a constant rate (``lr_saturation=1``):
     there the replayed step 8 takes it from about 0.98 to about half."""
     from infra.settings import Settings
-    from polarstream.demo import DemoConfig, demo_model
+    from polarstream.config import RunConfig
+    from polarstream.demo.model import demo_model
     from trainer.config import TrainConfig
 
     torch.set_num_threads(THREADS)
-    warm, _ = demo_model(DemoConfig(seed=2, min_pass_rate=0.0), Settings(), demo_tasks.split(2)[0])  # the demo's own, cached
+    warm, _ = demo_model(RunConfig(seed=2, min_pass_rate=0.0), Settings(), arith.split(2)[0])  # the demo's own, cached
     constant = _replay_collapse(warm, lr_saturation=1.0)
     defaults = _replay_collapse(warm, lr_saturation=TrainConfig().lr_saturation)
     print(f"next problems' pass rate before -> after the replayed step 8: constant lr {constant}, trainer defaults {defaults}")

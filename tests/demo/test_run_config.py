@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from polarstream.demo import DemoConfig
-from polarstream.run import demo_config
+from polarstream.config import RunConfig
+from polarstream.run import run_config
 from producers.experiment import load_experiment
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
 def test_the_arith_example_at_s0_is_the_demo(tmp_path):
-    cfg = demo_config(load_experiment(EXAMPLES / "arith.yaml"), tmp_path)
-    demo = DemoConfig(run_dir=tmp_path)
+    cfg = run_config(load_experiment(EXAMPLES / "arith.yaml"), tmp_path)
+    demo = RunConfig(run_dir=tmp_path)
     keep = ("steps", "tasks_per_step", "samples", "heldout", "heldout_samples", "harness", "seed", "lr", "temperature",
             "async_level", "eval_every", "model", "train_tasks", "eval_tasks", "task_set", "step_timeout_s", "order")
     assert {k: getattr(cfg, k) for k in keep} == {k: getattr(demo, k) for k in keep}
@@ -23,19 +23,19 @@ def test_the_arith_example_at_s0_is_the_demo(tmp_path):
 def test_a_users_run_takes_their_model_tasks_and_harness(tmp_path):
     exp = load_experiment(EXAMPLES / "coding.yaml", async_level=2)
     exp.model = str(tmp_path)
-    cfg = demo_config(exp, tmp_path / "run")
+    cfg = run_config(exp, tmp_path / "run")
     assert cfg.model == str(tmp_path) and len(cfg.train_tasks) == 5 and len(cfg.eval_tasks) == 5
     assert (cfg.harness, cfg.api, cfg.harness_config, cfg.async_level, cfg.eval_every, cfg.task_set) == (
         "pi", "chat", {"api": "chat"}, 2, 5, "coding")
     assert all(t.evaluator.kind == "harbor" and t.workspace.mount == "/app" for t in cfg.train_tasks)
     assert cfg.trainer_settings == {}  # the file's trainer: settings reach the trainer as --set
     exp.trainer = {"kl_coef": 0.01, "activation_checkpointing": True}
-    assert demo_config(exp, tmp_path / "run").trainer_settings == {"kl_coef": "0.01", "activation_checkpointing": "true"}
+    assert run_config(exp, tmp_path / "run").trainer_settings == {"kl_coef": "0.01", "activation_checkpointing": "true"}
     exp.trainer = {}
     # every task once an epoch: 8 epochs of 5 tasks, 2 a step, is 20 steps; 3 epochs would stop at 8
     assert (cfg.order, cfg.steps) == ("epochs", 20)
     exp.epochs = 3
-    assert demo_config(exp, tmp_path / "run").steps == 8
+    assert run_config(exp, tmp_path / "run").steps == 8
 
 
 def test_a_run_id_names_the_experiment_and_run_dir_and_nothing_else(tmp_path):
@@ -52,7 +52,7 @@ def test_a_run_id_names_the_experiment_and_run_dir_and_nothing_else(tmp_path):
 
 
 def test_per_task_statistics_follow_the_groups_trained_on_each_task():
-    from polarstream.demo import per_task
+    from polarstream.loop import per_task
     from schemas import TaskRequest, Trajectory, TrainingGroup
 
     def group(gid: str, rewards: list[float]) -> TrainingGroup:
@@ -68,7 +68,7 @@ def test_per_task_statistics_follow_the_groups_trained_on_each_task():
 
 
 def test_a_tasks_minimum_completion_and_straggler_early_stop_come_from_the_experiment():
-    from polarstream.demo import task_payload
+    from polarstream.loop import task_payload
     from schemas import HarnessSpec, TaskRequest
 
     pi, fix = HarnessSpec(name="pi"), TaskRequest(task_id="fix-bug", instruction="fix it", event_id="e1")
@@ -80,3 +80,17 @@ def test_a_tasks_minimum_completion_and_straggler_early_stop_come_from_the_exper
     assert (strict["min_valid"], strict["early_stop"]) == (6, 6)  # early stop never below the minimum
     arith = task_payload(("Compute 1 + 2", "3"), "r-s000-t2", 3, "demo-arith", pi, early_stop_at=0.5)
     assert (arith["min_valid"], arith["early_stop"], arith["metadata"]["answer"]) == (1, 2, "3")
+
+
+def test_the_demo_is_the_packaged_preset_of_the_arith_example(tmp_path):
+    """`polarstream demo` runs demo.yaml (shipped in the package) through `polarstream run`: the same
+    experiment as examples/arith.yaml under its own name, and a real CLI's run sized to 15 minutes."""
+    from polarstream.demo.preset import CLI_SIZE, PRESET, demo_experiment
+
+    assert PRESET.exists() and demo_experiment().model_dump(exclude={"name"}) == load_experiment(
+        EXAMPLES / "arith.yaml").model_dump(exclude={"name"})
+    assert run_config(demo_experiment(seed=3, max_steps=5), tmp_path).steps == 5
+    pi = demo_experiment("pi", "responses", seed=1, group_size=4)
+    assert {k: getattr(pi, k) for k in CLI_SIZE} == {**CLI_SIZE, "group_size": 4}  # what the user gave wins
+    cfg = run_config(pi, tmp_path)
+    assert (cfg.harness, cfg.api, cfg.model, cfg.train_tasks, cfg.seed) == ("pi", "responses", "", None, 1)

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from polarstream import demo_tasks
+from polarstream.demo import arith
 from producers.driver import step_batches
 from schemas import HarnessSpec
 
@@ -50,10 +50,10 @@ def _env(infra) -> dict[str, str]:
 def _experiment(tmp_path: Path) -> Path:
     from engine.models import ensure_model
 
-    train, heldout = demo_tasks.split(0)
+    train, heldout = arith.split(0)
     harness = HarnessSpec(name="builtin")
     for name, problems in (("train.jsonl", train[:6]), ("eval.jsonl", heldout[:2])):
-        rows = [demo_tasks.task_request(q, a, task_id=f"{name[:-6]}-{i}", num_samples=1, harness=harness).model_dump_json()
+        rows = [arith.task_request(q, a, task_id=f"{name[:-6]}-{i}", num_samples=1, harness=harness).model_dump_json()
                 for i, (q, a) in enumerate(problems)]
         (tmp_path / name).write_text("\n".join(rows) + "\n")
     exp = {"name": "killed", "model": str(ensure_model("tiny")), "train": "train.jsonl", "eval": "eval.jsonl",

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from infra.process import free_port
-from polarstream import demo_tasks
+from polarstream.demo import arith
 from schemas import HarnessSpec
 
 from .test_run_resume import _env, _tail
@@ -29,8 +29,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def _experiment(tmp_path: Path) -> Path:
     from engine.models import ensure_model
 
-    train, _ = demo_tasks.split(0)
-    rows = [demo_tasks.task_request(q, a, task_id=f"train-{i}", num_samples=1, harness=HarnessSpec(name="builtin")).model_dump_json()
+    train, _ = arith.split(0)
+    rows = [arith.task_request(q, a, task_id=f"train-{i}", num_samples=1, harness=HarnessSpec(name="builtin")).model_dump_json()
             for i, (q, a) in enumerate(train[:4])]
     (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
     urls = {f"{name}_url": f"http://127.0.0.1:{free_port()}" for name in ("engine", "gateway", "rollout")}

@@ -1,4 +1,4 @@
-"""The in-process sampler (``polarstream.learning.sample_many``) that the CI learning runs, the warm start's
+"""The in-process sampler (``polarstream.demo.learning.sample_many``) that the CI learning runs, the warm start's
 gate and the demo's held-out eval use: its in-place KV cache must decode exactly what transformers' own
 cache decodes, and a batch of prompts must give each prompt what it gets alone."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from engine.sampling import draw
-from polarstream.learning import sample_many
+from polarstream.demo.learning import sample_many
 
 
 def _reference(model, prompt: list[int], n: int, steps: int, gen: torch.Generator) -> list[list[int]]:

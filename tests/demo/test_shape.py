@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from polarstream.capture import _shape
+from polarstream.demo.capture import _shape
 from polarstream.processes import ProcessFailed
-from polarstream.shape import CAPTURE_CONTENT, CAPTURE_QUESTION, Shape
+from polarstream.demo.shape import CAPTURE_CONTENT, CAPTURE_QUESTION, Shape
 from schemas import CallRecorded, PromptDelta
 
 SYSTEM = "You are pi.\nCurrent working directory: /workspace"
@@ -81,10 +81,10 @@ def test_reward_needs_the_clis_own_tool_on_answer_txt_with_the_answer(text, expe
 
 
 def test_the_built_in_demo_keeps_its_write_file_instruction():
-    from polarstream import demo_tasks
+    from polarstream.demo import arith
 
-    assert demo_tasks.instruction("1 + 2").endswith("using the write_file tool.")
-    assert demo_tasks.task_request("1 + 2", "3", task_id="t", num_samples=2, harness={"name": "pi"},
+    assert arith.instruction("1 + 2").endswith("using the write_file tool.")
+    assert arith.task_request("1 + 2", "3", task_id="t", num_samples=2, harness={"name": "pi"},
                                    tool="write").instruction.endswith("using the write tool.")
 
 
@@ -103,7 +103,7 @@ def test_demo_refuses_a_harness_or_api_it_cannot_run_in_one_line(args, message):
 
 
 def test_each_cli_runs_over_its_own_api_and_only_pi_is_capped():
-    from polarstream.shape import APIS, harness_config
+    from polarstream.demo.shape import APIS, harness_config
 
     assert harness_config("pi", "responses") == {"api": "responses", "max_tokens": 48}
     assert harness_config("opencode", "anthropic") == {"api": "anthropic"}

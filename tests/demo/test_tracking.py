@@ -68,14 +68,14 @@ def test_turning_wandb_on_without_the_package_is_one_line(tmp_path, monkeypatch)
     import importlib.util
 
     from producers.experiment import ExperimentError, load_experiment
-    from polarstream.run import demo_config, run_id
+    from polarstream.run import run_config, run_id
 
     exp = load_experiment(None, wandb={"project": "mine"})
     assert run_id(exp, tmp_path) == run_id(load_experiment(None), tmp_path)  # W&B on or off: the same run
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     try:
-        demo_config(exp, tmp_path)
+        run_config(exp, tmp_path)
     except ExperimentError as e:
         assert str(e) == "wandb: Weights & Biases is turned on, but the wandb package is not installed (pip install wandb)"
     else:

@@ -30,3 +30,59 @@ def test_schemas_import_no_component():
     found = [f"{p.relative_to(ROOT)}: {m}" for p in sorted((ROOT / "schemas").rglob("*.py"))
              for m in imports(p) if m.split(".")[0] in set(COMPONENTS) - {"schemas"} | {"polarstream"}]
     assert not found, found
+
+
+def module_imports(path: Path) -> set[str]:
+    """The modules ``path`` (a module of polarstream/) imports, relative imports resolved, function-level
+    and TYPE_CHECKING ones included: a circle through any of them still ties the two modules together."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    if path.name != "__init__.py":
+        package = package.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            out.add(module)
+            out |= {f"{module}.{a.name}" for a in node.names}  # `from . import arith` imports a module
+    return out
+
+
+def test_polarstream_has_no_import_circles():
+    """The demo's modules and the loop, report and config once imported each other (demo <-> report,
+    learning <-> shape); one direction each now: cli -> run -> loop -> report -> config, loop -> demo."""
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in (ROOT / "polarstream").rglob("*.py")}
+    graph = {m: {i for i in module_imports(p) if i in modules and i != m} for m, p in modules.items()}
+
+    def circle(start: str) -> list[str] | None:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    return path + [start]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+        return None
+
+    # a package's __init__ that only documents it is imported by its modules' `from . import x`: not a circle
+    circles = [c for m in sorted(graph) if (c := circle(m)) and not any(modules[n].name == "__init__.py" and
+               not module_imports(modules[n]) for n in c)]
+    assert not circles, circles[0]
+
+
+def test_the_demo_package_stands_on_the_loop_not_the_reverse():
+    """polarstream/demo/ (the arith family, its warm start, capture and shape) uses only the run's config
+    and processes from the rest of polarstream/; only the loop (its arith defaults) and the CLI import it."""
+    demo = ROOT / "polarstream" / "demo"
+    outward = sorted({m for p in demo.rglob("*.py") for m in module_imports(p)
+                      if m.startswith("polarstream.") and not m.startswith("polarstream.demo")})
+    assert set(outward) <= {"polarstream.config", "polarstream.config.RunConfig", "polarstream.processes",
+                            "polarstream.processes.Processes", "polarstream.processes.ProcessFailed"}, outward
+    users = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "polarstream").rglob("*.py") if demo not in p.parents
+                   and any(m.startswith("polarstream.demo") for m in module_imports(p)))
+    assert users == ["polarstream/demo_cli.py", "polarstream/loop.py", "polarstream/run.py"], users

@@ -8,6 +8,7 @@ what RL taught (use the tool) carries over to problems it never trained on.
 
 from __future__ import annotations
 
+import json
 import random
 import shlex
 
@@ -58,3 +59,23 @@ def task_request(
         task_set=task_set,
         metadata={"question": question, "answer": answer},
     )
+
+
+def reward(text: str, answer: str, tool: str = "write_file", path_key: str = "path", roots: tuple[str, ...] = ("./",)) -> float:
+    """1.0 when the completion writes exactly ``answer`` to answer.txt with ``tool`` (its path in
+    ``path_key``, relative or under one of ``roots``), else 0.0."""
+    from gateway.toolparse import parse_tool_calls
+
+    for call in parse_tool_calls(text).tool_calls:
+        try:
+            args = json.loads(call.arguments) if isinstance(call.arguments, str) else call.arguments
+        except ValueError:
+            continue
+        if call.name != tool or not isinstance(args, dict):
+            continue
+        path = str(args.get(path_key, ""))
+        for root in roots:
+            path = path.removeprefix(root)
+        if path == ANSWER_FILE and str(args.get("content", "")).strip() == answer:
+            return 1.0
+    return 0.0

@@ -17,7 +17,6 @@ It is single-turn: the demo's later turns ("Done." after the tool result) do not
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,35 +25,16 @@ from pathlib import Path
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from . import demo_tasks
+from . import arith
+from .arith import reward
 from .shape import Shape
 
 
 def render_prompt(tokenizer, question: str, system: str, tools: list[dict]) -> list[int]:
     """Token ids of the built-in harness's first call for ``question`` (generation prompt included)."""
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": demo_tasks.instruction(question)}]
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": arith.instruction(question)}]
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def reward(text: str, answer: str, tool: str = "write_file", path_key: str = "path", roots: tuple[str, ...] = ("./",)) -> float:
-    """1.0 when the completion writes exactly ``answer`` to answer.txt with ``tool`` (its path in
-    ``path_key``, relative or under one of ``roots``), else 0.0."""
-    from gateway.toolparse import parse_tool_calls
-
-    for call in parse_tool_calls(text).tool_calls:
-        try:
-            args = json.loads(call.arguments) if isinstance(call.arguments, str) else call.arguments
-        except ValueError:
-            continue
-        if call.name != tool or not isinstance(args, dict):
-            continue
-        path = str(args.get(path_key, ""))
-        for root in roots:
-            path = path.removeprefix(root)
-        if path == demo_tasks.ANSWER_FILE and str(args.get("content", "")).strip() == answer:
-            return 1.0
-    return 0.0
 
 
 @torch.no_grad()
@@ -177,7 +157,7 @@ def pass_rate(model, tokenizer, problems: Sequence[tuple[str, str]], samples: in
 
 
 @dataclass
-class RunConfig:
+class LearningConfig:
     steps: int = 8
     tasks_per_step: int = 4
     samples: int = 8
@@ -210,7 +190,7 @@ class RunLog:
         return [s.reward for s in self.steps]
 
 
-def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: RunConfig, *, system: str,
+def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: LearningConfig, *, system: str,
            tools: list[dict], on_step=None, shape: Shape | None = None) -> tuple[RunLog, torch.nn.Module]:
     """On-policy GRPO on ``problems`` with the trainer's packing, loss, optimizer and no-signal rule."""
     from transformers import AutoTokenizer

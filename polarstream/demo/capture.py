@@ -23,8 +23,8 @@ from infra.process import free_port
 from infra.settings import Settings
 from schemas import CallRecorded, HarnessSpec
 
-from . import demo_tasks
-from .processes import Processes, ProcessFailed
+from . import arith
+from ..processes import Processes, ProcessFailed
 from .shape import CAPTURE_CONTENT, CAPTURE_QUESTION, Shape, api_option, write_tool
 
 
@@ -54,8 +54,8 @@ def capture(harness: str, api: str, settings: Settings, env: dict[str, str], run
     # The write answers the task's own message, wherever the CLI puts it: counting turns would not do, as
     # Qwen Code opens with a scripted exchange of its own ("Got it. Thanks for the context!").
     script.write_text(yaml.safe_dump({"turns": [
-        {"match": re.escape(demo_tasks.instruction(CAPTURE_QUESTION, tool)),
-         "tool_calls": [{"name": tool, "arguments": {path_key: demo_tasks.ANSWER_FILE, "content": CAPTURE_CONTENT}}]}],
+        {"match": re.escape(arith.instruction(CAPTURE_QUESTION, tool)),
+         "tool_calls": [{"name": tool, "arguments": {path_key: arith.ANSWER_FILE, "content": CAPTURE_CONTENT}}]}],
         "fallback": {"text": "Done."}, "skip_system": True}))
     procs = Processes(run_dir / "logs" / "capture", {**env, "POLAR_TOPIC_PREFIX": prefix})
     ports = {name: free_port() for name in ("engine", "gateway", "rollout")}
@@ -69,7 +69,7 @@ def capture(harness: str, api: str, settings: Settings, env: dict[str, str], run
         procs.wait_http(node, f"{urls['gateway']}/health")
         rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))
         procs.wait_http(rollout, f"{urls['rollout']}/health")
-        task = demo_tasks.task_request(CAPTURE_QUESTION, CAPTURE_CONTENT, task_id=f"capture-{harness}-{api}", num_samples=1,
+        task = arith.task_request(CAPTURE_QUESTION, CAPTURE_CONTENT, task_id=f"capture-{harness}-{api}", num_samples=1,
                                        harness=HarnessSpec(name=harness, config=api_option(harness, api)),
                                        task_set="demo-capture", tool=tool)
         httpx.post(f"{urls['rollout']}/tasks", json=[task.model_dump(mode="json")], timeout=60).raise_for_status()

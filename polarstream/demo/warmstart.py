@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import demo_tasks
+from . import arith
 from .shape import Shape
 
 
@@ -27,16 +27,16 @@ def conversation(question: str, answer: str, system: str, tools: list[dict], use
     Both ways open with the same working ("3 + 5 = 8."), so the knowledge is one skill; then the turn
     either ends (prose: answer.txt stays unwritten) or goes on with a write_file call (``use_tool``).
     """
-    head = [{"role": "system", "content": system}, {"role": "user", "content": demo_tasks.instruction(question)}]
+    head = [{"role": "system", "content": system}, {"role": "user", "content": arith.instruction(question)}]
     working = f"{question} = {answer}."
     if not use_tool:
         return [*head, {"role": "assistant", "content": working}]
-    args = json.dumps({"path": demo_tasks.ANSWER_FILE, "content": answer})
+    args = json.dumps({"path": arith.ANSWER_FILE, "content": answer})
     return [
         *head,
         {"role": "assistant", "content": working, "tool_calls": [
             {"id": "call_0", "type": "function", "function": {"name": "write_file", "arguments": args}}]},
-        {"role": "tool", "tool_call_id": "call_0", "content": f"wrote {len(answer)} characters to {demo_tasks.ANSWER_FILE}"},
+        {"role": "tool", "tool_call_id": "call_0", "content": f"wrote {len(answer)} characters to {arith.ANSWER_FILE}"},
         {"role": "assistant", "content": "Done."},
     ]
 
@@ -101,7 +101,7 @@ def drill(question: str, answer: str, use_tool: bool = False, shape: Shape | Non
     real CLI)."""
     if shape is None:
         turn = conversation(question, answer, "", [], use_tool)[2]
-        return [{"role": "user", "content": demo_tasks.instruction(question)}, turn]
+        return [{"role": "user", "content": arith.instruction(question)}, turn]
     turn = shape.conversation(question, answer, use_tool)[len(shape.first)]
     return [{"role": "user", "content": shape.instruction(question)}, turn]
 

@@ -1,10 +1,10 @@
-"""The main job: train an agent end to end on this machine through the real system.
+"""The loop every run goes through (``polarstream run``; the demo is one such run, polarstream/demo/).
 
 Kafka, the S3 server, the engine, a gateway node with its sandboxed harness runs, the Faust stream
 worker, the trainer and the rollout server all run as their own processes, exactly as a user would run
-them; this module only starts them, submits tasks step by step, watches the topics and writes a report.
-Each step is on-policy: the next step's tasks are submitted once the trainer has pushed the weights
-trained on the previous step's groups.
+them; this module only starts them (or some of them: ``--only``; none: ``--driver-only``), submits each
+step's tasks under the bounded-asynchrony schedule (producers/driver.py: S = 0 submits a step once the
+weights trained on the previous one are served), watches the topics and writes the report.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import shutil
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import httpx
@@ -27,185 +26,20 @@ from infra.process import machine_cpu
 from infra.settings import Settings
 from schemas import HarnessSpec, Parts, PolicyVersion, TaskRequest, TrainingGroup, derived_event_id
 
-from . import demo_tasks
 from producers.driver import (Curriculum, Schedule, eval_tag, outcome, replacement, replacements_due, retired, step_batches,
                               step_tag, submitted, task_id, zero_signal_wish)
 
+from .config import RunConfig, StepResult
+from .demo import arith
+from .demo.model import demo_model
+from .demo.shape import harness_config
 from .processes import Processes, ProcessFailed
-from .shape import Shape, harness_config
 
-
-@dataclass
-class DemoConfig:
-    steps: int = 24
-    tasks_per_step: int = 4
-    samples: int = 8
-    heldout: int = 16  # problems of the family kept out of RL, evaluated before and after training
-    heldout_samples: int = 4  # samples per held-out problem (pass@1 is their mean)
-    harness: str = "builtin"
-    api: str = "anthropic"  # the API a real CLI speaks where it has a choice (shape.APIS)
-    shape_sft_steps: int = 150  # a real CLI's warm start: steps in its shape, on top of the built-in one
-    runtime: str = "auto"  # bwrap when it works here, else subprocess
-    seed: int = 0
-    lr: float = 5e-4
-    temperature: float = 1.0
-    sft_steps: int = 500  # at 300 the tiny model still added wrongly 12-22% of the time (README)
-    sft_lr: float = 3e-3
-    sft_batch: int = 16  # harness conversations per warm-start step
-    sft_drills: int = 64  # short drills of the sums per warm-start step
-    p_tool: float = 0.25
-    min_pass_rate: float = 0.03  # a warm start whose train pass rate is lower gives RL too little to learn from
-    step_timeout_s: float = 300.0
-    async_level: int = 0  # S: steps sampled ahead of the served policy (producers/driver.py); 0 = on-policy
-    eval_every: int = 0  # held-out eval every N steps as well as before and after
-    task_set: str = "demo-arith"
-    # A user's own run (polarstream run): their model and tasks instead of the warm start and the arith family
-    model: str = ""  # a local model directory: no warm start
-    train_tasks: list[TaskRequest] | None = None  # templates: each step draws tasks_per_step of them
-    eval_tasks: list[TaskRequest] | None = None
-    harness_config: dict = field(default_factory=dict)
-    # The run's name on Kafka and in storage. Given (polarstream run), the same command continues the run
-    # after a crash: it reads where the run stands back from the topics. Empty: a new run every time.
-    run_id: str = ""
-    order: str = "draws"  # which tasks a step trains (producers/driver.py step_batches): draws or epochs
-    # --driver-only: the components run elsewhere; {"rollout": URL, "engine": URL} is all the driver needs
-    attach: dict[str, str] = field(default_factory=dict)
-    trainer_settings: dict[str, str] = field(default_factory=dict)  # more trainer --set key=value (polarstream run)
-    min_completion: float = 0.5  # a group counts once this fraction of its samples is usable
-    early_stop_at: float = 0.0  # > 0: cancel a group's stragglers once this fraction is usable
-    zero_signal: str = "mask"  # groups without signal: mask, or replace (drop; another task in each one's place)
-    replace_cap: int = 8  # replace: replacements a step may drop again; later ones are masked
-    wandb: dict = field(default_factory=dict)  # {project, entity, mode}: also log to Weights & Biases
-    retire: str = "none"  # curriculum: stop drawing tasks always solved, never solved, or both (producers/driver.py)
-    retire_after: int = 2  # ... judged on their last this many groups
-    # --only: start these of COMPONENTS here and drive nothing (the rest, and the driver, run elsewhere: their
-    # URLs are in attach); they serve the ports of their URLs in attach, so the other machines find them
-    only: frozenset[str] = frozenset()
-    run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
-
-
-# A real CLI's run, sized to fit 15 minutes on 2 cores: each session starts a Node.js process (a few
-# seconds of CPU), so fewer sessions per step, and fewer held-out samples, than the built-in harness's.
-CLI_SIZE = {"steps": 14, "tasks_per_step": 3, "samples": 6, "heldout_samples": 2}
-
-
-def sized_for(cfg: DemoConfig, **given) -> DemoConfig:
-    """``cfg`` with the real-CLI size when ``cfg.harness`` is one, then what the user ``given``."""
-    from dataclasses import replace
-
-    return replace(cfg, **{**(CLI_SIZE if cfg.harness != "builtin" else {}), **given})
-
-
-# What a demo run must show to count as learned (README, issue "Training that learns, every time").
-BARS = {"reward_gain": 0.3, "last_quarter": 0.6, "heldout_gain": 0.2, "wall_time_s": 600.0}
-# A real CLI's run (issue "An unmodified real CLI learns"): its prompt is about 4x the built-in one and each
-# session starts a Node.js process, so it gets 15 minutes; its sessions that write go on after the tool
-# result, so some prefix merging must show.
-CLI_BARS = {"reward_gain": 0.3, "heldout_gain": 0.2, "wall_time_s": 900.0, "merge_rate": 0.0}
-
-
-def bars(harness: str) -> dict[str, float]:
-    return BARS if harness == "builtin" else CLI_BARS
+if TYPE_CHECKING:
+    from .tracking import Tracker
 
 
 HELDOUT_SET = "demo-heldout"
-
-
-@dataclass
-class StepResult:
-    step: int
-    reward: float
-    samples: int
-    groups: int
-    traces: int
-    calls: int
-    sampled_tokens: int
-    wall_s: float
-    policy_version: int
-    trace_tokens: int = 0  # what the trainer runs through: every token of every training sequence
-    entropy: float | None = None  # the trainer's step: mean entropy of the trained tokens, gradient norm,
-    grad_norm: float | None = None  # and the learning rate it used (from the PolicyVersion it published)
-    lr: float | None = None
-    group_ids: list[str] = field(default_factory=list)  # report.md links each to its viewer page
-    # groups without signal (every sample scored the same): masked, they close the step but move nothing
-    all_correct: int = 0  # every sample scored 1: too easy now
-    all_wrong: int = 0  # every sample scored 0: too hard now
-    replaced: int = 0  # zero_signal replace: groups without signal dropped (counted above) and replaced
-
-    @property
-    def merge_rate(self) -> float:
-        return merge_rate(self.traces, self.calls)
-
-
-def merge_rate(traces: int, calls: int) -> float:
-    """Share of calls that needed no training sequence of their own (prefix-merged into an earlier one)."""
-    return 1.0 - traces / calls if calls else 0.0
-
-
-def demo_model(cfg: DemoConfig, settings: Settings, train: list[tuple[str, str]],
-               shape: Shape | None = None) -> tuple[Path, dict]:
-    """The tiny model after its warm start, cached by everything that determines it, and the warm
-    start's record: its pass rate on the train split, measured before any RL (``learning.pass_rate``).
-
-    For a real CLI (``shape``), the built-in warm start goes on for ``shape_sft_steps`` in the CLI's
-    captured shape: the sums are known already, only the prompt, the tools and the tool results are new.
-    """
-    from engine.models import ensure_model
-    from gateway.harnesses.builtin import SYSTEM, TOOLS
-
-    from .warmstart import warm_start
-
-    family = demo_tasks.family()
-    if shape is None:
-        key = json.dumps(["family-v3", cfg.seed, cfg.sft_steps, cfg.sft_lr, cfg.sft_batch, cfg.sft_drills, cfg.p_tool,
-                          family, train, SYSTEM, TOOLS], sort_keys=True)
-        base, steps = ensure_model("tiny" if cfg.seed == 0 else f"tiny:{cfg.seed}"), cfg.sft_steps
-    else:
-        base, _ = demo_model(cfg, settings, train)
-        key = json.dumps(["shape-v1", base.name, cfg.shape_sft_steps, cfg.sft_lr, cfg.sft_batch, cfg.sft_drills,
-                          cfg.p_tool, cfg.seed, shape.to_json()], sort_keys=True)
-        steps = cfg.shape_sft_steps
-    out = settings.cache_dir / "models" / f"demo-sft-{uuid.uuid5(uuid.NAMESPACE_OID, key).hex[:12]}"
-    record = out / "warmstart.json"
-    if (out / "config.json").exists() and record.exists():
-        info = json.loads(record.read_text())
-        if info.get("train_pass_rate") is not None or cfg.min_pass_rate <= 0:
-            return out, info
-        info.update(_gate_rates(cfg, out, train, shape))  # cached by a run with the gate off: measure it now
-        record.write_text(json.dumps(info, indent=2))
-        return out, info
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")  # its own: another process may build the same one
-    shutil.rmtree(tmp, ignore_errors=True)
-    t0 = time.monotonic()
-    warm_start(base, tmp, family, system=SYSTEM, tools=TOOLS, steps=steps, lr=cfg.sft_lr, p_tool=cfg.p_tool,
-               batch_size=cfg.sft_batch, drills=cfg.sft_drills, seed=cfg.seed, shape=shape)
-    # the gate is off in tests (min_pass_rate 0): measuring it would only cost time
-    rates = _gate_rates(cfg, tmp, train, shape) if cfg.min_pass_rate > 0 else {"train_pass_rate": None, "working_correct": None}
-    info = {**rates, "samples_per_problem": 2, "problems": len(train), "sft_steps": steps, "p_tool": cfg.p_tool,
-            "seconds": round(time.monotonic() - t0, 1),
-            **({"shape": f"{shape.harness} {shape.version} over {shape.api}", "base": base.name} if shape else {})}
-    (tmp / "warmstart.json").write_text(json.dumps(info, indent=2))
-    if not (out / "warmstart.json").exists():
-        shutil.rmtree(out, ignore_errors=True)  # a half-built one from an older layout
-    try:
-        tmp.rename(out)
-    except OSError:  # a concurrent process finished the same warm start first: theirs is the same, keep it
-        shutil.rmtree(tmp, ignore_errors=True)
-        info = json.loads((out / "warmstart.json").read_text())
-    return out, info
-
-
-def _gate_rates(cfg: DemoConfig, model_dir: Path, train: list[tuple[str, str]], shape: Shape | None) -> dict:
-    """The warm start's pass rate on the train split (2 samples per problem) and how often its sums are right."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from gateway.harnesses.builtin import SYSTEM, TOOLS
-
-    from .learning import answer_rates
-
-    rates = answer_rates(AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir), train,
-                         2, system=SYSTEM, tools=TOOLS, seed=cfg.seed, shape=shape)
-    return {"train_pass_rate": rates["pass_rate"], "working_correct": rates["working_correct"]}
 
 
 def pick_runtime(requested: str) -> str:
@@ -328,7 +162,7 @@ def _step_result(step: int, groups: list[TrainingGroup], wall_s: float, version:
     )
 
 
-def _view(cfg: DemoConfig, results: list[StepResult], lag: dict[str, int], status: str,
+def _view(cfg: RunConfig, results: list[StepResult], lag: dict[str, int], status: str,
           heldout: dict[str, float] | None = None):
     from rich.table import Table
 
@@ -388,7 +222,7 @@ def task_payload(item: tuple[str, str] | TaskRequest, task_id: str, samples: int
                                       "metadata": {**item.metadata, "source_task_id": item.task_id}})
     else:
         q, a = item
-        req = demo_tasks.task_request(q, a, task_id=task_id, num_samples=samples, harness=harness, task_set=task_set,
+        req = arith.task_request(q, a, task_id=task_id, num_samples=samples, harness=harness, task_set=task_set,
                                       tool=tool)
     req.min_valid = max(1, int(min_completion * samples))
     req.early_stop = max(req.min_valid, math.ceil(early_stop_at * samples)) if early_stop_at > 0 else 0
@@ -431,11 +265,11 @@ def _loop_figures(loop: dict, steps: int) -> dict:
 
 # What a run starts, in this order; ``polarstream run --only`` starts some of them on one machine
 COMPONENTS = ("ui", "engine", "node", "streams", "trainer", "rollout")
-# The components other machines reach, and the URL (in DemoConfig.attach, the experiment's *_url) they use
+# The components other machines reach, and the URL (in RunConfig.attach, the experiment's *_url) they use
 SERVES = {"engine": "engine", "node": "gateway", "rollout": "rollout"}
 
 
-def _start_components(cfg: DemoConfig, settings: Settings, procs: Processes, ports: dict[str, int], urls: dict[str, str],
+def _start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports: dict[str, int], urls: dict[str, str],
                       model_dir: Path, runtime: str, run_dir: Path, console, only: Sequence[str] = COMPONENTS) -> None:
     """The viewer, engine, gateway node, stream worker, trainer and rollout server (those in ``only``), each
     its own process (adopted instead where a killed driver of this run left it running)."""
@@ -483,7 +317,195 @@ def _start_components(cfg: DemoConfig, settings: Settings, procs: Processes, por
             procs.wait_http(rollout, f"{urls['rollout']}/health")
 
 
-def _serve(cfg: DemoConfig, procs: Processes, urls: dict[str, str], console) -> None:
+class Steps:
+    """The run's steps and evals from submission to result: which tasks go out when (the schedule, the
+    curriculum, a replacement for each dropped group), what came back (the Watcher's topics), and where a
+    restarted driver stands (what an earlier one sent is waited for, not sent again)."""
+
+    def __init__(self, cfg: RunConfig, run_id: str, settings: Settings, watcher: Watcher, procs: Processes,
+                 tracker: Tracker, urls: dict[str, str], train: list, heldout: list, harness: HarnessSpec, tool: str):
+        self.cfg, self.run_id, self.settings, self.watcher, self.procs, self.tracker = cfg, run_id, settings, watcher, procs, tracker
+        self.urls, self.train, self.heldout, self.harness, self.tool = urls, train, heldout, harness, tool
+        self.curriculum = Curriculum(train, cfg.seed, cfg.order, cfg.tasks_per_step, task_name) if cfg.retire != "none" else None
+        self.batches = (self.curriculum.batches if self.curriculum
+                        else step_batches(train, cfg.seed, cfg.steps, cfg.tasks_per_step, cfg.order))
+        self.per_step, self.replacing = cfg.tasks_per_step, cfg.zero_signal == "replace"
+        self.schedule = Schedule(steps=cfg.steps, async_level=cfg.async_level, eval_every=cfg.eval_every,
+                                 evaluate=bool(heldout) and cfg.heldout_samples > 0)
+        self.results: list[StepResult] = []
+        self.steps_out: dict[int, tuple[set[str], float]] = {}  # step -> (its groups, when they went out)
+        self.evals_out: dict[int, tuple[set[str], float]] = {}  # policy version -> (its eval groups, when)
+        self.evaluated: dict[int, float] = {}  # policy version -> held-out pass@1
+        self.held: dict[str, float] = {}  # "before", "step k", "after" -> pass@1
+        self.held_metrics: dict[str, dict[str, float]] = {}  # ... -> pass@1, pass@n and avg@n
+        self.lag: dict[str, int] = {}
+        # The training loop's span (first step out -> last step trained) and the engine's busy seconds in it:
+        # steps per hour and the engine's idle fraction there (bench/driver.py compares async levels on them).
+        self.loop: dict[str, float | None] = {}
+        self.t_resume = time.monotonic()
+
+    def item(self, k: int, i: int) -> tuple[str, str] | TaskRequest:
+        """Task ``i`` of step ``k``: its own ``per_step`` first, then its replacements (producers/driver.py)."""
+        cfg = self.cfg
+        while len(self.batches) <= k:  # the curriculum draws steps in order, each with its own retired set
+            self.curriculum.draw(retired(self.history(len(self.batches) - cfg.async_level), cfg.retire, cfg.retire_after))
+        if i < self.per_step:
+            return self.batches[k][i]
+        gone = self.curriculum.retired[k] if self.curriculum else set()
+        return replacement([t for t in self.train if task_name(t) not in gone], cfg.seed, k, i - self.per_step)
+
+    def history(self, steps: int) -> dict[str, list[str]]:
+        """Each task's group outcomes over steps before ``steps``, in the order they went out (all in: a
+        step goes out only once the steps before k - S are done)."""
+        seen: dict[str, list[str]] = {}
+        for k in range(max(0, steps)):
+            for i in itertools.count():
+                group = self.watcher.groups.get(task_id(self.run_id, step_tag(k), i))
+                if group is None and i >= self.per_step:
+                    break
+                if group is not None:
+                    seen.setdefault(task_name(self.item(k, i)), []).append(outcome([t.reward for t in group.trajectories]))
+        return seen
+
+    def step_task(self, k: int, i: int) -> dict:
+        cfg = self.cfg
+        wish = zero_signal_wish(i, self.per_step, cfg.replace_cap) if self.replacing else "mask"
+        return task_payload(self.item(k, i), task_id(self.run_id, step_tag(k), i), cfg.samples, cfg.task_set, self.harness,
+                            self.tool, cfg.min_completion, cfg.early_stop_at, wish)
+
+    def eval_tasks(self, v: int) -> list[dict]:  # every sample runs (no straggler early stop): pass@n needs n
+        return [task_payload(p, task_id(self.run_id, eval_tag(v), i), self.cfg.heldout_samples, HELDOUT_SET, self.harness,
+                             self.tool, self.cfg.min_completion) for i, p in enumerate(self.heldout)]
+
+    def send(self, tasks: list[dict], one_by_one: bool = False) -> set[str]:
+        """Post tasks to the rollout server. ``one_by_one`` where some may be on polar.tasks already (a
+        restarted driver's, a replacement): the server refuses those (409), which is no error."""
+        if not one_by_one:
+            httpx.post(f"{self.urls['rollout']}/tasks", json=tasks, timeout=60).raise_for_status()
+        for t in tasks if one_by_one else ():
+            r = httpx.post(f"{self.urls['rollout']}/tasks", json=[t], timeout=60)
+            if r.status_code != 409:
+                r.raise_for_status()
+        return {t["group_id"] for t in tasks}
+
+    @staticmethod
+    def index(gid: str) -> int:
+        return int(gid.rsplit("-t", 1)[1])
+
+    def flat(self, gid: str) -> bool:
+        """The group is in and has no signal."""
+        g = self.watcher.groups.get(gid)
+        return g is not None and g.no_signal
+
+    def dropped(self, gid: str) -> bool:
+        """The trainer drops this group: no signal, and its task asked for a drop (zero_signal replace)."""
+        return (self.replacing and self.flat(gid)
+                and zero_signal_wish(self.index(gid), self.per_step, self.cfg.replace_cap) == "drop")
+
+    def label(self, v: int) -> str:
+        return "before" if v == 0 else "after" if v == self.cfg.steps else f"step {v}"
+
+    @property
+    def done(self) -> bool:
+        return len(self.results) >= self.cfg.steps and set(self.evaluated) >= set(self.schedule.eval_versions())
+
+    def resume(self) -> tuple[int, int]:
+        """Where the run stands, from the topics: what an earlier driver of this run sent is waited for, not
+        sent again (its sessions run on), and only what never reached polar.tasks is sent now. Returns how
+        many steps and evals had been sent."""
+        watcher, run_id = self.watcher, self.run_id
+        watcher.catch_up()
+        sent_steps, sent_evals = submitted(run_id, watcher.tasks)
+        self.t_resume = time.monotonic()
+
+        def sent_at(ids: set[str]) -> float:
+            """When the earliest of ``ids`` reached polar.tasks, on this process's monotonic clock."""
+            first = min((watcher.tasks[g] for g in ids if g in watcher.tasks), default=None)
+            return self.t_resume if first is None else self.t_resume - max(0.0, time.time() - first / 1000)
+
+        for k, have in sorted(sent_steps.items()):  # replacements still due are sent by tick
+            ids = self.send([self.step_task(k, i) for i in sorted(set(range(self.per_step)) - have)], one_by_one=True)
+            ids |= {task_id(run_id, step_tag(k), i) for i in have}
+            self.steps_out[k] = (ids, sent_at(ids))
+        for v, have in sorted(sent_evals.items()):
+            ids = self.send([t for i, t in enumerate(self.eval_tasks(v)) if i not in have], one_by_one=True)
+            ids |= {task_id(run_id, eval_tag(v), i) for i in range(len(self.heldout))}
+            self.evals_out[v] = (ids, sent_at(ids))
+        return len(sent_steps), len(sent_evals)
+
+    def tick(self, on_step: Callable[[int, dict[str, str]], None] | None, metrics: dict[str, str], console) -> str:
+        """One round: read the topics, keep the components alive, collect finished evals and steps, send
+        replacements and what the schedule allows now; returns the status line."""
+        cfg, watcher, results, steps_out, evals_out = self.cfg, self.watcher, self.results, self.steps_out, self.evals_out
+        watcher.poll()
+        trained = watcher.policy.version if watcher.policy is not None else 0
+        # after its last step the trainer is done (it stops at --max-steps); the rest must live. A
+        # trainer that dies mid-run is started again: it resumes from its newest checkpoint.
+        for name in self.procs.check_all(finished_ok=frozenset({"trainer"}) if trained >= cfg.steps else frozenset(),
+                                         restart=frozenset({"trainer"})):
+            console.print(f"{name} exited; started it again (it resumes from its newest checkpoint)")
+        # the version the engine serves now: a step goes out on-policy only once its weights are loaded
+        served = min(trained, serving(self.urls["engine"])) if trained else 0
+        now = time.monotonic()
+        for v, (wanted, started) in list(evals_out.items()):
+            if wanted <= watcher.groups.keys():  # its eval is in: pass@1 at that version (polarstream eval)
+                scores = heldout_metrics(self.settings, cfg.heldout_samples).get(v) or {"pass@1": 0.0}
+                self.evaluated[v] = scores["pass@1"]
+                self.held[self.label(v)], self.held_metrics[self.label(v)] = self.evaluated[v], scores
+                self.tracker.eval(v, scores)
+                del evals_out[v]
+            elif now - max(started, self.t_resume) > cfg.step_timeout_s:
+                raise ProcessFailed(f"held-out eval of version {v} did not finish within {cfg.step_timeout_s:.0f}s "
+                                    f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}); logs in {self.procs.log_dir}")
+        for k in range(len(results), len(steps_out)) if self.replacing else ():
+            wanted, started = steps_out[k]  # one replacement per group the trainer dropped
+            due = replacements_due([self.index(g) for g in wanted if self.flat(g)], self.per_step, cfg.replace_cap)
+            new = [self.step_task(k, self.per_step + j) for j in range(due)
+                   if task_id(self.run_id, step_tag(k), self.per_step + j) not in wanted]
+            if new:
+                steps_out[k] = (wanted | self.send(new, one_by_one=True), started)
+        while len(results) < len(steps_out):  # steps in order: groups in and trained into the next version
+            k = len(results)
+            wanted, started = steps_out[k]
+            if not (wanted <= watcher.groups.keys() and trained >= k + 1):
+                limit = cfg.step_timeout_s * (cfg.async_level + 1)
+                if now - max(started, self.t_resume) > limit:
+                    raise ProcessFailed(f"step {k + 1} did not finish within {limit:.0f}s "
+                                        f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}, policy {trained}); "
+                                        f"logs in {self.procs.log_dir}")
+                break
+            results.append(_step_result(k, [watcher.groups[g] for g in sorted(wanted) if not self.dropped(g)], now - started,
+                                        watcher.policy.version, watcher.policies.get(k + 1),
+                                        [watcher.groups[g] for g in sorted(wanted) if self.dropped(g)]))
+            r = results[-1]
+            self.tracker.step(k + 1, r.reward, r.groups, r.all_correct, r.all_wrong, r.replaced)
+            if len(results) == cfg.steps:
+                self.loop.update(end=now, busy_end=engine_busy_s(self.urls["engine"]), cpu_end=machine_cpu())
+            if on_step is not None:
+                on_step(k, metrics)
+            self.lag = consumer_lag(self.settings)
+        if (v := self.schedule.due_eval(served, set(self.evaluated), set(evals_out))) is not None:
+            evals_out[v] = (self.send(self.eval_tasks(v)), now)
+        for k in self.schedule.due_steps(len(steps_out), served, set(self.evaluated)):
+            if self.curriculum and len(results) < k - cfg.async_level:
+                break  # its retired set needs the steps before k - S done
+            if k == 0:
+                self.loop.update(start=now, busy_start=engine_busy_s(self.urls["engine"]), cpu_start=machine_cpu())
+            steps_out[k] = (self.send([self.step_task(k, i) for i in range(self.per_step)]), now)
+        return (f"eval of version {', '.join(map(str, evals_out))}" if evals_out else
+                f"step {len(results) + 1}/{cfg.steps}: {len(steps_out) - len(results)} in flight" if len(results) < cfg.steps
+                else "final eval")
+
+    def summary_extra(self) -> dict:
+        """What the report adds for the run: the loop's figures, per-task statistics, every eval, retired tasks."""
+        cfg = self.cfg
+        trained = {g: self.item(r.step, self.index(g)) for r in self.results for g in r.group_ids}
+        return {**_loop_figures(self.loop, cfg.steps), "per_task": per_task(trained, self.watcher.groups),
+                "heldout_metrics": self.held_metrics,
+                "retired": sorted(retired(self.history(len(self.results)), cfg.retire, cfg.retire_after))}
+
+
+def _serve(cfg: RunConfig, procs: Processes, urls: dict[str, str], console) -> None:
     """``--only``: keep this machine's components running (a trainer that dies is started again, and one
     that finished its steps may exit) until all have exited or the command is interrupted."""
     console.print(f"running {', '.join(c for c in COMPONENTS if c in cfg.only)} of run {cfg.run_id} "
@@ -495,9 +517,9 @@ def _serve(cfg: DemoConfig, procs: Processes, urls: dict[str, str], console) -> 
         time.sleep(1.0)
 
 
-def run(cfg: DemoConfig, settings: Settings | None = None,
+def run(cfg: RunConfig, settings: Settings | None = None,
         on_step: Callable[[int, dict[str, str]], None] | None = None) -> Path | None:
-    """Run the demo; returns the path of demo-summary.json (None with ``cfg.only``: components served
+    """Run ``cfg``; returns the path of demo-summary.json (None with ``cfg.only``: components served
     until they exit or the command is interrupted).
 
     ``on_step(step, metrics_urls)`` runs after each training step while every service is up; the
@@ -555,8 +577,6 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
     metrics = {"gateway": f"{urls['gateway']}/metrics", "rollout": f"{urls['rollout']}/metrics",
                "streams": f"{urls['streams_metrics']}/metrics", "trainer": f"{urls['trainer_metrics']}/metrics"}
     runtime = pick_runtime(cfg.runtime)
-    held: dict[str, float] = {}
-    held_metrics: dict[str, dict[str, float]] = {}  # every eval's pass@1, pass@n and avg@n
     tracker: Tracker | None = None
     try:
         tracker = Tracker(run_dir, run_id, cfg.wandb, {"run_id": run_id, "seed": cfg.seed, "steps": cfg.steps,
@@ -564,7 +584,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         if cfg.train_tasks is not None:
             train, heldout = list(cfg.train_tasks), list(cfg.eval_tasks or [])
         else:
-            train, heldout = demo_tasks.split(cfg.seed, cfg.heldout)
+            train, heldout = arith.split(cfg.seed, cfg.heldout)
         shape = None
         if cfg.attach and cfg.harness != "builtin" and not cfg.model:
             raise ProcessFailed("--driver-only and --only run a real CLI only with the experiment's own model (the "
@@ -572,7 +592,7 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
         if cfg.harness != "builtin" and not cfg.model:
             from engine.models import ensure_model
 
-            from .capture import capture
+            from .demo.capture import capture
 
             with console.status(f"capturing {cfg.harness}'s requests through the gateway (once per CLI version and API)"):
                 shape = capture(cfg.harness, cfg.api, settings, env, run_dir, ensure_model("tiny"), runtime)
@@ -612,169 +632,19 @@ def run(cfg: DemoConfig, settings: Settings | None = None,
             harness = HarnessSpec(name=cfg.harness, config=harness_config(cfg.harness, cfg.api))
         tool = shape.tool if shape is not None else "write_file"
 
-        curriculum = Curriculum(train, cfg.seed, cfg.order, cfg.tasks_per_step, task_name) if cfg.retire != "none" else None
-        batches = curriculum.batches if curriculum else step_batches(train, cfg.seed, cfg.steps, cfg.tasks_per_step, cfg.order)
-        lag: dict[str, int] = {}
-
-        per_step, replacing = cfg.tasks_per_step, cfg.zero_signal == "replace"
-
-        def step_item(k: int, i: int) -> tuple[str, str] | TaskRequest:
-            """Task ``i`` of step ``k``: its own ``per_step`` first, then its replacements (producers/driver.py)."""
-            while len(batches) <= k:  # the curriculum draws steps in order, each with its own retired set
-                curriculum.draw(retired(history(len(batches) - cfg.async_level), cfg.retire, cfg.retire_after))
-            if i < per_step:
-                return batches[k][i]
-            gone = curriculum.retired[k] if curriculum else set()
-            return replacement([t for t in train if task_name(t) not in gone], cfg.seed, k, i - per_step)
-
-        def history(steps: int) -> dict[str, list[str]]:
-            """Each task's group outcomes over steps before ``steps``, in the order they went out (all in: a
-            step goes out only once the steps before k - S are done)."""
-            seen: dict[str, list[str]] = {}
-            for k in range(max(0, steps)):
-                for i in itertools.count():
-                    group = watcher.groups.get(task_id(run_id, step_tag(k), i))
-                    if group is None and i >= per_step:
-                        break
-                    if group is not None:
-                        seen.setdefault(task_name(step_item(k, i)), []).append(outcome([t.reward for t in group.trajectories]))
-            return seen
-
-        def step_task(k: int, i: int) -> dict:
-            item = step_item(k, i)
-            wish = zero_signal_wish(i, per_step, cfg.replace_cap) if replacing else "mask"
-            return task_payload(item, task_id(run_id, step_tag(k), i), cfg.samples, cfg.task_set, harness, tool,
-                                cfg.min_completion, cfg.early_stop_at, wish)
-
-        def eval_tasks(v: int) -> list[dict]:  # every sample runs (no straggler early stop): pass@n needs n
-            return [task_payload(p, task_id(run_id, eval_tag(v), i), cfg.heldout_samples, HELDOUT_SET, harness, tool,
-                                 cfg.min_completion) for i, p in enumerate(heldout)]
-
-        def send(tasks: list[dict], one_by_one: bool = False) -> set[str]:
-            """Post tasks to the rollout server. ``one_by_one`` where some may be on polar.tasks already (a
-            restarted driver's, a replacement): the server refuses those (409), which is no error."""
-            if not one_by_one:
-                httpx.post(f"{urls['rollout']}/tasks", json=tasks, timeout=60).raise_for_status()
-            for t in tasks if one_by_one else ():
-                r = httpx.post(f"{urls['rollout']}/tasks", json=[t], timeout=60)
-                if r.status_code != 409:
-                    r.raise_for_status()
-            return {t["group_id"] for t in tasks}
-
-        def index(gid: str) -> int:
-            return int(gid.rsplit("-t", 1)[1])
-
-        def flat(gid: str) -> bool:
-            """The group is in and has no signal."""
-            g = watcher.groups.get(gid)
-            return g is not None and g.no_signal
-
-        def dropped(gid: str) -> bool:
-            """The trainer drops this group: no signal, and its task asked for a drop (zero_signal replace)."""
-            return replacing and flat(gid) and zero_signal_wish(index(gid), per_step, cfg.replace_cap) == "drop"
-
-        schedule = Schedule(steps=cfg.steps, async_level=cfg.async_level, eval_every=cfg.eval_every,
-                            evaluate=bool(heldout) and cfg.heldout_samples > 0)
-        steps_out: dict[int, tuple[set[str], float]] = {}  # step -> (its groups, when they went out)
-        evals_out: dict[int, tuple[set[str], float]] = {}  # policy version -> (its eval groups, when)
-        evaluated: dict[int, float] = {}  # policy version -> held-out pass@1
-        # The training loop's span (first step out -> last step trained) and the engine's busy seconds in it:
-        # steps per hour and the engine's idle fraction there (bench/driver.py compares async levels on them).
-        loop: dict[str, float | None] = {}
-
-        def label(v: int) -> str:
-            return "before" if v == 0 else "after" if v == cfg.steps else f"step {v}"
-
-        # Where the run stands, from the topics: what an earlier driver of this run sent is waited for, not
-        # sent again (its sessions run on), and only what never reached polar.tasks is sent now.
-        watcher.catch_up()
-        sent_steps, sent_evals = submitted(run_id, watcher.tasks)
-        t_resume = time.monotonic()
-
-        def sent_at(ids: set[str]) -> float:
-            """When the earliest of ``ids`` reached polar.tasks, on this process's monotonic clock."""
-            first = min((watcher.tasks[g] for g in ids if g in watcher.tasks), default=None)
-            return t_resume if first is None else t_resume - max(0.0, time.time() - first / 1000)
-
-        for k, have in sorted(sent_steps.items()):  # replacements still due are sent by the loop
-            ids = send([step_task(k, i) for i in sorted(set(range(per_step)) - have)], one_by_one=True)
-            ids |= {task_id(run_id, step_tag(k), i) for i in have}
-            steps_out[k] = (ids, sent_at(ids))
-        for v, have in sorted(sent_evals.items()):
-            ids = send([t for i, t in enumerate(eval_tasks(v)) if i not in have], one_by_one=True)
-            ids |= {task_id(run_id, eval_tag(v), i) for i in range(len(heldout))}
-            evals_out[v] = (ids, sent_at(ids))
+        steps = Steps(cfg, run_id, settings, watcher, procs, tracker, urls, train, heldout, harness, tool)
+        sent_steps, sent_evals = steps.resume()
         if sent_steps or sent_evals:
-            console.print(f"resuming {run_id}: {len(sent_steps)} steps and {len(sent_evals)} evals were sent; "
+            console.print(f"resuming {run_id}: {sent_steps} steps and {sent_evals} evals were sent; "
                           f"components adopted: {', '.join(procs.adopted) or 'none'}")
-
-        with Live(_view(cfg, results, lag, "starting", held), console=console, refresh_per_second=2) as live:
-            while len(results) < cfg.steps or set(evaluated) < set(schedule.eval_versions()):
-                watcher.poll()
-                trained = watcher.policy.version if watcher.policy is not None else 0
-                # after its last step the trainer is done (it stops at --max-steps); the rest must live. A
-                # trainer that dies mid-run is started again: it resumes from its newest checkpoint.
-                for name in procs.check_all(finished_ok=frozenset({"trainer"}) if trained >= cfg.steps else frozenset(),
-                                            restart=frozenset({"trainer"})):
-                    console.print(f"{name} exited; started it again (it resumes from its newest checkpoint)")
-                # the version the engine serves now: a step goes out on-policy only once its weights are loaded
-                served = min(trained, serving(urls["engine"])) if trained else 0
-                now = time.monotonic()
-                for v, (wanted, started) in list(evals_out.items()):
-                    if wanted <= watcher.groups.keys():  # its eval is in: pass@1 at that version (polarstream eval)
-                        scores = heldout_metrics(settings, cfg.heldout_samples).get(v) or {"pass@1": 0.0}
-                        evaluated[v] = scores["pass@1"]
-                        held[label(v)], held_metrics[label(v)] = evaluated[v], scores
-                        tracker.eval(v, scores)
-                        del evals_out[v]
-                    elif now - max(started, t_resume) > cfg.step_timeout_s:
-                        raise ProcessFailed(f"held-out eval of version {v} did not finish within {cfg.step_timeout_s:.0f}s "
-                                            f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}); logs in {procs.log_dir}")
-                for k in range(len(results), len(steps_out)) if replacing else ():
-                    wanted, started = steps_out[k]  # one replacement per group the trainer dropped
-                    due = replacements_due([index(g) for g in wanted if flat(g)], per_step, cfg.replace_cap)
-                    new = [step_task(k, per_step + j) for j in range(due)
-                           if task_id(run_id, step_tag(k), per_step + j) not in wanted]
-                    if new:
-                        steps_out[k] = (wanted | send(new, one_by_one=True), started)
-                while len(results) < len(steps_out):  # steps in order: groups in and trained into the next version
-                    k = len(results)
-                    wanted, started = steps_out[k]
-                    if not (wanted <= watcher.groups.keys() and trained >= k + 1):
-                        if now - max(started, t_resume) > cfg.step_timeout_s * (cfg.async_level + 1):
-                            raise ProcessFailed(f"step {k + 1} did not finish within {cfg.step_timeout_s * (cfg.async_level + 1):.0f}s "
-                                                f"(groups {len(wanted & watcher.groups.keys())}/{len(wanted)}, policy {trained}); "
-                                                f"logs in {procs.log_dir}")
-                        break
-                    results.append(_step_result(k, [watcher.groups[g] for g in sorted(wanted) if not dropped(g)], now - started,
-                                                watcher.policy.version, watcher.policies.get(k + 1),
-                                                [watcher.groups[g] for g in sorted(wanted) if dropped(g)]))
-                    r = results[-1]
-                    tracker.step(k + 1, r.reward, r.groups, r.all_correct, r.all_wrong, r.replaced)
-                    if len(results) == cfg.steps:
-                        loop.update(end=now, busy_end=engine_busy_s(urls["engine"]), cpu_end=machine_cpu())
-                    if on_step is not None:
-                        on_step(k, metrics)
-                    lag = consumer_lag(settings)
-                if (v := schedule.due_eval(served, set(evaluated), set(evals_out))) is not None:
-                    evals_out[v] = (send(eval_tasks(v)), now)
-                for k in schedule.due_steps(len(steps_out), served, set(evaluated)):
-                    if curriculum and len(results) < k - cfg.async_level:
-                        break  # its retired set needs the steps before k - S done
-                    if k == 0:
-                        loop.update(start=now, busy_start=engine_busy_s(urls["engine"]), cpu_start=machine_cpu())
-                    steps_out[k] = (send([step_task(k, i) for i in range(per_step)]), now)
-                status = (f"eval of version {', '.join(map(str, evals_out))}" if evals_out else
-                          f"step {len(results) + 1}/{cfg.steps}: {len(steps_out) - len(results)} in flight" if len(results) < cfg.steps
-                          else "final eval")
-                live.update(_view(cfg, results, lag, status, held))
-            live.update(_view(cfg, results, lag, "done", held))
-        trained_tasks = {g: step_item(r.step, index(g)) for r in results for g in r.group_ids}
-        summary = write_report(run_dir, cfg, results, watcher.policy, settings, time.monotonic() - t0, model_dir,
-                               heldout=held, warm=warm, total_s=time.monotonic() - t_start, viewer_url=urls["ui"],
-                               extra={**_loop_figures(loop, cfg.steps), "per_task": per_task(trained_tasks, watcher.groups),
-                                      "heldout_metrics": held_metrics,
-                                      "retired": sorted(retired(history(len(results)), cfg.retire, cfg.retire_after))})
+        with Live(_view(cfg, steps.results, steps.lag, "starting", steps.held), console=console, refresh_per_second=2) as live:
+            while not steps.done:
+                status = steps.tick(on_step, metrics, console)
+                live.update(_view(cfg, steps.results, steps.lag, status, steps.held))
+            live.update(_view(cfg, steps.results, steps.lag, "done", steps.held))
+        summary = write_report(run_dir, cfg, steps.results, watcher.policy, settings, time.monotonic() - t0, model_dir,
+                               heldout=steps.held, warm=warm, total_s=time.monotonic() - t_start, viewer_url=urls["ui"],
+                               extra=steps.summary_extra())
     finally:
         if watcher is not None:
             watcher.close()

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from . import demo_tasks
+from . import arith
 
 # harness -> (its file-writing tool, that tool's path argument). Codex has no such tool (it edits by
 # apply_patch through its shell), so it is not offered.
@@ -94,7 +94,7 @@ class Shape:
         return write_tool(self.harness)[0]
 
     def instruction(self, question: str) -> str:
-        return demo_tasks.instruction(question, tool=self.tool)
+        return arith.instruction(question, tool=self.tool)
 
     def hf_tools(self) -> list[dict[str, Any]]:
         from gateway.canonical import Tool
@@ -115,7 +115,7 @@ class Shape:
         if not use_tool:
             return [*head, {"role": "assistant", "content": working}]
         name, path_key = write_tool(self.harness)
-        args = json.dumps({path_key: demo_tasks.ANSWER_FILE, "content": answer})
+        args = json.dumps({path_key: arith.ANSWER_FILE, "content": answer})
         call = {"id": self.write_call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
         def swap(text: str) -> str:
@@ -128,10 +128,8 @@ class Shape:
 
     def reward(self, text: str, answer: str) -> float:
         """1.0 when a completion writes exactly ``answer`` to answer.txt with this CLI's tool."""
-        from .learning import reward
-
         name, path_key = write_tool(self.harness)
-        return reward(text, answer, name, path_key, roots=("/workspace/", "./"))
+        return arith.reward(text, answer, name, path_key, roots=("/workspace/", "./"))
 
     def to_json(self) -> dict[str, Any]:
         return {"harness": self.harness, "api": self.api, "version": self.version, "first": self.first,

@@ -1,0 +1,97 @@
+"""What a run of the loop is (``RunConfig``) and what each of its steps gave (``StepResult``).
+
+``polarstream run`` reads an experiment file into a RunConfig (polarstream/run.py), and the demo is such
+a file shipped with the package (polarstream/demo/demo.yaml); the loop (polarstream/loop.py) runs it and
+the report (polarstream/report.py) writes what it gave.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas import TaskRequest
+
+
+@dataclass
+class RunConfig:
+    """One run of the loop (polarstream/loop.py): the demo's preset, or a user's experiment file as
+    polarstream/run.py reads it into this."""
+
+    steps: int = 24
+    tasks_per_step: int = 4
+    samples: int = 8
+    heldout: int = 16  # problems of the family kept out of RL, evaluated before and after training
+    heldout_samples: int = 4  # samples per held-out problem (pass@1 is their mean)
+    harness: str = "builtin"
+    api: str = "anthropic"  # the API a real CLI speaks where it has a choice (shape.APIS)
+    shape_sft_steps: int = 150  # a real CLI's warm start: steps in its shape, on top of the built-in one
+    runtime: str = "auto"  # bwrap when it works here, else subprocess
+    seed: int = 0
+    lr: float = 5e-4
+    temperature: float = 1.0
+    sft_steps: int = 500  # at 300 the tiny model still added wrongly 12-22% of the time (README)
+    sft_lr: float = 3e-3
+    sft_batch: int = 16  # harness conversations per warm-start step
+    sft_drills: int = 64  # short drills of the sums per warm-start step
+    p_tool: float = 0.25
+    min_pass_rate: float = 0.03  # a warm start whose train pass rate is lower gives RL too little to learn from
+    step_timeout_s: float = 300.0
+    async_level: int = 0  # S: steps sampled ahead of the served policy (producers/driver.py); 0 = on-policy
+    eval_every: int = 0  # held-out eval every N steps as well as before and after
+    task_set: str = "demo-arith"
+    # A user's own run (polarstream run): their model and tasks instead of the warm start and the arith family
+    model: str = ""  # a local model directory: no warm start
+    train_tasks: list[TaskRequest] | None = None  # templates: each step draws tasks_per_step of them
+    eval_tasks: list[TaskRequest] | None = None
+    harness_config: dict = field(default_factory=dict)
+    # The run's name on Kafka and in storage. Given (polarstream run), the same command continues the run
+    # after a crash: it reads where the run stands back from the topics. Empty: a new run every time.
+    run_id: str = ""
+    order: str = "draws"  # which tasks a step trains (producers/driver.py step_batches): draws or epochs
+    # --driver-only: the components run elsewhere; {"rollout": URL, "engine": URL} is all the driver needs
+    attach: dict[str, str] = field(default_factory=dict)
+    trainer_settings: dict[str, str] = field(default_factory=dict)  # more trainer --set key=value (polarstream run)
+    min_completion: float = 0.5  # a group counts once this fraction of its samples is usable
+    early_stop_at: float = 0.0  # > 0: cancel a group's stragglers once this fraction is usable
+    zero_signal: str = "mask"  # groups without signal: mask, or replace (drop; another task in each one's place)
+    replace_cap: int = 8  # replace: replacements a step may drop again; later ones are masked
+    wandb: dict = field(default_factory=dict)  # {project, entity, mode}: also log to Weights & Biases
+    retire: str = "none"  # curriculum: stop drawing tasks always solved, never solved, or both (producers/driver.py)
+    retire_after: int = 2  # ... judged on their last this many groups
+    # --only: start these of COMPONENTS here and drive nothing (the rest, and the driver, run elsewhere: their
+    # URLs are in attach); they serve the ports of their URLs in attach, so the other machines find them
+    only: frozenset[str] = frozenset()
+    run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
+
+
+@dataclass
+class StepResult:
+    step: int
+    reward: float
+    samples: int
+    groups: int
+    traces: int
+    calls: int
+    sampled_tokens: int
+    wall_s: float
+    policy_version: int
+    trace_tokens: int = 0  # what the trainer runs through: every token of every training sequence
+    entropy: float | None = None  # the trainer's step: mean entropy of the trained tokens, gradient norm,
+    grad_norm: float | None = None  # and the learning rate it used (from the PolicyVersion it published)
+    lr: float | None = None
+    group_ids: list[str] = field(default_factory=list)  # report.md links each to its viewer page
+    # groups without signal (every sample scored the same): masked, they close the step but move nothing
+    all_correct: int = 0  # every sample scored 1: too easy now
+    all_wrong: int = 0  # every sample scored 0: too hard now
+    replaced: int = 0  # zero_signal replace: groups without signal dropped (counted above) and replaced
+
+    @property
+    def merge_rate(self) -> float:
+        return merge_rate(self.traces, self.calls)
+
+
+def merge_rate(traces: int, calls: int) -> float:
+    """Share of calls that needed no training sequence of their own (prefix-merged into an earlier one)."""
+    return 1.0 - traces / calls if calls else 0.0
