@@ -214,7 +214,8 @@ def task_payload(item: tuple[str, str] | TaskRequest, task_id: str, samples: int
     """The TaskRequest sent for one train or eval task: an arith problem, or a user's task template with the
     run's sampling. A group counts once ``min_completion`` of its samples (rounded down, at least 1) are
     usable; with ``early_stop_at`` > 0 the rollout server cancels the stragglers once that fraction
-    (rounded up) is. ``zero_signal``: what the trainer does with the group if it has no signal."""
+    (rounded up) is; a task that sets its own ``min_valid`` or ``early_stop`` keeps it. ``zero_signal``: what the
+    trainer does with the group if it has no signal."""
     if isinstance(item, TaskRequest):  # a user's task: its own workspace and evaluator
         # its own event id: copies of one template share the template's, and consumers dedupe on it
         req = item.model_copy(update={"event_id": derived_event_id("task", task_id), "task_id": task_id,
@@ -224,8 +225,12 @@ def task_payload(item: tuple[str, str] | TaskRequest, task_id: str, samples: int
         q, a = item
         req = arith.task_request(q, a, task_id=task_id, num_samples=samples, harness=harness, task_set=task_set,
                                       tool=tool)
-    req.min_valid = max(1, int(min_completion * samples))
-    req.early_stop = max(req.min_valid, math.ceil(early_stop_at * samples)) if early_stop_at > 0 else 0
+    # a task that names its own minimum or early stop keeps it (at most the run's group size); the rest take the run's
+    own = item.model_fields_set if isinstance(item, TaskRequest) else set()
+    req.min_valid = min(item.min_valid, samples) if "min_valid" in own else max(1, int(min_completion * samples))
+    req.early_stop = (min(item.early_stop, samples) if "early_stop" in own else
+                      math.ceil(early_stop_at * samples) if early_stop_at > 0 else 0)
+    req.early_stop = max(req.min_valid, req.early_stop) if req.early_stop else 0
     req.zero_signal = zero_signal
     return req.model_dump(mode="json")
 

@@ -67,9 +67,11 @@ class Experiment(BaseModel):
                                                                   "(every sample 1), all unsolved (every sample 0), or either")
     retire_after: int = Field(2, ge=1, description="retire: how many of a task's latest groups decide")
     min_completion: float = Field(0.5, gt=0, le=1, description="a group counts once this fraction of its samples "
-                                  "finished usable (rounded down, at least 1); the rest are masked")
+                                  "finished usable (rounded down, at least 1); the rest are masked. A task that sets its "
+                                  "own min_valid keeps it")
     early_stop_at: float = Field(0.0, ge=0, le=1, description="straggler early stop: once this fraction of a group's "
-                                 "samples finished usable, cancel the rest (0: never; at least min_completion)")
+                                 "samples finished usable, cancel the rest (0: never; at least min_completion). A task "
+                                 "that sets its own early_stop keeps it")
     eval_every: int = Field(0, ge=0, description="evaluate every N trained steps as well (0: before and after only)")
     eval_samples: int = Field(4, ge=1, description="samples per eval task (pass@1 is their mean)")
     heldout: int = Field(16, ge=1, description="builtin:arith only: problems kept out of training for builtin:arith-heldout")

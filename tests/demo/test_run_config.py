@@ -80,6 +80,11 @@ def test_a_tasks_minimum_completion_and_straggler_early_stop_come_from_the_exper
     assert (strict["min_valid"], strict["early_stop"]) == (6, 6)  # early stop never below the minimum
     arith = task_payload(("Compute 1 + 2", "3"), "r-s000-t2", 3, "demo-arith", pi, early_stop_at=0.5)
     assert (arith["min_valid"], arith["early_stop"], arith["metadata"]["answer"]) == (1, 2, "3")
+    # a task file's own minimum and early stop are the task's, not the run's (capped at the run's group size)
+    own = TaskRequest.model_validate_json('{"task_id": "flaky", "instruction": "x", "min_valid": 3, "early_stop": 12}')
+    mine = task_payload(own, "r-s000-t3", 8, "coding", pi, min_completion=0.75, early_stop_at=0.6)
+    assert (mine["min_valid"], mine["early_stop"]) == (3, 8)
+    assert task_payload(own.model_copy(update={"min_valid": 6}), "r-s000-t4", 4, "coding", pi)["min_valid"] == 4
 
 
 def test_the_demo_is_the_packaged_preset_of_the_arith_example(tmp_path):
