@@ -1,12 +1,15 @@
 """Checkpoints through fsspec: any URL (file://, s3://), HF layout, manifest last.
 
 A checkpoint directory ``<root>/step-00000012/`` holds what an engine needs to load it directly
-(``config.json``, ``model.safetensors``, tokenizer files copied from the starting model) plus what a
-restart needs (``optimizer.pt``, ``trainer_state.json`` with the consumed Kafka offsets,
-``train_config.json``). ``manifest.json`` is written last and lists every file with its size: a
-directory without a manifest, or whose files do not match it, is not a checkpoint (a crash mid-write
+(``config.json``, safetensors shards with ``model.safetensors.index.json``, tokenizer files copied from
+the starting model: export.py) plus what a restart needs: ``train_state/`` (model and AdamW moments as
+a DCP checkpoint each rank writes its shards of, readable at any world size: train_state.py),
+``trainer_state.json`` with the consumed Kafka offsets, and ``train_config.json``. ``manifest.json`` is
+written last, after every rank has written its files, and lists every file with its size: a directory
+without a manifest, or whose files do not match it, is not a checkpoint (a crash of any rank mid-write
 leaves exactly that). Weight-only exports for engines (``<root>/weights/v00000012/``) use the same
-layout without the optimizer and trainer state. ``<root>/engine_version.json`` records the version
+layout without the train state. Checkpoints of older versions (``model.safetensors`` and
+``optimizer.pt``) still resume in one process. ``<root>/engine_version.json`` records the version
 the engines last loaded.
 """
 
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -22,19 +24,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from infra.settings import Settings
 from infra.storage import filesystem, write_bytes
+
+from . import train_state
+from .export import export_hf
 
 MANIFEST = "manifest.json"
 STATE = "trainer_state.json"
 OPTIMIZER = "optimizer.pt"
 CONFIG = "train_config.json"
 ENGINE_VERSION = "engine_version.json"  # <root>/engine_version.json: the version the engines last loaded
-# Files a copied model directory must not carry into a checkpoint: weights (rewritten) and our own.
-_NOT_COPIED = {MANIFEST, STATE, OPTIMIZER, CONFIG, "config.json", "generation_config.json",
-               "model.safetensors.index.json", "pytorch_model.bin.index.json"}
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+OPTIMIZER_LEGACY = OPTIMIZER  # checkpoints before sharded train state: optimizer.pt beside model.safetensors
 
 
 class CheckpointError(RuntimeError):
@@ -61,56 +64,75 @@ def save_checkpoint(
     step: int,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    state: dict[str, Any],
-    config: dict[str, Any],
+    state: dict[str, Any] | None,
+    config: dict[str, Any] | None,
     model_dir: str | Path,
     settings: Settings,
 ) -> str:
-    """Write a full checkpoint for ``step`` under ``root``; returns its URL once the manifest is in."""
+    """Write a full checkpoint for ``step`` under ``root``; returns its URL once the manifest is in. Every
+    rank calls it (each writes its shards); ``state`` and ``config`` are rank 0's."""
     url = step_dir(root, step)
-    with tempfile.TemporaryDirectory(prefix="polar-ckpt-") as tmp:
-        staging = Path(tmp)
-        _stage_weights(staging, model, model_dir)
-        torch.save(optimizer.state_dict(), staging / OPTIMIZER)
-        (staging / STATE).write_text(json.dumps(state, sort_keys=True))
-        (staging / CONFIG).write_text(json.dumps(config, sort_keys=True, default=str, indent=1))
-        _upload(staging, url, settings, {"kind": "checkpoint", "step": step, **_summary(state)})
+    _start(url, settings)
+    files = export_hf(model, url, model_dir, settings)
+    train_state.save(f"{url}/{train_state.DIR}", model, optimizer, settings)
+    if _rank() == 0:
+        files.update(_listed(url, train_state.DIR, settings))
+        for name, body in ((STATE, json.dumps(state, sort_keys=True)),
+                           (CONFIG, json.dumps(config, sort_keys=True, default=str, indent=1))):
+            write_bytes(f"{url}/{name}", body.encode(), settings)
+            files[name] = len(body.encode())
+        _finish(url, files, settings, {"kind": "checkpoint", "step": step, **_summary(state)})
+    _barrier()
     return url
 
 
 def export_weights(
     url: str, model: torch.nn.Module, model_dir: str | Path, settings: Settings, meta: dict[str, Any]
 ) -> str:
-    """Write only what an engine loads (HF layout) to ``url``; returns ``url``."""
-    with tempfile.TemporaryDirectory(prefix="polar-weights-") as tmp:
-        _stage_weights(Path(tmp), model, model_dir)
-        _upload(Path(tmp), url, settings, {"kind": "weights", **meta})
+    """Write only what an engine loads (HF layout, sharded) to ``url``; returns ``url``. Every rank calls it."""
+    _start(url, settings)
+    files = export_hf(model, url, model_dir, settings)
+    if _rank() == 0:
+        _finish(url, files, settings, {"kind": "weights", **meta})
+    _barrier()
     return url
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
 
 
 def _summary(state: dict[str, Any]) -> dict[str, Any]:
     return {k: state[k] for k in ("policy_version",) if k in state}
 
 
-def _stage_weights(staging: Path, model: torch.nn.Module, model_dir: str | Path) -> None:
-    model = getattr(model, "module", model)  # unwrap DDP
-    model.save_pretrained(staging, safe_serialization=True)
-    for f in Path(model_dir).iterdir():  # tokenizer, chat template, ...: engines load the directory as is
-        wanted = f.is_file() and f.name not in _NOT_COPIED and not f.name.endswith(_WEIGHT_SUFFIXES)
-        if wanted and not (staging / f.name).exists():
-            shutil.copy2(f, staging / f.name)
-
-
-def _upload(staging: Path, url: str, settings: Settings, meta: dict[str, Any]) -> None:
-    fs, path = filesystem(url, settings)
-    files = {f.name: f.stat().st_size for f in sorted(staging.iterdir()) if f.is_file()}
-    try:
-        fs.makedirs(path, exist_ok=True)
-        if fs.exists(f"{path}/{MANIFEST}"):  # never true for the trainer; a rewrite must look incomplete
+def _start(url: str, settings: Settings) -> None:
+    """A directory about to be (re)written must look incomplete before any rank writes into it."""
+    if _rank() == 0:
+        fs, path = filesystem(url, settings)
+        if fs.exists(f"{path}/{MANIFEST}"):  # never true for the trainer
             fs.rm_file(f"{path}/{MANIFEST}")
-        for name in files:
-            fs.put_file(str(staging / name), f"{path}/{name}")
-        manifest = json.dumps({"format": "polarstream-checkpoint/1", "files": files, "created_at": time.time(), **meta})
+    _barrier()
+
+
+def _listed(url: str, sub: str, settings: Settings) -> dict[str, int]:
+    """{``sub``/name: bytes} of the files under ``url``/``sub`` (what the ranks wrote there)."""
+    fs, path = filesystem(f"{url}/{sub}", settings)
+    fs.invalidate_cache()
+    return {f"{sub}/{e['name'].rstrip('/').rsplit('/', 1)[-1]}": e["size"] for e in fs.ls(path, detail=True)
+            if e.get("type") != "directory"}
+
+
+def _finish(url: str, files: dict[str, int], settings: Settings, meta: dict[str, Any]) -> None:
+    """The manifest, last: from now on the directory is complete."""
+    manifest = json.dumps({"format": "polarstream-checkpoint/2", "files": dict(sorted(files.items())),
+                           "created_at": time.time(), **meta})
+    try:
         write_bytes(f"{url.rstrip('/')}/{MANIFEST}", manifest.encode(), settings)  # atomic on file:// and s3://
     except OSError as e:
         raise CheckpointError(f"{url}: write failed ({e})") from e
@@ -173,10 +195,15 @@ def _read_manifest(fs, dir_path: str) -> dict[str, Any] | None:
     """The manifest if the directory is complete: manifest present, every file there at its size."""
     try:
         manifest = json.loads(fs.cat_file(f"{dir_path}/{MANIFEST}"))
-        sizes = {e["name"].rsplit("/", 1)[-1]: e["size"] for e in fs.ls(dir_path, detail=True)}
+        listed = manifest.get("files", {})
+        sizes = {}
+        for sub in {"", *(n.rsplit("/", 1)[0] for n in listed if "/" in n)}:
+            where = f"{dir_path}/{sub}" if sub else dir_path
+            prefix = f"{sub}/" if sub else ""
+            sizes.update({prefix + e["name"].rstrip("/").rsplit("/", 1)[-1]: e["size"] for e in fs.ls(where, detail=True)})
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    if any(sizes.get(name) != size for name, size in manifest.get("files", {}).items()):
+    if any(sizes.get(name) != size for name, size in listed.items()):
         return None
     return manifest
 
@@ -200,14 +227,31 @@ def download(url: str, local_dir: str | Path, settings: Settings) -> Path:
     local = Path(local_dir)
     local.mkdir(parents=True, exist_ok=True)
     for name in [*manifest["files"], MANIFEST]:
+        if name.startswith(f"{train_state.DIR}/"):  # the trainer reads its state from the URL, not a copy
+            continue
         fs.get_file(f"{path}/{name}", str(local / name))
     return local
 
 
-def load_optimizer(local_dir: str | Path, optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
-    """Restore an optimizer from a downloaded checkpoint."""
-    data = (Path(local_dir) / OPTIMIZER).read_bytes()
-    optimizer.load_state_dict(torch.load(io.BytesIO(data), map_location=device, weights_only=True))
+def load_train_state(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     settings: Settings) -> None:
+    """Fill a freshly built ``model`` and ``optimizer`` (any world size) from a checkpoint's train state.
+    A checkpoint of an older version (model.safetensors and optimizer.pt) loads in one process."""
+    if any(n.startswith(f"{train_state.DIR}/") for n in info.manifest.get("files", {})):
+        train_state.load(f"{info.url.rstrip('/')}/{train_state.DIR}", model, optimizer, settings)
+        return
+    if dist.is_initialized():
+        raise CheckpointError(f"{info.url}: a checkpoint without train_state/ (an older version) resumes in one "
+                              "process only; resume it once without torchrun, then continue sharded")
+    from safetensors.torch import load_file
+
+    with tempfile.TemporaryDirectory(prefix="polar-resume-") as tmp:
+        local = download(info.url, tmp, settings)
+        model.load_state_dict(load_file(local / "model.safetensors"), strict=False)
+        if getattr(model.config, "tie_word_embeddings", False):
+            model.tie_weights()
+        data = (local / OPTIMIZER_LEGACY).read_bytes()
+        optimizer.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
 
 
 def prune(root: str, keep: int, settings: Settings) -> list[str]:

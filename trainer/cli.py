@@ -27,6 +27,8 @@ def train_command(
     storage_url: Annotated[str, typer.Option(help="checkpoint root (file:// or s3://); default: settings")] = "",
     run_dir: Annotated[str, typer.Option(help="JSONL log and TensorBoard directory")] = "",
     metrics_port: Annotated[int, typer.Option(help="serve Prometheus /metrics on this port (0: off; docs/operations.md)")] = 0,
+    strategy: Annotated[str, typer.Option(help="auto: FSDP2 under torchrun with several processes, else one plain "
+                                               "model; fsdp: FSDP2 in one process too")] = "auto",
     config: Annotated[str, typer.Option(help="YAML settings file (infra settings, see infra/settings.py)")] = "",
     set_: Annotated[
         Optional[list[str]], typer.Option("--set", help="any trainer setting as key=value (trainer/config.py)")
@@ -41,7 +43,7 @@ def train_command(
         "model": model, "groups_per_step": groups_per_step, "max_steps": max_steps, "lr": lr,
         "token_budget": token_budget, "checkpoint_every": checkpoint_every, "sync_every": sync_every,
         "engines": engine or [], "gateway": gateway, "idle_timeout_s": idle_timeout, "run_dir": run_dir,
-        "metrics_port": metrics_port,
+        "metrics_port": metrics_port, "strategy": strategy,
     }
     for item in set_ or []:
         key, sep, value = item.partition("=")
@@ -91,5 +93,5 @@ def _require_services(cfg, settings) -> None:
 
 
 def main() -> None:
-    """Entry point for ``python -m trainer.train`` / torchrun: the same options as ``polarstream train``."""
+    """Entry point for ``python -m trainer`` / torchrun (trainer/__main__.py): the same options as ``polarstream train``."""
     typer.run(train_command)

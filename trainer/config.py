@@ -48,6 +48,8 @@ class TrainConfig:
     start_from: Literal["earliest", "latest"] = "earliest"  # where a run without a checkpoint starts reading
     consumer_group: str = "polar-trainer"
     # -- several processes (torchrun) --
+    strategy: Literal["auto", "fsdp"] = "auto"  # auto: FSDP2 when torchrun starts several processes, one plain
+    # model otherwise; fsdp: FSDP2 in one process too (a group of one: the GPU check's sharded step)
     dist_timeout_s: float = 1800.0  # longest any collective may wait for a peer before the run fails
     # (torch's gloo default; nccl's is 600 s): a stuck rank becomes an error naming the collective
     heartbeat_s: float = 30.0  # while rank 0 waits for groups, it tells the other ranks every this

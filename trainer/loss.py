@@ -112,22 +112,21 @@ def microbatch_logprobs(
 
     The model runs with ``logits_to_keep`` empty, so its own lm_head projects nothing; a forward hook
     on the base model takes the final (normed) hidden states, and only the N trained positions go
-    through ``head_logprobs`` (fp32, chunked). The call still goes through ``model`` itself, so a DDP
-    wrapper sees the forward and synchronizes gradients. The micro-batch's ``layout`` reaches the
+    through ``head_logprobs`` (fp32, chunked). The call still goes through ``model`` itself, so FSDP2's
+    hooks gather the weights (the root's, the head's among them, stay gathered until backward). The micro-batch's ``layout`` reaches the
     ``polar_varlen`` attention as a forward kwarg (other implementations ignore it).
     """
-    inner = model.module if hasattr(model, "no_sync") else model
-    if mb.layout.shares_prefix and inner.config._attn_implementation != "polar_varlen":
+    if mb.layout.shares_prefix and model.config._attn_implementation != "polar_varlen":
         raise ValueError("shared-prefix micro-batches need attn_implementation 'polar_varlen' (trainer.attention)")
     hidden: list[torch.Tensor] = []
-    hook = inner.base_model.register_forward_hook(lambda _m, _a, out: hidden.append(out.last_hidden_state))
+    hook = model.base_model.register_forward_hook(lambda _m, _a, out: hidden.append(out.last_hidden_state))
     try:
         model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
               use_cache=False, logits_to_keep=mb.positions[:0], polar_layout=mb.layout)
     finally:
         hook.remove()
     h = hidden[-1].flatten(0, 1)[mb.positions]  # (R, W, H) -> (N, H)
-    return head_logprobs(h, inner.get_output_embeddings(), mb.targets, temperature)
+    return head_logprobs(h, model.get_output_embeddings(), mb.targets, temperature)
 
 
 def head_logprobs(

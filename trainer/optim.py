@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .parallel import clip_grad_norm_
 from .packing import Sample
 
 
@@ -75,7 +76,7 @@ def apply_update(
 ) -> tuple[float, str | None]:
     """Clip the accumulated gradients, step the optimizer unless ``skip_update_reason`` says not to,
     and clear the gradients. Returns (gradient norm before clipping, skip reason or None)."""
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf))
+    grad_norm = clip_grad_norm_(model.parameters(), grad_clip or math.inf)
     reason = skip_update_reason(samples, grad_norm)
     if reason is None:
         optimizer.step()

@@ -26,14 +26,14 @@ def accumulate_gradients(
 ) -> dict[str, float]:
     """Forward + backward every micro-batch, accumulating gradients; returns stat sums (STAT_KEYS).
 
-    Under DDP only the last micro-batch synchronizes gradients (``no_sync`` before it), so a step
-    costs one all-reduce however many micro-batches it has. With ``cfg.tis_cap`` the ratio's behaviour
+    Under FSDP2 each micro-batch's backward reduce-scatters its gradients into the shards (summed over
+    ranks: trainer/parallel.py), which keeps unsharded gradients from piling up. With ``cfg.tis_cap`` the ratio's behaviour
     policy is the trainer's own current logprobs, detached: one update per batch means pi_old is the
     policy being trained, so a second no-grad forward would only recompute the same numbers (ratio 1,
     gradient that of log pi). The TIS weight min(pi_old / pi_rollout, cap) then corrects for the
     engine/trainer mismatch.
-    ``grad_scale`` undoes DDP's gradient averaging (pass the world size): the per-token weights are
-    already normalized over the whole step, across ranks, so gradients must be summed, not averaged.
+    ``grad_scale`` multiplies the loss before backward (1: the per-token weights already normalize
+    over the whole step, across ranks).
     """
     sums = dict.fromkeys(STAT_KEYS, 0.0)
     amp = (
@@ -43,9 +43,7 @@ def accumulate_gradients(
     )
     for i, mb in enumerate(micro):
         mb = mb.to(device)
-        last = i == len(micro) - 1
-        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
-        with sync, amp:
+        with amp:
             ref = None
             if ref_model is not None and cfg.kl_coef > 0:
                 with torch.no_grad():

@@ -1,13 +1,15 @@
 """GRPO on the groups of polar.groups. Reads top to bottom, like nanoGPT's train.py.
 
     polarstream train --model DIR [--groups-per-step 4] [--set key=value ...]
-    torchrun --nproc_per_node 2 -m trainer.train --model DIR ...     # DDP (gloo on CPU, nccl on GPU)
+    torchrun --nproc_per_node 2 -m trainer --model DIR ...     # FSDP2 (gloo on CPU, nccl on GPU)
 
 Each step: take groups from Kafka (rank 0) -> choose (dedupe, staleness, zero variance) -> broadcast
 the samples -> pack into token-budget micro-batches -> forward/backward on this rank's share ->
 clip, AdamW -> log (JSONL, TensorBoard, stdout) -> checkpoint with the consumed offsets ->
 publish a PolicyVersion and push the weights to the engines. A restart resumes from the newest
 complete checkpoint and seeks to its offsets, so no group is trained twice and none is skipped.
+Several processes shard the model with FSDP2 (parallel.py); every rank writes its own part of each
+checkpoint and export, so those steps are collectives, and rank 0 alone talks to Kafka and the engines.
 """
 
 from __future__ import annotations
@@ -15,14 +17,12 @@ from __future__ import annotations
 import logging
 import math
 import signal
-import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +34,13 @@ from producers.publisher import Publisher, PublishError
 from schemas import PolicyVersion
 
 from . import checkpoint
-from .attention import load_model
 from .config import TrainConfig
 from .kafka_io import GroupSource, offsets_from_json
 from .loss import LossConfig, summarize
 from .metrics import RunLog, Sinks, health_warnings, record_sync
 from .optim import apply_update, param_groups, saturation_scale
 from .packing import MicroBatch, Sample, assign_weights, pack, pad_by_length, samples_from_group, shard
+from .parallel import build_model, place
 from .selection import SeenIds, StepPlan, lr_at, plan_step
 from .step import accumulate_gradients
 from .weight_sync import Gateway, WeightSyncError, engine_from_spec, sync_weights
@@ -59,45 +59,34 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
 
     hf_logging.disable_progress_bar()  # save_pretrained's shard bar would interleave with ours
 
-    # -- distributed: torchrun sets the rendezvous env; rank 0 owns Kafka, logs and checkpoints ----
-    distributed = dist.is_torchelastic_launched()
-    cuda = torch.cuda.is_available()
-    if distributed:  # every collective fails after dist_timeout_s instead of hanging (see config.py)
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=cfg.dist_timeout_s))
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    master = rank == 0
-    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}") if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
+    # -- distributed: torchrun sets the rendezvous env; rank 0 owns Kafka, logs and the engines -----
+    placement = place(cfg.strategy, cfg.dist_timeout_s)
+    rank, world, master, device = placement.rank, placement.world, placement.master, placement.device
+    distributed, cuda = placement.distributed, device.type == "cuda"
     torch.manual_seed(cfg.seed)
     root = settings.checkpoint_url
     run_dir = Path(cfg.run_dir or settings.data_dir / "trainer" / cfg.consumer_group)
 
     # -- resume from the newest complete checkpoint, or start from --model -------------------------
+    # (the model is built from --model, config and tokenizer included, then takes the checkpoint's state:
+    # saved at any world size, each rank reads the slices its sharding needs)
     info = _broadcast(checkpoint.latest(root, settings) if master else None, distributed)
-    staging = tempfile.TemporaryDirectory(prefix="polar-train-")
+    model_dir = Path(cfg.model)
+    state = {"step": 0, "policy_version": 0, "offsets": {}, "seen": [], "counters": {}}
     if info is not None:
-        model_dir = checkpoint.download(info.url, Path(staging.name) / "resume", settings)
-        state = checkpoint.read_state(info, settings)
-    else:
-        model_dir = Path(cfg.model)
-        state = {"step": 0, "policy_version": 0, "offsets": {}, "seen": [], "counters": {}}
+        state = _broadcast(checkpoint.read_state(info, settings) if master else None, distributed)
     dtype = getattr(torch, cfg.dtype)
     # padded micro-batches are the fallback: plain sdpa with the padding mask (the flash varlen path
     # takes one packed row per micro-batch)
     attn = "sdpa" if cfg.packing == "padded" and cfg.attn_implementation == "auto" else cfg.attn_implementation
-    model = load_model(model_dir, dtype, attn, cfg.activation_checkpointing)
-    model.to(device).train()
+    model = build_model(model_dir, placement, dtype, attn, cfg.activation_checkpointing)
     ref_model = None
     if cfg.kl_coef > 0:  # the reference is the run's starting model, not the newest checkpoint
-        ref_model = load_model(cfg.model, dtype, attn)
-        ref_model.to(device).eval().requires_grad_(False)
+        ref_model = build_model(cfg.model, placement, dtype, attn).eval().requires_grad_(False)
     # weight decay on linear matrices only: not on norms, biases or embeddings (see optim.param_groups)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     if info is not None:
-        checkpoint.load_optimizer(model_dir, optimizer, device)
-    if distributed:  # DDP broadcasts rank 0's parameters at construction, so every rank starts equal
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+        checkpoint.load_train_state(info, model, optimizer, settings)
     loss_cfg = LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef,
                           dual_clip=cfg.dual_clip)
     autocast = torch.bfloat16 if cuda else None
@@ -125,6 +114,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         gateway = Gateway(cfg.gateway, settings.admin_token) if cfg.gateway else None
         log = RunLog(run_dir / "train.jsonl")
         log.write({"event": "start", "step": step, "policy_version": version, "world_size": world,
+                   "strategy": placement.strategy,
                    "checkpoint": info.url if info else None, "time": time.time()})
         sinks = Sinks(run_dir, cfg.tensorboard, cfg.progress, cfg.max_steps or None, step)
         if cfg.metrics_port:  # rank 0 only: one scrape target per trainer, not one per rank
@@ -144,15 +134,18 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             log.write({"event": "sync_error", "step": step, "policy_version": int(state["policy_version"]), "error": str(e)})
 
     def save() -> str:
-        """Checkpoint the weights, optimizer and the exact Kafka positions consumed so far."""
+        """Checkpoint the weights, optimizer and the exact Kafka positions consumed so far (every rank
+        calls it: each writes its own shards; rank 0 the positions and, last, the manifest)."""
         nonlocal last_saved
-        offsets = source.positions()
+        offsets = source.positions() if master else None
         snapshot = {"step": step, "policy_version": version, "offsets": offsets, "seen": seen.to_list(),
                     "synced_version": synced, "sync_failures": sync_failures,
-                    "counters": dict(counters), "time": time.time()}
-        url = checkpoint.save_checkpoint(root, step, model, optimizer, snapshot, config_record, model_dir, settings)
-        checkpoint.prune(root, cfg.keep_checkpoints, settings)
-        source.commit(offsets)  # for lag monitoring only; the checkpoint is what a restart reads
+                    "counters": dict(counters), "time": time.time()} if master else None
+        url = checkpoint.save_checkpoint(root, step, model, optimizer, snapshot, config_record if master else None,
+                                         model_dir, settings)
+        if master:
+            checkpoint.prune(root, cfg.keep_checkpoints, settings)
+            source.commit(offsets)  # for lag monitoring only; the checkpoint is what a restart reads
         last_saved = step
         return url
 
@@ -192,8 +185,8 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             lr = lr_at(step, cfg) * lr_scale
             for g in optimizer.param_groups:
                 g["lr"] = lr
-            sums = accumulate_gradients(model, mine, loss_cfg, cfg.temperature, ref_model, device, autocast,
-                                        grad_scale=world)
+            # gradients sum over ranks (parallel.py): the weights are normalized over the whole step already
+            sums = accumulate_gradients(model, mine, loss_cfg, cfg.temperature, ref_model, device, autocast)
             sums["tokens_fed"] = float(sum(mb.num_tokens for mb in mine))
             sums = _all_reduce(sums, distributed, device)
             # A step without signal (every advantage 0, e.g. all-zero-variance groups) leaves the weights
@@ -205,42 +198,45 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             version += 1
             dt = time.perf_counter() - t0
 
-            # 4. rank 0: log (before the checkpoint: see metrics.py), checkpoint, publish, sync
-            if not master:
-                continue
-            rewards = [t.reward for c in plan.chosen for t in c.group.trajectories]
-            advs = [a for c in plan.chosen for a in c.group.advantages]
-            counters.update(groups=len(plan.chosen), tokens=int(sums["tokens"]))
-            counters.update(s["reason"] for s in plan.skipped)
-            if no_update is not None:
-                counters.update({f"no_update_{no_update}": 1})
-            metrics = {
-                **summarize(sums), "grad_norm": float(grad_norm), "lr": lr, "lr_scale": lr_scale, "policy_version": version,
-                "reward_mean": reward_mean, "reward_std": _std(rewards),
-                "adv_mean": _mean(advs), "adv_std": _std(advs), "adv_min": min(advs), "adv_max": max(advs),
-                "groups": len(plan.chosen), "skipped": len(plan.skipped), "trajectories": len(rewards),
-                "sequences": len(samples), "microbatches": len(micro), "trained_tokens": sums["tokens"],
-                "tokens": sums["tokens_fed"], "truncated_tokens": cut,
-                "padding_frac": 1 - sum(mb.num_real_tokens for mb in micro) / sum(mb.num_tokens for mb in micro),
-                "staleness_mean": _mean(plan.staleness), "staleness_max": max(plan.staleness),
-                "engine_version": synced,
-                "step_time_s": dt, "wait_s": wait_s, "tokens_per_s": sums["tokens_fed"] / dt,
-                "updated": float(no_update is None),
-            }
-            log.write({"event": "step", "step": step, "policy_version": version, "metrics": metrics,
-                       "groups": [c.group.event_id for c in plan.chosen], "weights": [c.weight for c in plan.chosen],
-                       "skipped": plan.skipped, "time": time.time()})
-            sinks.step(step, metrics)
-            reward_history.append(metrics["reward_mean"])
-            for warning in health_warnings(reward_history, metrics["entropy"], cfg.entropy_floor, step):
-                logger.warning("%s", warning)
-                log.write({"event": "warning", "warning": "health", "step": step, "message": warning})
+            # 4. rank 0 logs (before the checkpoint: see metrics.py); every rank writes its part of the
+            # checkpoint or export; rank 0 publishes and syncs the engines
+            if master:
+                rewards = [t.reward for c in plan.chosen for t in c.group.trajectories]
+                advs = [a for c in plan.chosen for a in c.group.advantages]
+                counters.update(groups=len(plan.chosen), tokens=int(sums["tokens"]))
+                counters.update(s["reason"] for s in plan.skipped)
+                if no_update is not None:
+                    counters.update({f"no_update_{no_update}": 1})
+                metrics = {
+                    **summarize(sums), "grad_norm": float(grad_norm), "lr": lr, "lr_scale": lr_scale, "policy_version": version,
+                    "reward_mean": reward_mean, "reward_std": _std(rewards),
+                    "adv_mean": _mean(advs), "adv_std": _std(advs), "adv_min": min(advs), "adv_max": max(advs),
+                    "groups": len(plan.chosen), "skipped": len(plan.skipped), "trajectories": len(rewards),
+                    "sequences": len(samples), "microbatches": len(micro), "trained_tokens": sums["tokens"],
+                    "tokens": sums["tokens_fed"], "truncated_tokens": cut,
+                    "padding_frac": 1 - sum(mb.num_real_tokens for mb in micro) / sum(mb.num_tokens for mb in micro),
+                    "staleness_mean": _mean(plan.staleness), "staleness_max": max(plan.staleness),
+                    "engine_version": synced,
+                    "step_time_s": dt, "wait_s": wait_s, "tokens_per_s": sums["tokens_fed"] / dt,
+                    "updated": float(no_update is None),
+                }
+                log.write({"event": "step", "step": step, "policy_version": version, "metrics": metrics,
+                           "groups": [c.group.event_id for c in plan.chosen], "weights": [c.weight for c in plan.chosen],
+                           "skipped": plan.skipped, "time": time.time()})
+                sinks.step(step, metrics)
+                reward_history.append(metrics["reward_mean"])
+                for warning in health_warnings(reward_history, metrics["entropy"], cfg.entropy_floor, step):
+                    logger.warning("%s", warning)
+                    log.write({"event": "warning", "warning": "health", "step": step, "message": warning})
             url = save() if step % cfg.checkpoint_every == 0 else None
             last_url = url or last_url
-            if cfg.sync_every and step % cfg.sync_every == 0:
-                if url is None:  # between checkpoints engines get a weights-only export
-                    url = checkpoint.export_weights(checkpoint.weights_dir(root, version), model, model_dir, settings,
-                                                    {"policy_version": version, "step": step})
+            if not (cfg.sync_every and step % cfg.sync_every == 0):
+                continue
+            if url is None:  # between checkpoints engines get a weights-only export
+                url = checkpoint.export_weights(checkpoint.weights_dir(root, version), model, model_dir, settings,
+                                                {"policy_version": version, "step": step})
+            error = None
+            if master:
                 record = PolicyVersion(model=cfg.model_name, version=version, checkpoint_url=url, step=step,
                                        metrics={k: float(v) for k, v in metrics.items()})
                 try:  # a failure here leaves training and its checkpoint intact; the next sync catches up
@@ -256,17 +252,21 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                     log.write({"event": "sync_error", "step": step, "policy_version": version, "error": str(e),
                                "failures_in_a_row": sync_failures})
                     if cfg.max_sync_failures and sync_failures >= cfg.max_sync_failures:
-                        # Going on would train ever further from the policy the engines sample with.
-                        last_url = save() if step != last_saved else last_url
-                        raise WeightSyncError(" ".join(
-                            f"{sync_failures} weight syncs in a row failed (max_sync_failures="
-                            f"{cfg.max_sync_failures}); stopped at step {step}, checkpoint {last_url}; engines "
-                            f"still serve policy version {synced}; last error: {e}".split())) from e
+                        error = e
+            if _broadcast(error is not None, distributed):
+                # Going on would train ever further from the policy the engines sample with.
+                last_url = save() if step != last_saved else last_url
+                if not master:
+                    raise WeightSyncError(f"rank {rank}: stopped with rank 0 at step {step} (weight syncs failed)")
+                raise WeightSyncError(" ".join(
+                    f"{sync_failures} weight syncs in a row failed (max_sync_failures="
+                    f"{cfg.max_sync_failures}); stopped at step {step}, checkpoint {last_url}; engines "
+                    f"still serve policy version {synced}; last error: {error}".split())) from error
 
         # -- wind down: a final checkpoint for the steps since the last one. Messages consumed after
         # the last step (all skipped) are not worth one: a restart reads and skips them again, and
         # a complete checkpoint is never rewritten in place.
-        if master and step != last_saved:
+        if step != last_saved:
             last_url = save()
         finished = True
     finally:  # also on an exception (no checkpoint then, but for the one a sync-failure stop writes first)
@@ -280,7 +280,6 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             if publisher is not None:
                 publisher.close()
         stop.restore()
-        staging.cleanup()
     if distributed:
         dist.barrier()
         dist.destroy_process_group()
@@ -416,9 +415,3 @@ class _StopFlag:
     def restore(self) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
-
-
-if __name__ == "__main__":  # torchrun --nproc_per_node N -m trainer.train --model DIR ...
-    from .cli import main
-
-    main()

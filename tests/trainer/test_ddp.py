@@ -1,4 +1,4 @@
-"""torchrun with 2 CPU processes (gloo): the same update as one process on the same groups.
+"""torchrun with 2 CPU processes (gloo, FSDP2): the same update as one process on the same groups.
 
 Issue 6: this test once hung past its 300 s limit in CI. Hangs now fail fast from inside: every
 collective gives up after ``dist_timeout_s`` (a traceback names it), and on the outer limit the test
@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from tests.plugins.trainer import make_group, publish_groups, settings_env
 from trainer import checkpoint
 from trainer.config import TrainConfig
+from trainer.export import load_state
 from trainer.metrics import effective_steps, read_log
 from trainer.train import train
 
@@ -33,7 +34,7 @@ LIMIT_S = 240
 
 
 def _weights(url, settings, dest):
-    return load_file(checkpoint.download(url, dest, settings) / "model.safetensors")
+    return load_state(checkpoint.download(url, dest, settings))
 
 
 def _ranks(pid: int) -> list[int]:
@@ -93,7 +94,7 @@ def test_torchrun_two_processes_matches_one_process(polar_settings, trainer_mode
     env = {**os.environ, **settings_env(ddp), "OMP_NUM_THREADS": "1"}
     sets = [a for k, v in COMMON.items() if k not in ("groups_per_step", "max_steps", "token_budget", "lr")
             for a in ("--set", f"{k}={v}")]
-    cmd = [TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "trainer.train", "--model", str(trainer_model_dir),
+    cmd = [TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "trainer", "--model", str(trainer_model_dir),
            "--groups-per-step", "3", "--max-steps", "2", "--token-budget", "16", "--lr", "1e-3",
            "--run-dir", str(tmp_path / "ddp"), "--set", "consumer_group=ddp", *sets]
     saved = lambda: getattr(checkpoint.latest(ddp.checkpoint_url, ddp), "step", 0) >= 1  # noqa: E731
@@ -107,7 +108,7 @@ def test_torchrun_two_processes_matches_one_process(polar_settings, trainer_mode
     train(cfg, single)
 
     starts = [r for r in read_log(tmp_path / "ddp" / "train.jsonl") if r.get("event") == "start"]
-    assert starts[0]["world_size"] == 2
+    assert (starts[0]["world_size"], starts[0]["strategy"]) == (2, "fsdp")
     one = effective_steps(read_log(tmp_path / "single" / "train.jsonl"))
     two = effective_steps(read_log(tmp_path / "ddp" / "train.jsonl"))
     assert len(one) == len(two) == 2

@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 from tests.plugins.trainer import make_group, publish_groups, read_policy
 from trainer import checkpoint
 from trainer.config import TrainConfig
+from trainer.export import load_state
 from trainer.metrics import effective_steps, read_log
 from trainer.train import train
 
@@ -29,8 +30,7 @@ def test_no_signal_step_keeps_the_weights_and_publishes_a_version(polar_settings
 
     ckpts = checkpoint.list_checkpoints(polar_settings.checkpoint_url, polar_settings)
     assert [c.step for c in ckpts] == [1, 2]
-    first, second = (load_file(checkpoint.download(c.url, tmp_path / f"c{c.step}", polar_settings)
-                               / "model.safetensors") for c in ckpts)
+    first, second = (load_state(checkpoint.download(c.url, tmp_path / f"c{c.step}", polar_settings)) for c in ckpts)
     start = load_file(trainer_model_dir / "model.safetensors")
     assert any(not torch.equal(start[k], first[k]) for k in start)  # the step with signal trained
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)

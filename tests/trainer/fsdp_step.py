@@ -1,0 +1,112 @@
+"""One training step's gradients, on one process or on each rank of a torchrun (FSDP2, gloo): the
+parity tests compare the two. Run as ``torchrun --nproc-per-node 2 tests/trainer/fsdp_step.py MODEL OUT``;
+rank 0 writes each case's full gradients, norm and stat sums to OUT.
+
+The samples are fixed by a seed: ``per_request`` traces (a prompt and one completion each) or
+``prefix_merging`` ones (several calls in one sequence: completions separated by tool results that
+are not trained), with their group's advantages, as packing.samples_from_group makes them.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[2]))  # torchrun runs this file as a script
+
+from trainer.loss import LossConfig  # noqa: E402
+from trainer.packing import assign_weights, pack, sample_from_trace, shard  # noqa: E402
+from trainer.step import accumulate_gradients  # noqa: E402
+
+LOSS = LossConfig(clip_low=0.2, clip_high=0.28, tis_cap=2.0)
+
+
+def samples(builder: str, loss_norm: str, vocab: int, seed: int = 0) -> list:
+    """Four groups of four trajectories: per_request (one call a trace) or prefix_merging (three calls in
+    one trace, tool results between them untrained)."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(4):
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randrange(6, 12))]
+        rewards = [rng.random() for _ in range(4)]
+        mean = sum(rewards) / 4
+        for i, r in enumerate(rewards):
+            ids, mask = list(prompt), [0] * len(prompt)
+            for call in range(3 if builder == "prefix_merging" else 1):
+                if call:  # a tool result: in the sequence, not trained
+                    result = [rng.randrange(3, vocab) for _ in range(rng.randrange(2, 5))]
+                    ids, mask = ids + result, mask + [0] * len(result)
+                completion = [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 9))]
+                ids, mask = ids + completion, mask + [1] * len(completion)
+            logprobs = [-rng.random() * 3 if m else 0.0 for m in mask]
+            s = sample_from_trace(ids, mask, logprobs, r - mean, 0, 1.0, f"g{g}", f"g{g}/t{i}")
+            out.append(s)
+    return assign_weights(out, loss_norm)
+
+
+def micro_batches(all_samples: list, world: int = 1, rank: int = 0) -> list:
+    return shard(pack(all_samples, 64), world, rank)
+
+
+CASES = (("per_request", "token_mean"), ("prefix_merging", "token_mean"), ("per_request", "seq_mean"))
+
+
+def step(model, micro, device) -> tuple[dict, float, dict]:
+    """Gradients of one step over ``micro`` (this rank's share), the norm over all ranks, the stat sums."""
+    sums = accumulate_gradients(model, micro, LOSS, 1.0, None, device, None, grad_scale=1.0)
+    from trainer.parallel import clip_grad_norm_
+
+    norm = clip_grad_norm_(model.parameters(), 1e9)
+    grads = {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad.clone()  # a collective
+             for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads, norm, sums
+
+
+def main(model_dir: str, out: str) -> None:
+    """Every case of CASES on this rank's share; rank 0 saves {case: (grads, norm, summed stats)} to ``out``."""
+    import torch.distributed as dist
+    from transformers import AutoConfig
+
+    from trainer.parallel import build_model, place
+
+    placement = place("auto", timeout_s=120)
+    model = build_model(model_dir, placement, torch.float32, "auto")
+    vocab = AutoConfig.from_pretrained(model_dir).vocab_size
+    results = {}
+    for builder, loss_norm in CASES:
+        mine = micro_batches(samples(builder, loss_norm, vocab), placement.world, placement.rank)
+        grads, norm, sums = step(model, mine, placement.device)
+        keys = sorted(sums)
+        total = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(total)
+        results[f"{builder}/{loss_norm}"] = {"grads": grads, "norm": norm, "sums": dict(zip(keys, total.tolist())),
+                                             "strategy": placement.strategy}
+    # one update, then the export: the trained weights as an HF directory, and the logits they give here
+    from infra.settings import Settings
+    from trainer.export import export_hf
+    from trainer.optim import apply_update
+
+    every = samples("per_request", "token_mean", vocab)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    accumulate_gradients(model, micro_batches(every, placement.world, placement.rank), LOSS, 1.0, None, placement.device)
+    apply_update(model, optimizer, every, 1.0)
+    export = Path(out).with_name("export")
+    results["export_files"] = export_hf(model, f"file://{export}", model_dir, Settings())
+    results["export_dir"] = str(export)
+    with torch.no_grad():
+        results["logits"] = model(torch.tensor([PROBE])).logits.detach().clone()
+    if placement.master:
+        torch.save(results, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+PROBE = [5, 17, 33, 2, 71, 9, 40]  # token ids whose logits the export must reproduce
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
