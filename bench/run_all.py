@@ -1,7 +1,7 @@
 """Run every benchmark, one at a time, and write one results file and one results page.
 
     .venv/bin/python bench/run_all.py [--all] [--quick] [--only NAME ...] [--timeout S] [--out JSON] [--doc MD]
-                                      [--cluster] [--harnesses] [--driver]
+                                      [--cluster] [--harnesses] [--driver] [--fsdp]
     .venv/bin/python bench/run_all.py --render-only      # re-render README.md and docs/*.md from the JSON
     .venv/bin/python bench/run_all.py --staleness        # benchmarks whose measured code changed (exit 1 if any)
 
@@ -28,7 +28,7 @@ Which files are benchmarks: every ``bench/*.py`` except this file, ``render.py``
 ``_``, and helpers that take no ``--quick`` flag (``trl_peer.py`` runs inside a peer venv, called by
 ``trainer.py``). EXPECTED names the benchmarks the issues ask for, so a missing one shows up as missing.
 OPT_IN ones run only when their flag is given (``--cluster``: broker_loss and chaos; ``--harnesses``:
-harness_sessions; ``--driver``: driver) or with ``--only NAME``.
+harness_sessions; ``--driver``: driver; ``--fsdp``: fsdp) or with ``--only NAME``.
 
 The convention a benchmark script follows (the first two are required, the rest optional):
 
@@ -70,7 +70,7 @@ from bench.render import comparisons_for, render_docs, render_into  # noqa: E402
 from infra.process import stop_group  # noqa: E402
 
 EXPECTED = ("publisher", "engine", "gateway", "streams", "trainer", "rollout")
-NOT_BENCHMARKS = {"run_all", "render"}
+NOT_BENCHMARKS = {"run_all", "render", "gpu_check"}  # gpu_check: the device check (issue 50), run by hand on a GPU
 PEERS = Path.home() / ".cache" / "polarstream" / "peers"
 PACKAGES = ("torch", "transformers", "confluent-kafka", "faust-streaming", "aiokafka", "fastapi", "uvicorn",
             "httpx", "orjson", "pydantic", "tokenizers")
@@ -81,12 +81,12 @@ STDERR_TAIL = 3000  # characters of a failed benchmark's stderr kept in the resu
 # longer run. A benchmark not listed gets DEFAULT_BUDGET_S.
 # gateway: 110/390 s (was 105/330) since issue 19 added a --processes 2 target and the 80 KB extend and
 # fresh-call scenarios; quick can grow only 5 s before the quick budgets pass 8 minutes in all.
-# trainer: 900 s full (was 330) since issue 50 added FSDP2 on 2 ranks against one process on a 54M model.
 # streams: 260 s full (was 150, then 200) since issue 21 added the Kafka-bytes passes (a worker per session
 # length); 200 s timed out on a slow hour (engine batch-1 at 116 tok/s, a fifth of a quiet hour's).
 BUDGET_S = {"broker_loss": (90, 180), "publisher": (35, 120), "engine": (30, 90), "gateway": (110, 330), "streams": (55, 260),
-            "trainer": (70, 900), "rollout": (60, 220), "mirror": (40, 150), "script_window": (50, 150),
-            "fuzz": (30, 150), "harness_sessions": (240, 480), "chaos": (240, 1200), "driver": (420, 1800)}
+            "trainer": (70, 330), "rollout": (60, 220), "mirror": (40, 150), "script_window": (50, 150),
+            "fuzz": (30, 150), "harness_sessions": (240, 480), "chaos": (240, 1200), "driver": (420, 1800),
+            "fsdp": (300, 900)}
 DEFAULT_BUDGET_S = (30, 60)  # a new benchmark must claim its time in BUDGET_S
 # Extra arguments in a full run. fuzz's default 10,000 requests per API is a 22-minute soak (docs/fuzzing.md),
 # a correctness run of its own, not a speed figure: inside make bench it runs a shape-keeping 600.
@@ -95,8 +95,10 @@ FULL_ARGS = {"fuzz": ["--per-api", "600"]}
 # broker_loss starts a 3-broker cluster and kills brokers (issue 25), about a minute even with --quick;
 # harness_sessions runs the six real agent CLIs through a node (issue 20; installed CLIs and bwrap needed);
 # chaos kills 30 random components of a whole pipeline on a 3-broker cluster, then reruns it unharmed (issue
-# 25), about 10 minutes; driver runs whole RL experiments at three async levels in rounds (issue 49), 10-25 minutes.
-OPT_IN = {"broker_loss": "--cluster", "harness_sessions": "--harnesses", "chaos": "--cluster", "driver": "--driver"}
+# 25), about 10 minutes; driver runs whole RL experiments at three async levels in rounds (issue 49), 10-25 minutes;
+# fsdp trains a 54M-parameter model on 2 FSDP2 ranks and on one process in rounds (issue 50), a few minutes.
+OPT_IN = {"broker_loss": "--cluster", "harness_sessions": "--harnesses", "chaos": "--cluster", "driver": "--driver",
+          "fsdp": "--fsdp"}
 # CPU-bound figures (a /-path into the benchmark's JSON) also given per unit of host speed: the figure divided
 # by the mean of the host index measured just before and just after the benchmark (bench/_host.py).
 HOST_SCALED = {
@@ -305,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run harness_sessions (every real CLI, scripted multi-turn sessions through a node)")
     ap.add_argument("--driver", action="store_true",
                     help="also run driver (whole arith experiments at async levels 0, 1 and 2, in interleaved rounds)")
+    ap.add_argument("--fsdp", action="store_true",
+                    help="also run fsdp (a 54M-parameter model on 2 FSDP2 ranks against one process, in interleaved rounds)")
     args = ap.parse_args(argv)
     if args.staleness:
         return staleness(json.loads(args.out.read_text()))

@@ -43,18 +43,13 @@ whether a given speedup target is reachable at these shapes at all.
 
 Finally, if the TRL peer venv exists (see docs/trainer.md), the same tiny model's GRPO loss step is run
 by TRL's ``GRPOTrainer`` and by our trainer on the same single-turn samples (outside the timed rounds):
-loss values must agree, step times are compared.
-
-Last, FSDP2 (issue 50): a ~54M-parameter Qwen3-shaped model (``FSDP_MODEL``, random weights) trained by
-2 gloo ranks and by one process on the same samples, in interleaved rounds (``bench/_fsdp_worker.py``):
-``fsdp_state_bytes_per_rank_ratio`` (the largest rank's parameter + gradient + AdamW-state bytes over the
-single process's; goal <= 0.55), ``fsdp_step_time_vs_single`` (median over rounds), and each rank's peak
-RSS beside them. Prints one JSON object on stdout; progress on stderr.
+loss values must agree, step times are compared. Prints one JSON object on stdout; progress on stderr.
+(FSDP2 on 2 ranks against one process is bench/fsdp.py.)
 """
 
 from __future__ import annotations
 
-MEASURES = ('trainer/', 'streams/assembly.py', 'streams/builders.py', 'schemas/', 'bench/trl_peer.py', 'bench/_fsdp_worker.py')  # the code these figures describe (bench/_provenance.py)
+MEASURES = ('trainer/', 'streams/assembly.py', 'streams/builders.py', 'schemas/', 'bench/trl_peer.py')  # the code these figures describe (bench/_provenance.py)
 
 import argparse
 import json
@@ -442,48 +437,6 @@ def comparisons(res: dict) -> list[dict]:
     return rows
 
 
-# FSDP2's comparison model: Qwen3-shaped, ~54M parameters (issue 50: big enough to matter on this machine)
-FSDP_MODEL = dict(vocab_size=32000, hidden_size=512, num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=4,
-                  head_dim=64, intermediate_size=1536, tie_word_embeddings=True, max_position_embeddings=4096)
-
-
-def fsdp_compare(rounds: int, steps: int) -> dict:
-    """FSDP2 on 2 gloo ranks (1 thread each) against one process (2 threads) on FSDP_MODEL, in interleaved
-    rounds (single, fsdp, single, fsdp, ...), each run STEPS optimizer steps of bench/_fsdp_worker.py.
-    Returns the issue's two ratios at the top level and every run under ``fsdp``."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torchrun = str(Path(sys.executable).with_name("torchrun"))
-    worker = str(Path(__file__).with_name("_fsdp_worker.py"))
-    runs: dict[str, list[dict]] = {"single": [], "fsdp": []}
-    with tempfile.TemporaryDirectory(prefix="polar-fsdp-bench-") as tmp:
-        torch.manual_seed(0)
-        model = Qwen3ForCausalLM(Qwen3Config(**FSDP_MODEL))
-        model.save_pretrained(tmp)
-        del model
-        for r in range(rounds):
-            for mode in ("single", "fsdp"):
-                launcher = [sys.executable] if mode == "single" else [torchrun, "--standalone", "--nproc-per-node", "2"]
-                env = {**os.environ, "OMP_NUM_THREADS": "2" if mode == "single" else "1"}
-                log(f"fsdp round {r + 1}/{rounds}: {mode}")
-                run = subprocess.run([*launcher, worker, tmp, str(steps)], capture_output=True, text=True, env=env,
-                                     timeout=1200, cwd=Path(__file__).parents[1])
-                if run.returncode != 0:
-                    raise RuntimeError(f"{mode} run failed: {run.stderr[-2000:]}")
-                runs[mode].append({"round": r, "load_avg": load_avg(), **json.loads(run.stdout.strip().splitlines()[-1])})
-    med = lambda xs: statistics.median(xs)  # noqa: E731
-    single = runs["single"][0]["state_bytes_per_rank"][0]
-    per_rank = max(b for run in runs["fsdp"] for b in run["state_bytes_per_rank"])
-    times = [f["step_s"] / s["step_s"] for s, f in zip(runs["single"], runs["fsdp"])]
-    return {"fsdp_state_bytes_per_rank_ratio": round(per_rank / single, 4),
-            "fsdp_step_time_vs_single": round(med(times), 3),
-            "fsdp": {"model": FSDP_MODEL, "params": runs["single"][0]["params"], "world_size": 2, "steps_per_run": steps,
-                     "state_bytes_single": single, "state_bytes_per_rank_max": per_rank,
-                     "step_time_vs_single_min": round(min(times), 3), "step_time_vs_single_per_round": times,
-                     "peak_rss_bytes_single": runs["single"][0]["peak_rss_bytes_per_rank"][0],
-                     "peak_rss_bytes_per_rank": runs["fsdp"][0]["peak_rss_bytes_per_rank"], "runs": runs}}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="same shapes, 1 group instead of 2")
@@ -493,7 +446,6 @@ def main() -> None:
     ap.add_argument("--no-full-scale", action="store_true", help="skip the full-scale work counts")
     ap.add_argument("--model", default="", help="HF model directory (default: the engine's tiny model)")
     ap.add_argument("--trl-python", default=str(DEFAULT_TRL_PYTHON), help="python of the TRL peer venv")
-    ap.add_argument("--no-fsdp", action="store_true", help="skip FSDP2 on 2 ranks against one process")
     args = ap.parse_args()
     started = time.perf_counter()
     set_threads(THREADS)
@@ -581,9 +533,6 @@ def main() -> None:
     # -- TRL, outside the rounds --------------------------------------------------------------------------
     sessions = make_sessions(shapes[0], k, vocab, seed=1000)
     result["trl"] = trl_compare(args.model, sessions, Path(args.trl_python), reps=1 if args.quick else 3)
-    # -- FSDP2 on 2 ranks against one process (issue 50), outside the rounds above -----------------------
-    if not (args.no_fsdp or args.quick):  # a few minutes of 2 cores: full runs only
-        result.update(fsdp_compare(rounds=2, steps=3))
     result["load_avg"]["end"] = load_avg()
     result["load_avg"]["rounds"] = res["load_avg"]
     result["seconds"] = round(time.perf_counter() - started, 1)
