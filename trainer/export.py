@@ -66,16 +66,13 @@ def export_hf(model: torch.nn.Module, url: str, model_dir: str | Path, settings:
     from safetensors.torch import save_file
 
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    inner = model
-    tensors = exported_tensors(inner)
+    tensors = exported_tensors(model)
     sizes = {n: t.numel() * t.element_size() for n, t in tensors.items()}
     plan = shard_plan(sizes, world)
     fs, path = filesystem(url, settings)
     written: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="polar-export-") as tmp:
         staging = Path(tmp)
-        if rank == 0:
-            fs.makedirs(path, exist_ok=True)
         for i, names in enumerate(plan):
             owner = i % world
             mine: dict[str, torch.Tensor] = {}
@@ -96,12 +93,12 @@ def export_hf(model: torch.nn.Module, url: str, model_dir: str | Path, settings:
             index = {"metadata": {"total_size": sum(sizes.values())},
                      "weight_map": {n: shard_name(i, len(plan)) for i, names in enumerate(plan) for n in names}}
             (staging / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
-            inner.config.save_pretrained(staging)
-            if getattr(inner, "generation_config", None) is not None:
-                inner.generation_config.save_pretrained(staging)
+            model.config.save_pretrained(staging)
+            if getattr(model, "generation_config", None) is not None:
+                model.generation_config.save_pretrained(staging)
             for f in Path(model_dir).iterdir():  # tokenizer, chat template, ...: engines load the directory as is
                 if f.is_file() and f.name not in NOT_COPIED and not f.name.endswith(WEIGHT_SUFFIXES) \
-                        and not (staging / f.name).exists() and not f.name.endswith(".json.tmp"):
+                        and not (staging / f.name).exists():
                     shutil.copy2(f, staging / f.name)
             for f in sorted(staging.iterdir()):
                 if f.is_file() and _wanted(f.name):
@@ -117,19 +114,3 @@ def export_hf(model: torch.nn.Module, url: str, model_dir: str | Path, settings:
 def _wanted(name: str) -> bool:
     """The staging files an export uploads (not the trainer's own, which checkpoint.py writes)."""
     return name not in {"manifest.json", "trainer_state.json", "train_config.json", "optimizer.pt"}
-
-
-def load_state(local_dir: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of an exported (or any HF safetensors) directory, by name: through its index when it
-    has one, else its model.safetensors."""
-    from safetensors.torch import load_file
-
-    local = Path(local_dir)
-    if (local / INDEX).exists():
-        files = sorted(set(json.loads((local / INDEX).read_text())["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update(load_file(local / f))
-    return out

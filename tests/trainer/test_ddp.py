@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from engine.weights import read_checkpoint
 from tests.plugins.trainer import make_group, publish_groups, settings_env
 from trainer import checkpoint
 from trainer.config import TrainConfig
-from trainer.export import load_state
 from trainer.metrics import effective_steps, read_log
 from trainer.train import train
 
@@ -33,8 +33,8 @@ COMMON = dict(groups_per_step=3, max_steps=2, token_budget=16, lr=1e-3, idle_tim
 LIMIT_S = 240
 
 
-def _weights(url, settings, dest):
-    return load_state(checkpoint.download(url, dest, settings))
+def _weights(url, settings):
+    return read_checkpoint(url, settings)
 
 
 def _ranks(pid: int) -> list[int]:
@@ -119,8 +119,8 @@ def test_torchrun_two_processes_matches_one_process(polar_settings, trainer_mode
         for key in ("grad_norm", "loss", "trained_tokens", "clip_frac"):
             assert abs(m1[key] - m2[key]) <= 1e-4 * max(1.0, abs(m1[key])), (key, m1[key], m2[key])
 
-    a = _weights(checkpoint.latest(single.checkpoint_url, single).url, single, tmp_path / "w1")
-    b = _weights(checkpoint.latest(ddp.checkpoint_url, ddp).url, ddp, tmp_path / "w2")
+    a = _weights(checkpoint.latest(single.checkpoint_url, single).url, single)
+    b = _weights(checkpoint.latest(ddp.checkpoint_url, ddp).url, ddp)
     base = load_file(Path(trainer_model_dir) / "model.safetensors")
     assert a.keys() == b.keys()
     assert any(not torch.equal(a[k], base[k]) for k in a)  # training moved the weights

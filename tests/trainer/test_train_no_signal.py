@@ -4,10 +4,10 @@ yet still counts, checkpoints and publishes a policy version (the demo's on-poli
 import torch
 from safetensors.torch import load_file
 
+from engine.weights import read_checkpoint
 from tests.plugins.trainer import make_group, publish_groups, read_policy
 from trainer import checkpoint
 from trainer.config import TrainConfig
-from trainer.export import load_state
 from trainer.metrics import effective_steps, read_log
 from trainer.train import train
 
@@ -30,7 +30,7 @@ def test_no_signal_step_keeps_the_weights_and_publishes_a_version(polar_settings
 
     ckpts = checkpoint.list_checkpoints(polar_settings.checkpoint_url, polar_settings)
     assert [c.step for c in ckpts] == [1, 2]
-    first, second = (load_state(checkpoint.download(c.url, tmp_path / f"c{c.step}", polar_settings)) for c in ckpts)
+    first, second = (read_checkpoint(c.url, polar_settings) for c in ckpts)
     start = load_file(trainer_model_dir / "model.safetensors")
     assert any(not torch.equal(start[k], first[k]) for k in start)  # the step with signal trained
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
