@@ -33,8 +33,6 @@ def register(app: typer.Typer) -> None:
 
         from .demo.preset import demo_experiment
         from .demo.shape import APIS
-        from .processes import ProcessFailed, stop_on_sigterm
-        from .run import run_experiment
 
         if harness != "builtin" and harness not in APIS:
             typer.echo(f"demo: --harness {harness}: expected builtin or one of {', '.join(sorted(APIS))}", err=True)
@@ -50,15 +48,7 @@ def register(app: typer.Typer) -> None:
         except ExperimentError as e:
             typer.echo(f"demo: {e}", err=True)
             raise typer.Exit(2) from None
-        stop_on_sigterm()
-        try:
-            path = run_experiment(exp, run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
-        except ProcessFailed as e:
-            typer.echo(f"demo failed: {e}", err=True)
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt as e:
-            typer.echo("demo interrupted; every process it started was stopped (infra stays up: polarstream infra down)", err=True)
-            raise typer.Exit(getattr(e, "exit_code", 130)) from None
+        path = _run_to_end("demo", exp, run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
         typer.echo(path.with_name("demo-summary.json"))
 
     @app.command("run")
@@ -82,10 +72,6 @@ def register(app: typer.Typer) -> None:
 
         from producers.experiment import ExperimentError, load_experiment
         from producers.experiment import print_config as defaults
-        from producers.tasks import TaskSourceError
-
-        from .processes import ProcessFailed, stop_on_sigterm
-        from .run import run_experiment
 
         if print_config:
             typer.echo(defaults(), nl=False)
@@ -111,14 +97,27 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"error: {experiment or 'experiment'}: {e}", err=True)
                 raise typer.Exit(1) from None
         out = run_dir or Path("runs") / time.strftime(f"{exp.name}-%Y%m%d-%H%M%S")
-        stop_on_sigterm()
-        try:
-            path = run_experiment(exp, out, driver_only, components)
-        except (ProcessFailed, TaskSourceError, ExperimentError) as e:
-            typer.echo(f"run failed: {e}", err=True)
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt as e:
-            typer.echo("run interrupted; every process it started was stopped (infra stays up: polarstream infra down)", err=True)
-            raise typer.Exit(getattr(e, "exit_code", 130)) from None
+        path = _run_to_end("run", exp, out, driver_only, components)
         if path is not None:
             typer.echo(path)
+
+
+def _run_to_end(what: str, exp, run_dir: Path, *args) -> Path | None:
+    """``run_experiment``, with SIGTERM taken as Ctrl-C; a failure or an interruption is one line on stderr
+    and an exit code (1; 130, or 143 for SIGTERM), every process the run started stopped."""
+    from producers.experiment import ExperimentError
+    from producers.tasks import TaskSourceError
+
+    from .processes import ProcessFailed, stop_on_sigterm
+    from .run import run_experiment
+
+    stop_on_sigterm()
+    try:
+        return run_experiment(exp, run_dir, *args)
+    except (ProcessFailed, TaskSourceError, ExperimentError) as e:
+        typer.echo(f"{what} failed: {e}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt as e:
+        typer.echo(f"{what} interrupted; every process it started was stopped (infra stays up: polarstream infra down)",
+                   err=True)
+        raise typer.Exit(getattr(e, "exit_code", 130)) from None
