@@ -233,11 +233,16 @@ def download(url: str, local_dir: str | Path, settings: Settings) -> Path:
     return local
 
 
+def has_train_state(info: CheckpointInfo) -> bool:
+    """The checkpoint holds a sharded train state (model and AdamW moments): it fills a model by itself."""
+    return any(n.startswith(f"{train_state.DIR}/") for n in info.manifest.get("files", {}))
+
+
 def load_train_state(info: CheckpointInfo, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      settings: Settings) -> None:
     """Fill a freshly built ``model`` and ``optimizer`` (any world size) from a checkpoint's train state.
     A checkpoint of an older version (model.safetensors and optimizer.pt) loads in one process."""
-    if any(n.startswith(f"{train_state.DIR}/") for n in info.manifest.get("files", {})):
+    if has_train_state(info):
         train_state.load(f"{info.url.rstrip('/')}/{train_state.DIR}", model, optimizer, settings)
         return
     if dist.is_initialized():

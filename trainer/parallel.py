@@ -80,16 +80,36 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def build_model(model_dir: str | Path, placement: Placement, dtype: torch.dtype, attn: str,
-                activation_checkpointing: bool = False) -> torch.nn.Module:
-    """The model to train, in train mode on ``placement.device``: a plain one, or FSDP2-sharded."""
+                activation_checkpointing: bool = False, weights: bool = True) -> torch.nn.Module:
+    """The model to train, in train mode on ``placement.device``: a plain one, or FSDP2-sharded.
+    ``weights=False``: the architecture of ``model_dir`` without reading its weights files, for a resume
+    whose train state fills every parameter next (a large model is read once, not twice)."""
     from .attention import load_model
 
-    if placement.strategy != "fsdp":
+    if placement.strategy == "fsdp":
+        return _fsdp_model(model_dir, placement, dtype, attn, activation_checkpointing, weights)
+    if weights:
         return load_model(model_dir, dtype, attn, activation_checkpointing).to(placement.device).train()
-    return _fsdp_model(model_dir, placement, dtype, attn, activation_checkpointing)
+    return _unloaded_model(model_dir, placement.device, dtype, attn, activation_checkpointing).train()
 
 
-def _fsdp_model(model_dir, placement: Placement, dtype: torch.dtype, attn: str, activation_checkpointing: bool):
+def _unloaded_model(model_dir, device: torch.device, dtype: torch.dtype, attn: str, activation_checkpointing: bool):
+    """Built from the config on ``device`` (initialized, so every buffer is right); its weights come later."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .attention import NAME, register
+
+    impl = register() if attn in ("auto", "varlen", NAME) else attn
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype,
+                                                 attn_implementation=impl)
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def _fsdp_model(model_dir, placement: Placement, dtype: torch.dtype, attn: str, activation_checkpointing: bool,
+                weights: bool = True):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -118,7 +138,8 @@ def _fsdp_model(model_dir, placement: Placement, dtype: torch.dtype, attn: str, 
             m.set_force_sum_reduction_for_comms(True)
     model.to_empty(device=placement.device)
     _rotary_tables(model, placement.device)
-    load_slices(model, model_dir)
+    if weights:
+        load_slices(model, model_dir)
     return model.train()
 
 

@@ -79,7 +79,9 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
     # padded micro-batches are the fallback: plain sdpa with the padding mask (the flash varlen path
     # takes one packed row per micro-batch)
     attn = "sdpa" if cfg.packing == "padded" and cfg.attn_implementation == "auto" else cfg.attn_implementation
-    model = build_model(model_dir, placement, dtype, attn, cfg.activation_checkpointing)
+    # resuming from a train state: --model gives the architecture only (its weights would be overwritten)
+    weights = info is None or not checkpoint.has_train_state(info)
+    model = build_model(model_dir, placement, dtype, attn, cfg.activation_checkpointing, weights)
     ref_model = None
     if cfg.kl_coef > 0:  # the reference is the run's starting model, not the newest checkpoint
         ref_model = build_model(cfg.model, placement, dtype, attn).eval().requires_grad_(False)

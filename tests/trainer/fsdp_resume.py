@@ -1,11 +1,19 @@
-"""Train steps, save the train state (DCP) to a URL, and go on; or load it and go on, at another world
-size. ``torchrun --nproc-per-node 2 tests/trainer/fsdp_resume.py MODEL URL save|resume OUT`` (or plain
-python: one process). Rank 0 writes the loss of every step it took to OUT, as JSON.
+"""Train steps from the newest complete checkpoint under ROOT (or from the model), saving a checkpoint
+on the way, as the trainer does: ``torchrun --nproc-per-node 2 tests/trainer/fsdp_resume.py MODEL ROOT
+OUT UNTIL SAVE_AT [KILL_RANK]`` (or plain python: one process).
+
+Step ``s`` trains on the samples of seed ``s``; a run resumed from checkpoint ``step-N`` (the state after
+N steps) starts at step N and runs to UNTIL, writing a checkpoint (checkpoint.save_checkpoint: HF export,
+DCP train state, manifest last) before step SAVE_AT (SAVE_AT == UNTIL: after the last). Rank 0 writes
+``{"start", "world", "strategy", "losses": {step: loss}}`` to OUT after every step. KILL_RANK: that rank
+SIGKILLs itself in the middle of the save, just after its train-state shard is on storage.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -18,53 +26,78 @@ from tests.trainer.fsdp_step import LOSS, micro_batches, samples  # noqa: E402
 LR = 1e-3
 
 
-def steps(model, optimizer, vocab: int, placement, seeds: list[int]) -> list[float]:
-    """One optimizer step per seed's samples; each step's loss (summed over ranks), before its update."""
+def one_step(model, optimizer, vocab: int, placement, seed: int) -> float:
+    """One optimizer step on seed's samples; its loss (summed over ranks), before the update."""
     import torch.distributed as dist
 
     from trainer.optim import apply_update
     from trainer.step import accumulate_gradients
 
-    losses = []
-    for seed in seeds:
-        every = samples("per_request", "token_mean", vocab, seed)
-        sums = accumulate_gradients(model, micro_batches(every, placement.world, placement.rank), LOSS, 1.0, None,
-                                    placement.device)
-        loss = torch.tensor([sums["loss"]], dtype=torch.float64)
-        if dist.is_initialized():
-            dist.all_reduce(loss)
-        apply_update(model, optimizer, every, 1.0)
-        losses.append(float(loss))
-    return losses
+    every = samples("per_request", "token_mean", vocab, seed)
+    sums = accumulate_gradients(model, micro_batches(every, placement.world, placement.rank), LOSS, 1.0, None,
+                                placement.device)
+    loss = torch.tensor([sums["loss"]], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(loss)
+    apply_update(model, optimizer, every, 1.0)
+    return float(loss)
 
 
-def main(model_dir: str, url: str, mode: str, out: str) -> None:
+def die_after_own_shard() -> None:
+    """This rank dies (SIGKILL) as soon as its DCP shard is written, before the save completes."""
+    from trainer import train_state
+
+    make = train_state._io
+
+    def io(url, settings, write):
+        writer = make(url, settings, write)
+        if write:
+            write_data = writer.write_data
+
+            def written_then_killed(plan, planner):
+                write_data(plan, planner).wait()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            writer.write_data = written_then_killed
+        return writer
+
+    train_state._io = io
+
+
+def main(model_dir: str, root: str, out: str, until: str, save_at: str, kill_rank: str = "") -> None:
     import torch.distributed as dist
     from transformers import AutoConfig
 
     from infra.settings import Settings
-    from trainer import train_state
+    from trainer import checkpoint
     from trainer.optim import param_groups
     from trainer.parallel import build_model, place
 
     placement = place("auto", timeout_s=120)
     settings = Settings()
-    model = build_model(model_dir, placement, torch.float32, "auto")
+    info = checkpoint.latest(root, settings)
+    start = info.step if info else 0
+    model = build_model(model_dir, placement, torch.float32, "auto", weights=info is None)
     optimizer = torch.optim.AdamW(param_groups(model, 0.0), lr=LR)
+    if info is not None:
+        checkpoint.load_train_state(info, model, optimizer, settings)
+    if kill_rank and placement.rank == int(kill_rank):
+        die_after_own_shard()
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-    if mode == "save":  # step 0, save, then steps 1 and 2: the uninterrupted run
-        losses = steps(model, optimizer, vocab, placement, [0])
-        train_state.save(url, model, optimizer, settings)
-        losses += steps(model, optimizer, vocab, placement, [1, 2])
-    else:  # the state after step 0, then steps 1 and 2
-        train_state.load(url, model, optimizer, settings)
-        losses = steps(model, optimizer, vocab, placement, [1, 2])
-    if placement.master:
-        Path(out).write_text(json.dumps({"losses": losses, "world": placement.world, "strategy": placement.strategy}))
+    losses: dict[int, float] = {}
+    for s in range(start, int(until) + 1):
+        if s == int(save_at):
+            checkpoint.save_checkpoint(root, s, model, optimizer, {"step": s}, {}, model_dir, settings)
+        if s == int(until):
+            break
+        losses[s] = one_step(model, optimizer, vocab, placement, s)
+        if placement.master:
+            Path(out).write_text(json.dumps({"start": start, "world": placement.world,
+                                             "strategy": placement.strategy, "losses": losses}))
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:])

@@ -114,3 +114,16 @@ def test_a_checkpoint_of_the_older_layout_still_resumes_in_one_process(setup, tr
     checkpoint.load_train_state(info, fresh, opt2, settings)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
     assert opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+
+    # under a process group (FSDP2), that layout is refused in one line that says what to do
+    import torch.distributed as dist
+
+    from trainer.parallel import place
+
+    place("fsdp", timeout_s=30)
+    try:
+        with pytest.raises(checkpoint.CheckpointError, match="resumes in one process only") as refused:
+            checkpoint.load_train_state(info, fresh, opt2, settings)
+        assert info.url in str(refused.value) and "\n" not in str(refused.value)
+    finally:
+        dist.destroy_process_group()
