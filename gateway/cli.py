@@ -23,6 +23,19 @@ def _resolve_model(name_or_path: str) -> str:
     return resolve_model(name_or_path, needs=TOKENIZER_FILES)
 
 
+def _template(cfg):
+    """The served model's tokenizer and template; refused in one line when no parser fits its markup."""
+    from .template import ChatTemplate
+    from .toolparse import ParserChoiceError, choose
+
+    template = ChatTemplate.load(cfg.model, chat_template=cfg.chat_template, template_kwargs=cfg.template_kwargs)
+    try:
+        choose(template.signature(), cfg.tool_parser, cfg.reasoning_parser)
+    except ParserChoiceError as e:
+        raise typer.BadParameter(str(e), param_hint="--tool-parser") from None
+    return template
+
+
 def require_upstreams(engine_urls: list[str], settings) -> None:
     """Fail fast when an engine URL or Kafka does not answer (the gateway would only answer errors)."""
     from infra.reach import ENGINE_HINT, require_kafka, require_url
@@ -40,6 +53,10 @@ def serve(
     upstream: str = typer.Option("polar", help="engine wire format: polar | vllm | sglang"),
     served_model: str = typer.Option("", help="model name sent to the engine ('' = ask the engine)"),
     chat_template: Optional[Path] = typer.Option(None, help="file with a chat template overriding the tokenizer's"),
+    tool_parser: str = typer.Option("", "--tool-parser", help="tool-call markup, as vLLM's --tool-call-parser "
+                                    "names it ('' = picked from the chat template)"),
+    reasoning_parser: str = typer.Option("", "--reasoning-parser", help="reasoning markup, as vLLM's "
+                                         "--reasoning-parser names it ('' = the tool-call family's)"),
     open_mode: bool = typer.Option(False, "--open", help="accept any key: record ad-hoc sessions (open:<name>)"),
     allow_open_remote: bool = typer.Option(False, "--allow-open-remote",
                                            help="allow --open on an address other than loopback"),
@@ -101,10 +118,10 @@ def serve(
     require_free_port(port or settings.gateway_port, host)
     model_dir = _resolve_model(model)
     template_text = chat_template.read_text() if chat_template else None
-    require_upstreams(engine_url, settings)
     cfg = GatewayConfig(
         engine_urls=list(engine_url), model=model_dir, upstream=upstream,  # type: ignore[arg-type]
-        served_model=served_model, chat_template=template_text,
+        served_model=served_model, chat_template=template_text, tool_parser=tool_parser,
+        reasoning_parser=reasoning_parser,
         open_mode=open_mode, publish_mode=publish_mode, sampling=policy,  # type: ignore[arg-type]
         publish_timeout_s=publish_timeout, max_body_bytes=int(max_body_mb * 1024 * 1024),
         upstream_timeout_s=upstream_timeout, default_max_tokens=max_tokens, max_model_len=max_model_len,
@@ -113,11 +130,13 @@ def serve(
                       max_output_tokens=max_output_tokens, max_sessions_per_key=max_sessions_per_key,
                       max_inflight_per_session=max_inflight_per_session, body_timeout_s=body_timeout),
     )
+    template = None if processes > 1 else _template(cfg)  # said before waiting on the engine (workers load their own)
+    require_upstreams(engine_url, settings)
     if processes > 1:  # session state is per process: route by session (gateway/router.py), not uvicorn --workers
         from .workers import serve_processes
 
         return serve_processes(settings, cfg, host, port or settings.gateway_port, processes, log_level)
-    app = create_app(settings, cfg)
+    app = create_app(settings, cfg, template=template)
     freeze_startup_heap()  # the tokenizer and imports stay out of every later full collection (infra/heap.py)
     # uvicorn closes idle keep-alive connections after 5 s by default; a client reusing one just then
     # reads a reset (httpx.ReadError). Harnesses idle longer than that while tools run, and under 64

@@ -36,7 +36,7 @@ from .sessions import ChainSlot, SessionClaims, SessionClosed, SessionState, Ses
 from .template import ChatTemplate, TemplateError
 from .tokens import PromptPlan, plan_prompt
 from .tombstones import TombstoneFile
-from .toolparse import ParsedOutput, parse_completion, split_reasoning
+from .toolparse import ParsedOutput, choose
 from .upstream import GenerateParams, Generation, Upstream, UpstreamError
 
 log = logging.getLogger("polarstream.gateway")
@@ -64,6 +64,8 @@ class Gateway:
     def __init__(self, config: GatewayConfig, template: ChatTemplate):
         self.config = config
         self.template = template
+        # the served model's tool-call and reasoning markup (ParserChoiceError, one line, when unknown)
+        self.parsers = choose(template.signature(), config.tool_parser, config.reasoning_parser)
         self.sessions = SessionStore(config.max_sessions, tombstones=TombstoneFile(config.tombstones) if config.tombstones else None)
         self.gate = Gate()
         self.policy_version = config.policy_version
@@ -240,10 +242,10 @@ class Gateway:
             text = text[: text.index(matched)]
         if req.tool_choice == "none" or not req.tools:
             # No tools offered (or tool use forbidden): markup is the model's text, as vLLM returns it.
-            reasoning, rest = split_reasoning(text)
+            reasoning, rest = self.parsers.split_reasoning(text)
             parsed = ParsedOutput(text=rest, reasoning=reasoning)
         else:
-            parsed = parse_completion(text, req.tools)
+            parsed = self.parsers.parse(text, req.tools)
         finish = gen.finish_reason if gen.finish_reason in ("stop", "length") else "stop"
         if parsed.tool_calls and finish == "stop":
             finish = "tool_calls"

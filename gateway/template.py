@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .canonical import Message, Tool, ToolCall
+from .toolparse import Signature
 
 _SENTINEL = "\x00polar-sentinel\x00"
 log = logging.getLogger("polarstream.gateway")
@@ -161,6 +162,15 @@ class ChatTemplate:
             raise FileNotFoundError(f"model {name_or_path!r}: no tokenizer in {where} {name_or_path!r} "
                                     f"(the gateway never downloads): {' '.join(str(e).split())[:300]}") from e
         return cls(tok, chat_template=chat_template, **kwargs)
+
+    def signature(self) -> Signature:
+        """What the tokenizer shows of its model's markup: the template text and the special tokens (the
+        gateway picks its tool-call and reasoning parsers from it)."""
+        text = self.chat_template or getattr(self.tokenizer, "chat_template", None) or ""
+        if isinstance(text, dict):  # named templates (default, tool_use, ...): any of them may show the markup
+            text = "\n".join(str(t) for t in text.values())
+        special = {t.content for t in getattr(self.tokenizer, "added_tokens_decoder", {}).values()}
+        return Signature(str(text), frozenset(special))
 
     # -- rendering --------------------------------------------------------------------------------
 

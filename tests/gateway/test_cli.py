@@ -49,3 +49,18 @@ def test_exposure_rules():
         check_exposure("10.0.0.7", **real, open_mode=True)
     check_exposure("10.0.0.7", **real, open_mode=True, allow_open_remote=True)
     check_exposure("10.0.0.7", **real)
+
+
+
+def test_gateway_refuses_an_unknown_parser_name_in_one_line_before_waiting_on_the_engine(monkeypatch):
+    from engine.models import ensure_model
+
+    monkeypatch.setenv("POLAR_WAIT_FOR_S", "0")
+    base = ["gateway", "--engine-url", "http://127.0.0.1:1", "--model", str(ensure_model("tiny"))]
+    r = CliRunner().invoke(app, [*base, "--tool-parser", "nope"])
+    said = " ".join(r.output.replace("│", " ").split())
+    assert r.exit_code == 2 and "unknown tool parser 'nope'; choose one of" in said and "hermes" in said, r.output
+    r = CliRunner().invoke(app, [*base, "--reasoning-parser", "nope"])
+    assert r.exit_code == 2 and "unknown reasoning parser 'nope'" in " ".join(r.output.replace("│", " ").split())
+    r = CliRunner().invoke(app, [*base, "--tool-parser", "qwen3_coder"])  # a known one: on to the engine
+    assert r.exit_code == 1 and "cannot reach the engine" in r.output, r.output
