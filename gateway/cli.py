@@ -57,6 +57,9 @@ def serve(
                                     "names it ('' = picked from the chat template)"),
     reasoning_parser: str = typer.Option("", "--reasoning-parser", help="reasoning markup, as vLLM's "
                                          "--reasoning-parser names it ('' = the tool-call family's)"),
+    history: str = typer.Option("sampled", help="earlier turns in later prompts: sampled (token-in: as the model "
+                                "wrote them, reasoning kept) | template (as the chat template renders them; a "
+                                "call the template renders differently starts a new chain)"),
     open_mode: bool = typer.Option(False, "--open", help="accept any key: record ad-hoc sessions (open:<name>)"),
     allow_open_remote: bool = typer.Option(False, "--allow-open-remote",
                                            help="allow --open on an address other than loopback"),
@@ -99,6 +102,8 @@ def serve(
 
     if upstream not in ("polar", "vllm", "sglang"):
         raise typer.BadParameter(f"{upstream!r}: expected polar, vllm or sglang", param_hint="--upstream")
+    if history not in ("sampled", "template"):
+        raise typer.BadParameter(f"{history!r}: expected sampled or template", param_hint="--history")
     if publish_mode not in ("sync", "async"):
         raise typer.BadParameter(f"{publish_mode!r}: expected sync or async", param_hint="--publish-mode")
     from .sampling import SamplingPolicy
@@ -121,7 +126,7 @@ def serve(
     cfg = GatewayConfig(
         engine_urls=list(engine_url), model=model_dir, upstream=upstream,  # type: ignore[arg-type]
         served_model=served_model, chat_template=template_text, tool_parser=tool_parser,
-        reasoning_parser=reasoning_parser,
+        reasoning_parser=reasoning_parser, history=history,  # type: ignore[arg-type]
         open_mode=open_mode, publish_mode=publish_mode, sampling=policy,  # type: ignore[arg-type]
         publish_timeout_s=publish_timeout, max_body_bytes=int(max_body_mb * 1024 * 1024),
         upstream_timeout_s=upstream_timeout, default_max_tokens=max_tokens, max_model_len=max_model_len,

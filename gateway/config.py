@@ -23,6 +23,7 @@ class GatewayConfig:
     chat_template: str | None = None  # template text overriding the tokenizer's own
     tool_parser: str = ""  # vLLM's --tool-call-parser name; '' = picked from the template (gateway/toolparse)
     reasoning_parser: str = ""  # vLLM's --reasoning-parser name; '' = the tool parser's family's
+    history: Literal["sampled", "template"] = "sampled"  # earlier turns as sampled (token-in) or as the template renders them
     open_mode: bool = False  # accept any key: ad-hoc sessions, one per key
     publish_mode: Literal["sync", "async"] = "sync"  # sync: answer only once the event is durably in Kafka
     publish_timeout_s: float = 10.0  # sync mode: how long to wait for the broker before answering 503

@@ -66,6 +66,8 @@ class Gateway:
         self.template = template
         # the served model's tool-call and reasoning markup (ParserChoiceError, one line, when unknown)
         self.parsers = choose(template.signature(), config.tool_parser, config.reasoning_parser)
+        template.history = config.history  # how later prompts treat the turns the model wrote (template.py)
+        template.split_reasoning = self.parsers.split_reasoning
         self.sessions = SessionStore(config.max_sessions, tombstones=TombstoneFile(config.tombstones) if config.tombstones else None)
         self.gate = Gate()
         self.policy_version = config.policy_version

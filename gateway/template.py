@@ -5,6 +5,16 @@ model sees. ``ChatTemplate`` renders canonical messages with the model's own HF 
 the *bridge*: the tokens that follow a previous call's sampled ids when a history is extended (the
 end-of-turn token if the model did not emit it, template glue, tool results, the next generation
 prompt). That bridge is what token-in/token-out appends.
+
+Two ways to treat the turns a model wrote (``history``):
+
+- ``sampled`` (token-in, the default): a turn stays in later prompts exactly as sampled, reasoning
+  included, whatever the template would make of it; the bridge is only the template's rendering of the
+  appended messages after it. Every call's prompt is the previous prompt + its sampled ids + the bridge.
+- ``template``: a later prompt is what the template renders for the whole history; a call extends the
+  previous one only where that equals the previous prompt + sampled ids + bridge, and otherwise breaks
+  the chain naming what the template changed (``template_drops_reasoning``, ``template_rewrites_turn``,
+  ``template_not_append_only``).
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +33,23 @@ from .canonical import Message, Tool, ToolCall
 from .toolparse import Signature
 
 _SENTINEL = "\x00polar-sentinel\x00"
+# Marks where the first appended message's content lands in a render: letters only, so no template's
+# escaping (tojson of a tool result) changes it.
+_MARK = "PolarstreamBridgeMarkQx7"
+HISTORY_MODES = ("sampled", "template")
 log = logging.getLogger("polarstream.gateway")
 
 
 class TemplateError(ValueError):
     """The template could not render the request (a template ``raise_exception`` or a bad message)."""
+
+
+class ChainBreak(Exception):
+    """A request that cannot extend the previous call's tokens; ``reason`` is the chain's break_reason."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 def _arguments_obj(arguments: str) -> Any:
@@ -67,6 +89,16 @@ class EndOfTurn:
     token_id: int
     token: str
     trailer: str
+
+
+def _generation_stops(model_dir: str) -> list[int]:
+    """The ids generation stops at, from the model's generation_config.json (beyond the tokenizer's eos)."""
+    path = Path(model_dir) / "generation_config.json"
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except (OSError, ValueError):
+        return []
+    return [int(i) for i in (eos if isinstance(eos, list) else [eos]) if isinstance(i, int)]
 
 
 class SegmentCache:
@@ -135,8 +167,13 @@ class SegmentCache:
 class ChatTemplate:
     """Renders canonical chats to token ids with the served model's tokenizer and template."""
 
-    def __init__(self, tokenizer: Any, *, chat_template: str | None = None, template_kwargs: dict[str, Any] | None = None):
+    def __init__(self, tokenizer: Any, *, chat_template: str | None = None, template_kwargs: dict[str, Any] | None = None,
+                 stop_ids: Sequence[int] = (), history: str = "sampled"):
+        if history not in HISTORY_MODES:
+            raise ValueError(f"history {history!r}: expected one of {', '.join(HISTORY_MODES)}")
         self.tokenizer = tokenizer
+        self.history = history
+        self.split_reasoning = lambda text: ("", text)  # the gateway sets its reasoning parser's (template mode)
         self.chat_template = chat_template  # None: the tokenizer's own
         self.template_kwargs = dict(template_kwargs or {})
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -144,7 +181,10 @@ class ChatTemplate:
             raise TemplateError("the tokenizer has no chat template; pass one with --chat-template")
         self.eot = self._probe_end_of_turn()
         # Ids that end a generation; stripped before decoding the completion text.
-        self.stop_ids = {self.eot.token_id, *[i for i in [tokenizer.eos_token_id] if i is not None]}
+        self.stop_ids = {self.eot.token_id, *[i for i in [tokenizer.eos_token_id, *stop_ids] if i is not None]}
+        # what may close a turn in a render: the turn end and every token generation stops at (GLM's
+        # next-role tokens, harmony's <|call|>)
+        self._ends = sorted({self.eot.token, *self.tokenizer.convert_ids_to_tokens(sorted(self.stop_ids))}, key=len)
         self.segments = self._segment_cache()
         # Bridges render a window of the history: 2 = without the tool definitions, 1 = with them, 0 = the
         # whole history (gateway/tokens.py steps down when a check against a full render disagrees).
@@ -161,7 +201,7 @@ class ChatTemplate:
             where = "the local directory" if Path(name_or_path).is_dir() else "the local Hugging Face cache for hub id"
             raise FileNotFoundError(f"model {name_or_path!r}: no tokenizer in {where} {name_or_path!r} "
                                     f"(the gateway never downloads): {' '.join(str(e).split())[:300]}") from e
-        return cls(tok, chat_template=chat_template, **kwargs)
+        return cls(tok, chat_template=chat_template, stop_ids=_generation_stops(name_or_path), **kwargs)
 
     def signature(self) -> Signature:
         """What the tokenizer shows of its model's markup: the template text and the special tokens (the
@@ -208,23 +248,53 @@ class ChatTemplate:
         return self.segments.encode(text) if self.segments is not None else self.encode(text)
 
     def bridge_ids(self, history: Sequence[Message], appended: Sequence[Message], tools: Sequence[Tool],
-                   completion_ids: Sequence[int], *, reasoning: bool = False) -> list[int] | None:
+                   completion_ids: Sequence[int], *, reasoning: bool = False) -> list[int]:
         """Tokens to put after a previous call's sampled ids so the prompt continues with ``appended``.
 
-        ``history`` ends with the assistant turn that call generated. The appended text is the
-        difference between rendering history+appended (with generation prompt) and history alone; it is
-        only valid when the template is append-only here, else None (the caller renders afresh).
-        The sampled ids end with the end-of-turn token when the model stopped by itself; otherwise
-        (length cut, stop string) that token is added, so the turn is closed as the template closes it.
+        ``history`` ends with the assistant turn that call generated (the harness's echo of it). The
+        bridge is the template's rendering of ``appended`` and the generation prompt, taken from where
+        the template closes that turn: found by marking the first appended message's content and going
+        back to the last turn-closing token before it (so the template's own closing text, such as
+        ChatML's "\\n", is in the bridge). The sampled ids end with a stop token when the model stopped by
+        itself; otherwise (length cut, stop string) the template's closing token is put first. In
+        ``template`` mode the result must also equal the template's rendering of the whole history, or
+        the chain breaks (ChainBreak, naming what the template changed).
         """
-        before = self.render_text(history, tools, add_generation_prompt=False, reasoning=reasoning)
+        if not appended:
+            raise ChainBreak("assistant_prefill")
+        first = appended[0]
+        marked = [*history, replace(first, content=first.content + _MARK), *appended[1:]]
+        text = self.render_text(marked, tools, add_generation_prompt=True, reasoning=reasoning)
         after = self.render_text([*history, *appended], tools, add_generation_prompt=True, reasoning=reasoning)
-        closing = self.eot.token + self.eot.trailer
-        if not after.startswith(before) or not before.endswith(closing):
-            return None
-        glue = self.encode(self.eot.trailer + after[len(before) :])
-        ended = bool(completion_ids) and completion_ids[-1] == self.eot.token_id
-        return glue if ended else [self.eot.token_id, *glue]
+        at = text.find(_MARK)
+        ends = {e: text.rfind(e, 0, at) + len(e) for e in self._ends if at >= 0 and text.rfind(e, 0, at) >= 0}
+        if not ends:
+            raise ChainBreak("template_not_append_only")  # no turn end before the appended messages
+        close = max(ends, key=ends.__getitem__)  # the last one: where the echoed turn ends
+        glue = text[ends[close]:].replace(_MARK, "", 1)
+        if not after.endswith(glue):  # the marked content changed more than itself
+            raise ChainBreak("template_not_append_only")
+        ended = bool(completion_ids) and completion_ids[-1] in self.stop_ids
+        closing = [] if ended else [self.tokenizer.convert_tokens_to_ids(close)]
+        if self.history == "template":
+            self._check_template_way(history, tools, reasoning, [*completion_ids, *closing], after, glue)
+        return [*closing, *self.encode(glue)]
+
+    def _check_template_way(self, history: Sequence[Message], tools: Sequence[Tool], reasoning: bool,
+                            turn_ids: Sequence[int], after: str, glue: str) -> None:
+        """ChainBreak unless previous prompt + sampled turn + glue is the template's own rendering."""
+        base = self.render_text(history[:-1], tools, add_generation_prompt=False, reasoning=reasoning)
+        prompt = self.render_text(history[:-1], tools, add_generation_prompt=True, reasoning=reasoning)
+        if not (after.startswith(base) and prompt.startswith(base)):
+            raise ChainBreak("template_not_append_only")  # the template changed earlier history
+        # the turn as the model saw and wrote it (generation prompt + sampled ids) against the template's
+        turn = prompt[len(base):] + self.tokenizer.decode(list(turn_ids), skip_special_tokens=False)
+        rendered = after[len(base):len(after) - len(glue)]
+        if rendered == turn:
+            return
+        thought, _ = self.split_reasoning(self.tokenizer.decode(list(turn_ids), skip_special_tokens=False))
+        raise ChainBreak("template_drops_reasoning" if thought.strip() and thought.strip() not in rendered
+                         else "template_rewrites_turn")
 
     # -- decoding ---------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .canonical import ChatRequest, Message, Tool, ToolCall
 from .providers.arguments import same_arguments
 from .sessions import Turn
-from .template import ChatTemplate, TemplateError
+from .template import ChainBreak, ChatTemplate, TemplateError
 
 log = logging.getLogger("polarstream.gateway")
 
@@ -106,7 +106,7 @@ class WholeRender(Exception):
     """Raised, with ``cheap_only``, where a plan would render the whole history."""
 
 
-def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool, cheap_only: bool = False) -> list[int] | None:
+def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool, cheap_only: bool = False) -> list[int]:
     """The bridge after ``prev``'s sampled ids, rendered from a window of the history.
 
     Rendering the whole history twice to diff it costs time in proportion to the session; the glue only
@@ -116,11 +116,12 @@ def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool
     against the full render on ``check`` calls and whenever something other than tool results is
     appended (templates that place tools before the last user turn); each disagreement takes one step
     back (window without tools -> window with tools -> full render) for this template, for good.
+    ChainBreak (from the full render) when the request cannot extend ``prev``'s tokens.
     """
     n = len(prev.messages)
     appended = req.messages[n + 1 :]
 
-    def full() -> list[int] | None:
+    def full() -> list[int]:
         if cheap_only:
             raise WholeRender
         return template.bridge_ids(req.messages[: n + 1], appended, req.tools, prev.completion_ids, reasoning=req.reasoning)
@@ -135,7 +136,7 @@ def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool
         try:
             return template.bridge_ids(window, appended, req.tools if level == 1 else (), prev.completion_ids,
                                        reasoning=req.reasoning)
-        except TemplateError:
+        except (TemplateError, ChainBreak):  # the full render decides
             return None
 
     bridge = windowed(level)
@@ -143,7 +144,7 @@ def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool
     if bridge is not None and not check and not first_window and (level == 1 or all(m.role == "tool" for m in appended)):
         return bridge
     expected = full()
-    if expected is not None and bridge != expected:
+    if bridge != expected:
         level -= 1  # this level just failed: the next one down is the first worth rendering
         while level > 0 and windowed(level) != expected:
             level -= 1
@@ -181,8 +182,8 @@ def plan_prompt(template: ChatTemplate, prev: Turn | None, req: ChatRequest, *, 
         n = len(prev.messages)
         check = prev.extends_call_index is None or (prev.call_index + 1) % WINDOW_CHECK_EVERY == 0
         bridge = _bridge(template, prev, req, check=check, cheap_only=cheap_only)
-        if bridge is None:
-            return fresh("template_not_append_only")
         return PromptPlan([*prev.full_sequence, *bridge], extends_call_index=prev.call_index, history_offset=n)
+    except ChainBreak as e:
+        return fresh(e.reason)
     except WholeRender:
         return None
