@@ -6,7 +6,9 @@ the markup the template (and a tool-call parser) expects. At request time the en
 the conversation in the prompt and teacher-forces its tokens through the model, so token ids, logprobs
 and everything downstream are real.
 
-Choosing a turn for a prompt (parsed as ChatML: ``<|im_start|>role\\n...<|im_end|>``):
+Choosing a turn for a prompt (parsed as ChatML: ``<|im_start|>role\\n...<|im_end|>``; a prompt in another
+family's markup counts as assistant turns the script's turns it holds, as sampled, in order, and takes
+what follows the last of them as the last message):
 1. the first turn with a ``match`` regex found in the last non-assistant message (user or tool result;
    with ``skip_system: true`` the last non-assistant, non-system one, so system messages a harness puts
    after a tool result, such as Claude Code's reminders, do not hide it);
@@ -52,6 +54,17 @@ def parse_chatml(prompt: str, skip_system: bool = False) -> tuple[int, str]:
         elif not (skip_system and role == "system"):
             last = content
     return assistant_turns, last
+
+
+def parse_sampled(prompt: str, texts: list[str]) -> tuple[int, str]:
+    """(assistant turns, what follows the last) of a prompt in any markup: the script's turn ``texts`` it
+    holds as sampled (a token-in prompt keeps every earlier turn exactly as the engine emitted it)."""
+    found, pos = 0, 0
+    while True:
+        hits = [(at, at + len(t)) for t in texts if (at := prompt.find(t, pos)) >= 0]
+        if not hits:
+            return found, prompt[pos:]
+        found, pos = found + 1, min(hits)[1]
 
 
 def render_turn(tokenizer, text: str, tool_calls: list[dict[str, Any]]) -> str:
@@ -150,7 +163,10 @@ class Script:
 
     def choose(self, prompt_text: str) -> str | None:
         """The scripted output for a prompt (see the module docstring), or None to let the model sample."""
-        k, last = parse_chatml(prompt_text, self.skip_system)
+        if "<|im_start|>" in prompt_text:
+            k, last = parse_chatml(prompt_text, self.skip_system)
+        else:
+            k, last = parse_sampled(prompt_text, [t.text for t in self.turns if t.text])
         for t in self.turns:
             if t.match is not None and t.match.search(last):
                 return t.text

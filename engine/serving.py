@@ -111,7 +111,9 @@ class Engine:
         if self.script is not None:
             out = self.script.choose(self.tokenizer.decode(ids, skip_special_tokens=False))
             if out is not None:
-                forced = self.tokenizer(out, add_special_tokens=False)["input_ids"] + [self.lm.eos_token_ids[0]]
+                forced = self.tokenizer(out, add_special_tokens=False)["input_ids"]
+                if not forced or forced[-1] not in self.lm.eos_token_ids:  # a raw turn may end in its own stop
+                    forced.append(self.lm.eos_token_ids[0])
         seqs = []
         for i in range(n):
             p = with_seed(params, i)

@@ -75,3 +75,16 @@ def test_window_respects_max_tokens_and_n(engines):
     assert [c["finish_reason"] for c in body["choices"]] == ["length", "length"]
     assert all(len(c["token_ids"]) == 3 for c in body["choices"])
     assert body["choices"][0]["token_ids"] == chat(engines[0], LONG)["choices"][0]["token_ids"][:3]
+
+
+def test_a_prompt_in_another_familys_markup_is_read_by_the_turns_it_holds_as_sampled():
+    """No ChatML: k = the script's turns found in the prompt, in order; the tail after the last is what
+    ``match`` reads (engine/script.py parse_sampled)."""
+    from engine.script import parse_sampled
+
+    turns = ["<tool_call>a</tool_call>", "[TOOL_CALLS]b[ARGS]{}", "done"]
+    assert parse_sampled("<|user|>go<|assistant|>", turns) == (0, "<|user|>go<|assistant|>")
+    prompt = "<|user|>go<|assistant|><tool_call>a</tool_call><|observation|>result 1<|assistant|>"
+    assert parse_sampled(prompt, turns) == (1, "<|observation|>result 1<|assistant|>")
+    prompt += "[TOOL_CALLS]b[ARGS]{}</s>[TOOL_RESULTS]result 2[/TOOL_RESULTS]"
+    assert parse_sampled(prompt, turns) == (2, "</s>[TOOL_RESULTS]result 2[/TOOL_RESULTS]")

@@ -79,7 +79,7 @@ async def run_write_tasks(settings, script: dict, engine_server_factory, model_d
     "Write the number 7 to answer.txt using <tool>." (task ids ``<prefix><i>``), until all have finished."""
     script_path = node_dir.with_name(node_dir.name + "-script.yaml")
     script_path.write_text(yaml.safe_dump(script))
-    engine = engine_server_factory(script=script_path, script_window=256)
+    engine = engine_server_factory(model_dir, script=script_path, script_window=256)
     cfg = NodeConfig(work_dir=node_dir, cache_dir=cache, runtime="bwrap", node_id=prefix, run_workers=3, ready_target=2)
     node = Node(settings, cfg, GatewayConfig(engine_urls=[engine.url], model=str(model_dir)))
     await node.start()
