@@ -109,10 +109,10 @@ def packing(top: int) -> None:
 def gateway(top: int) -> None:
     import asyncio
 
-    from engine.models import ensure_model
     from gateway.sessions import mint_session_key
     from gateway.template import ChatTemplate
     from infra.kafka import KafkaBroker
+    from infra.models import ensure_model
     from infra.process import free_port
     from infra.settings import Settings
     from infra.topics import ensure_topics

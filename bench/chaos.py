@@ -497,7 +497,7 @@ def main() -> None:
     brokers = args.brokers or (1 if args.quick else 3)
     gap = (2.0, 4.0) if args.quick else (4.0, 9.0)
     rng = random.Random(args.seed)
-    from engine.models import ensure_model
+    from infra.models import ensure_model
 
     model_dir = ensure_model("tiny")
     t_start = time.monotonic()

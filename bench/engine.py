@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx  # noqa: E402
 
 from engine.local import start_engine_server  # noqa: E402
-from engine.models import resolve_model  # noqa: E402
+from infra.models import resolve_model  # noqa: E402
 
 
 async def one_round(url: str, batch: int, tokens: int, round_no: int) -> float:

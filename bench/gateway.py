@@ -654,9 +654,9 @@ def versus_peer_vllm_like(out: dict) -> dict:
 
 
 async def bench(args: argparse.Namespace) -> None:
-    from engine.models import ensure_model
     from gateway.sessions import mint_session_key
     from gateway.template import ChatTemplate
+    from infra.models import ensure_model
     from infra.process import free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))

@@ -52,7 +52,7 @@ def build(size: str, out: Path) -> Path:
     """A Qwen3-shaped model of ``size`` with random weights (seeded) and the tiny model's tokenizer."""
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-    from engine.models import ensure_model
+    from infra.models import ensure_model
 
     tiny = ensure_model("tiny")
     tok = AutoTokenizer.from_pretrained(tiny)

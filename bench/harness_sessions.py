@@ -233,10 +233,10 @@ async def run_sessions(settings, work: Path, turns: int, harnesses: list, agent_
     import yaml
 
     from engine.local import start_engine_server
-    from engine.models import ensure_model
     from gateway.config import GatewayConfig
     from gateway.node.config import NodeConfig
     from gateway.node.node import Node
+    from infra.models import ensure_model
     from infra.settings import CACHE_DIR
     from tests.plugins.rollout import start_rollout_server
 

@@ -31,7 +31,7 @@ import httpx  # noqa: E402
 
 from bench._rounds import interleaved  # noqa: E402
 from engine.local import start_engine_server  # noqa: E402
-from engine.models import ensure_model  # noqa: E402
+from infra.models import ensure_model  # noqa: E402
 
 SCRIPT = "turns:\n  - tool_calls: [{name: bash, arguments: {command: 'echo 7 > answer.txt'}}]\n"
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a command",

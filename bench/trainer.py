@@ -450,7 +450,7 @@ def main() -> None:
     started = time.perf_counter()
     set_threads(THREADS)
     if not args.model:
-        from engine.models import ensure_model
+        from infra.models import ensure_model
 
         args.model = str(ensure_model("tiny"))
     from transformers import AutoConfig

@@ -1,1 +1,2 @@
-"""The policy engine: a small torch server speaking vLLM's token-level API, and hub-free models (docs/engine.md)."""
+"""The policy engine: a small torch server speaking vLLM's token-level API (docs/engine.md); the hub-free
+models it serves are built and named in infra/models/."""

@@ -17,7 +17,7 @@ def build(
     seed: int = typer.Option(0, "--seed", help="tiny only: weights and tokenizer corpus derive from it"),
 ) -> None:
     """Build a model directory (HF layout) and print where it is."""
-    from .models import build_smollm2, build_tiny, ensure_model
+    from infra.models import build_smollm2, build_tiny, ensure_model
 
     if name not in ("tiny", "smollm2"):
         raise typer.BadParameter(f"unknown model {name!r}: expected tiny or smollm2", param_hint="NAME")
@@ -55,10 +55,11 @@ def serve(
     """Serve a model with vLLM's token-level OpenAI API (CPU or CUDA)."""
     import logging
 
+    from infra.models import resolve_model
     from infra.reach import require_free_port
     from infra.settings import Settings
 
-    from .models import load_model, resolve_model
+    from .models import load_model
     from .sampling import LOGPROBS_MODES
     from .script import Script, ScriptError
 

@@ -13,13 +13,11 @@ TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "config.json")
 
 
 def _resolve_model(name_or_path: str) -> str:
-    """A local directory as is; a built-in engine model name (``tiny``, ``smollm2``) -> its cached directory.
+    """A local directory as is; a built-in model name (``tiny``, ``smollm2``) -> its cached directory.
 
-    FileNotFoundError (engine/models.py) says what was tried when it is neither, nor a hub id."""
-    try:
-        from engine.models import resolve_model
-    except ImportError:
-        return name_or_path
+    FileNotFoundError (infra/models/) says what was tried when it is neither, nor a hub id."""
+    from infra.models import resolve_model
+
     return resolve_model(name_or_path, needs=TOKENIZER_FILES)
 
 

@@ -192,16 +192,11 @@ class ChatTemplate:
 
     @classmethod
     def load(cls, name_or_path: str, *, chat_template: str | None = None, **kwargs: Any) -> "ChatTemplate":
-        """Load the tokenizer from a local directory (no hub downloads)."""
-        from transformers import AutoTokenizer  # heavy; only when a gateway starts
+        """Load the tokenizer from a local directory (the gateway never downloads: FileNotFoundError)."""
+        from infra.models import load_tokenizer
 
-        try:
-            tok = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
-        except OSError as e:  # transformers' word for "no tokenizer there"; say what was tried, in one line
-            where = "the local directory" if Path(name_or_path).is_dir() else "the local Hugging Face cache for hub id"
-            raise FileNotFoundError(f"model {name_or_path!r}: no tokenizer in {where} {name_or_path!r} "
-                                    f"(the gateway never downloads): {' '.join(str(e).split())[:300]}") from e
-        return cls(tok, chat_template=chat_template, stop_ids=_generation_stops(name_or_path), **kwargs)
+        return cls(load_tokenizer(name_or_path), chat_template=chat_template, stop_ids=_generation_stops(name_or_path),
+                   **kwargs)
 
     def signature(self) -> Signature:
         """What the tokenizer shows of its model's markup: the template text and the special tokens (the

@@ -7,7 +7,7 @@ that line. The failures it expects, and what each becomes after ``error: ``::
                                         (infra/reach.py), a port in use, a stack that cannot start
     OSError naming a file               no such file or directory: PATH (permission denied: PATH, ...)
     OSError with a message only         the message: a model that is neither a local directory nor a
-                                        hub id (engine/models.py), AccessDenied (infra/security.py)
+                                        hub id (infra/models/), AccessDenied (infra/security.py)
     TaskSourceError (producers/tasks)   its message: a task file or directory that holds no usable tasks
     yaml.YAMLError                      malformed YAML in FILE, line L, column C: PROBLEM
     json.JSONDecodeError                malformed JSON: MESSAGE: line L column C (char N)

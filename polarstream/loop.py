@@ -595,7 +595,7 @@ def run(cfg: RunConfig, settings: Settings | None = None,
             raise ProcessFailed("--driver-only and --only run a real CLI only with the experiment's own model (the "
                                 "arith family's warm start for a CLI is made where all the components start)")
         if cfg.harness != "builtin" and not cfg.model:
-            from engine.models import ensure_model
+            from infra.models import ensure_model
 
             from .demo.capture import capture
 

@@ -14,7 +14,8 @@ def register(app: typer.Typer) -> None:
 
 
 def train_command(
-    model: Annotated[str, typer.Option(help="HF model directory to start from (config.json, weights, tokenizer)")],
+    model: Annotated[str, typer.Option(help="model to start from: a local HF directory (config.json, weights, "
+                                            "tokenizer) or a built-in name (tiny, tiny:SEED, smollm2)")],
     groups_per_step: Annotated[int, typer.Option(help="groups per optimizer step")] = 4,
     max_steps: Annotated[int, typer.Option(help="stop after this many steps in total (0: no limit)")] = 0,
     lr: Annotated[float, typer.Option(help="AdamW learning rate")] = 1e-5,
@@ -52,7 +53,7 @@ def train_command(
         overrides[key.strip().replace("-", "_")] = value
     try:
         cfg = TrainConfig.from_overrides(overrides)
-        cfg.require_model_dir()  # before the services are probed: the model is what the user typed
+        cfg.resolve_model_dir()  # before the services are probed: the model is what the user typed
     except ConfigError as e:
         raise typer.BadParameter(str(e)) from None
     kwargs = {"config": config} if config else {}

@@ -22,7 +22,8 @@ class ConfigError(ValueError):
 @dataclass
 class TrainConfig:
     # -- model --
-    model: str = ""  # local HF directory the run starts from (config.json + weights + tokenizer files)
+    model: str = ""  # local HF directory the run starts from (config.json + weights + tokenizer files); the
+    # CLI also takes a built-in name (tiny, tiny:SEED, smollm2) and sets this to its cached directory
     dtype: Literal["float32", "bfloat16"] = "float32"  # parameter dtype; bf16 autocast is used on CUDA either way
     attn_implementation: str = "auto"  # auto: polar_varlen (trainer/attention.py: per-sequence SDPA on CPU,
     # flash varlen on CUDA; no mask, cost = sum of each sequence's square) | sdpa | flash_attention_2 | eager
@@ -141,6 +142,20 @@ class TrainConfig:
             kind, _, url = spec.partition("=")
             if kind not in ("polar", "vllm") or not url.startswith(("http://", "https://")):
                 raise ConfigError(f"engines: {spec!r} is not 'polar=http://...' or 'vllm=http://...'")
+
+    def resolve_model_dir(self) -> None:
+        """Set ``model`` to the local directory its name means, as the engine and the gateway resolve it (a
+        built-in name -> its cached directory, built once); ConfigError in one line when there is none."""
+        from infra.models import resolve_model
+
+        try:
+            path = resolve_model(self.model)
+        except FileNotFoundError as e:  # already one line saying what was tried
+            raise ConfigError(str(e)) from None
+        if not Path(path).is_dir():  # a hub id: the trainer reads weights from a directory, never the hub
+            raise ConfigError(f"model {self.model!r}: no such directory (the trainer does not download hub ids; "
+                              "give a local HF directory or a built-in name: tiny, tiny:SEED, smollm2)")
+        self.model = path
 
     def require_model_dir(self) -> None:
         """ConfigError unless ``model`` is a local HF model directory (it has a config.json)."""

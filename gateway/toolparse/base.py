@@ -112,11 +112,12 @@ def typed_value(value: str, type_name: str) -> Any:
         return value
 
 
-def scan(text: str, block: re.Pattern[str], parse_block: Callable[[re.Match[str]], list[tuple[str, str]]],
+def scan(text: str, block: re.Pattern[str], parse_block: Callable[[re.Match[str]], list[tuple[str, ...]]],
          opener: str, *, closer: str = "", what: str = "") -> ParsedOutput:
     """Tool calls of every ``block`` match in ``text``, the text around them kept.
 
-    ``parse_block`` turns one match into [(name, arguments JSON)], or raises ValueError: that block then
+    ``parse_block`` turns one match into [(name, arguments JSON)] (or (name, arguments, id) where the
+    model names its calls itself), or raises ValueError: that block then
     stays in the text and its error goes to ``parse_error``. An ``opener`` left in the text after the last
     parsed block (with no ``closer`` after it) is a generation cut inside a call, and is named too.
     Text is stripped at the ends when calls were found (the markup's own newlines are not the answer's).
@@ -133,7 +134,7 @@ def scan(text: str, block: re.Pattern[str], parse_block: Callable[[re.Match[str]
             continue
         pieces.append(text[pos:m.start()])
         pos = m.end()
-        calls.extend(ToolCall(id=new_call_id(), name=name, arguments=args) for name, args in found)
+        calls.extend(ToolCall(id=(f[2] if len(f) > 2 else new_call_id()), name=f[0], arguments=f[1]) for f in found)
     pieces.append(text[pos:])
     rest = "".join(pieces)
     tail = rest.rfind(opener) if opener else -1

@@ -7,7 +7,9 @@ All calls of a turn sit in one section, each call named by an id ``functions.NAM
 
 Each marker is one token of the tokenizer (ids 163595-163599, added but not "special", so a decode that
 skips special tokens still keeps them); turns end with ``<|im_end|>``. The function name is the id less
-its ``functions.`` prefix and ``:INDEX`` suffix; the gateway gives every call a fresh id of its own.
+its ``functions.`` prefix and ``:INDEX`` suffix. The id stays the call's id, as vLLM returns it: the
+template renders it back in the call and in ``## Return of <id>`` before the tool's result, so a harness
+that echoes it gives the model its own id again (a fresh gateway id there would be text it never wrote).
 Reasoning is ``<think>...</think>``, which K2-Thinking may also end by opening the tool-call section
 without a ``</think>`` (vLLM's ``kimi_k2`` reasoning parser does the same): ``REASONING`` reads both.
 """
@@ -49,14 +51,14 @@ def _name(call_id: str, tools: dict[str, Tool]) -> str:
     return last if name not in tools and last in tools else name
 
 
-def _call(body: str, tools: dict[str, Tool]) -> tuple[str, str]:
-    """One call's body (id, argument marker, JSON) -> (name, arguments JSON text); raises ValueError."""
+def _call(body: str, tools: dict[str, Tool]) -> tuple[str, str, str]:
+    """One call's body (id, argument marker, JSON) -> (name, arguments JSON text, id); raises ValueError."""
     if ARG_BEGIN not in body:
         raise ValueError(f"tool call has no {ARG_BEGIN} between its id and its arguments")
     head, _, args = body.partition(ARG_BEGIN)
     name = _name(head.strip(), tools)
     args = args.strip() or "{}"  # a call of a tool without parameters may leave the arguments out
-    return name, arguments_json(json_object(args, f"tool call {name!r}: arguments"))
+    return name, arguments_json(json_object(args, f"tool call {name!r}: arguments")), head.strip()
 
 
 def parse(text: str, tools: dict[str, Tool]) -> ParsedOutput:
@@ -73,12 +75,6 @@ def parse(text: str, tools: dict[str, Tool]) -> ParsedOutput:
                    else "is unterminated (generation stopped inside a tool call)")
         out.parse_error = "; ".join(filter(None, [out.parse_error, f"tool calls section {problem}"]))
     return out
-
-
-def native_call_ids(text: str) -> list[str]:
-    """The ids the model wrote for its calls (``functions.get_weather:0``...), in order: what the template
-    renders back for an earlier turn's calls, where a token-exact prompt needs the model's own."""
-    return [m.group(1).partition(ARG_BEGIN)[0].strip() for m in _CALL.finditer(text) if ARG_BEGIN in m.group(1)]
 
 
 def split(text: str) -> tuple[str, str]:

@@ -28,8 +28,8 @@ def demo_model(cfg: "RunConfig", settings: Settings, train: list[tuple[str, str]
     For a real CLI (``shape``), the built-in warm start goes on for ``shape_sft_steps`` in the CLI's
     captured shape: the sums are known already, only the prompt, the tools and the tool results are new.
     """
-    from engine.models import ensure_model
     from gateway.harnesses.builtin import SYSTEM, TOOLS
+    from infra.models import ensure_model
 
     from .warmstart import warm_start
 

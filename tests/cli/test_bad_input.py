@@ -24,6 +24,7 @@ import yaml
 from typer.core import TyperGroup
 from typer.testing import CliRunner
 
+from infra.models import ensure_model
 from polarstream.cli import app
 
 # The bad values each argument gets, by argument name; URL arguments are recognised by name below.
@@ -118,8 +119,8 @@ class Env:
 @pytest.fixture(scope="module")
 def env():
     root = Path(tempfile.mkdtemp(prefix="ps-"))  # short paths: an error box wraps long ones
-    (root / "model").mkdir()
-    (root / "model" / "config.json").write_text("{}")
+    # a real model: the gateway reads its tokenizer and template before it waits on the engine
+    shutil.copytree(ensure_model("tiny"), root / "model")
     (root / "empty").mkdir()
     (root / "a-file").write_text("")
     (root / "docker-task" / "environment").mkdir(parents=True)

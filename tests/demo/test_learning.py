@@ -53,7 +53,7 @@ def _warm(settings: dict) -> Path:
     import shutil
 
     import polarstream.demo.warmstart
-    from engine.models import ensure_model
+    from infra.models import ensure_model
     from infra.settings import CACHE_DIR
     from polarstream.demo.warmstart import warm_start
 

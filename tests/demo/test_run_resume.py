@@ -48,7 +48,7 @@ def _env(infra) -> dict[str, str]:
 
 
 def _experiment(tmp_path: Path) -> Path:
-    from engine.models import ensure_model
+    from infra.models import ensure_model
 
     train, heldout = arith.split(0)
     harness = HarnessSpec(name="builtin")

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _experiment(tmp_path: Path) -> Path:
-    from engine.models import ensure_model
+    from infra.models import ensure_model
 
     train, _ = arith.split(0)
     rows = [arith.task_request(q, a, task_id=f"train-{i}", num_samples=1, harness=HarnessSpec(name="builtin")).model_dump_json()

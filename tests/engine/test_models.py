@@ -10,7 +10,8 @@ import httpx
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.models import TinySpec, build_tiny, ensure_model, load_model, parse_builtin, resolve_model
+from engine.models import load_model
+from infra.models import TinySpec, build_tiny, ensure_model, load_tokenizer, parse_builtin, resolve_model
 
 SMALL = TinySpec(vocab_size=700, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
                  head_dim=16, corpus_docs=300)
@@ -95,6 +96,15 @@ def test_a_model_that_is_not_there_says_what_was_tried(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match=r"not a local directory, and .* \(tried hub id 'nobody/no-model'\)"):
         load_model("nobody/no-model")
+
+
+def test_tokenizers_load_from_local_files_only_or_say_what_was_tried(tiny_model_dir, tmp_path, monkeypatch):
+    assert load_tokenizer(str(tiny_model_dir)).eos_token == "<|im_end|>"
+    with pytest.raises(FileNotFoundError, match=r"no tokenizer in the local directory .*\(nothing is downloaded\)"):
+        load_tokenizer(str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the test never reaches the network, whatever transformers does
+    with pytest.raises(FileNotFoundError, match=r"no tokenizer in the local Hugging Face cache for hub id 'nobody/no-model'"):
+        load_tokenizer("nobody/no-model")
 
 
 @pytest.mark.slow

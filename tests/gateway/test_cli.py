@@ -53,7 +53,7 @@ def test_exposure_rules():
 
 
 def test_gateway_refuses_an_unknown_parser_name_in_one_line_before_waiting_on_the_engine(monkeypatch):
-    from engine.models import ensure_model
+    from infra.models import ensure_model
 
     monkeypatch.setenv("POLAR_WAIT_FOR_S", "0")
     base = ["gateway", "--engine-url", "http://127.0.0.1:1", "--model", str(ensure_model("tiny"))]

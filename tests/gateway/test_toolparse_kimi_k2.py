@@ -8,7 +8,7 @@ import pytest
 from gateway.canonical import Tool
 from gateway.toolparse import Parsers, think
 from gateway.toolparse.base import Signature
-from gateway.toolparse.kimi_k2 import PARSER, REASONING, native_call_ids
+from gateway.toolparse.kimi_k2 import PARSER, REASONING
 
 FAMILIES = Path(__file__).parent / "families"
 # What Kimi-K2's tokenizer_config.json lists in added_tokens_decoder (K2-Thinking adds <think> and </think>).
@@ -37,7 +37,7 @@ def test_single_call():
     out = PARSER.parse(SB + call("functions.get_weather:0", {"city": "Paris"}) + SE, {})
     assert calls(out) == [("get_weather", {"city": "Paris"})]
     assert out.text == "" and out.parse_error == ""
-    assert out.tool_calls[0].id.startswith("call_")  # the gateway's own id, not functions.get_weather:0
+    assert out.tool_calls[0].id == "functions.get_weather:0"  # the model's own id, as vLLM returns it
 
 
 def test_call_with_content_before_and_spaces_around_markers():
@@ -255,9 +255,11 @@ def test_plain_text_untouched():
     assert out.text == "No tools needed: 2 + 2 = 4." and out.tool_calls == [] and out.parse_error == ""
 
 
-def test_native_call_ids():
+def test_calls_keep_the_ids_the_model_wrote():
+    """The template renders them back (the call, and ``## Return of <id>``): a fresh id would be text the
+    model never wrote."""
     raw = "x" + SB + call("functions.get_weather:0", {}) + call("functions.get_news:1", {}) + SE
-    assert native_call_ids(raw) == ["functions.get_weather:0", "functions.get_news:1"]
+    assert [c.id for c in PARSER.parse(raw, {}).tool_calls] == ["functions.get_weather:0", "functions.get_news:1"]
 
 
 def _fixture(name):

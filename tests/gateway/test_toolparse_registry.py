@@ -36,7 +36,7 @@ def test_auto_detection_picks_each_familys_parsers_from_its_published_template(f
 
 
 def test_the_built_in_models_template_picks_hermes():
-    from engine.models import ensure_model
+    from infra.models import ensure_model
 
     template = ChatTemplate.load(str(ensure_model("tiny")))
     picked = choose(template.signature())

@@ -23,7 +23,7 @@ __all__ = ["EngineServer", "start_engine_server"]
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny model's HF directory (seed 0), built once and cached across test sessions."""
-    from engine.models import ensure_model
+    from infra.models import ensure_model
 
     return ensure_model("tiny")
 

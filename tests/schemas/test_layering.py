@@ -1,10 +1,13 @@
 """Data flows one way and components share only schemas/ (and infra/, producers/' Kafka readers): no
-component imports the CLI and demo package (polarstream/), which imports them."""
+component imports the CLI and demo package (polarstream/), which imports them, and the gateway and the
+trainer do not import the engine."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).parents[2]
 COMPONENTS = ("schemas", "infra", "producers", "gateway", "streams", "trainer", "engine")
@@ -29,6 +32,19 @@ def test_no_component_imports_polarstream():
 def test_schemas_import_no_component():
     found = [f"{p.relative_to(ROOT)}: {m}" for p in sorted((ROOT / "schemas").rglob("*.py"))
              for m in imports(p) if m.split(".")[0] in set(COMPONENTS) - {"schemas"} | {"polarstream"}]
+    assert not found, found
+
+
+# Imports a component may not make (function-level ones included): the gateway and the trainer reach the
+# engine over HTTP only, and what they share with it at run time (model names, tokenizers) is in infra/,
+# which imports no component.
+FORBIDDEN = {"gateway": {"engine"}, "trainer": {"engine"}, "infra": set(COMPONENTS) - {"schemas", "infra"}}
+
+
+@pytest.mark.parametrize("component", sorted(FORBIDDEN))
+def test_forbidden_imports(component):
+    found = [f"{p.relative_to(ROOT)}: {m}" for p in sorted((ROOT / component).rglob("*.py"))
+             for m in imports(p) if m.split(".")[0] in FORBIDDEN[component]]
     assert not found, found
 
 

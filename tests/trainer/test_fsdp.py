@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models import ensure_model
+from infra.models import ensure_model
 
 from tests.trainer.fsdp_step import CASES, PROBE, micro_batches, samples, step
 

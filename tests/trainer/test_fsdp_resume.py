@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.models import ensure_model
+from infra.models import ensure_model
 from tests.plugins.trainer import settings_env
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))

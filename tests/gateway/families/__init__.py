@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,27 +59,14 @@ def template(name: str) -> str:
 
 def family_dir(name: str) -> Path:
     """The tiny model dressed as family ``name`` (tokenizer, template, embeddings): built once, cached."""
-    from engine.models import ensure_model
+    from infra.models import build_once, ensure_model
     from infra.settings import CACHE_DIR
 
     fam = FAMILIES[name]
     tiny = ensure_model("tiny")
     key = hashlib.sha256(json.dumps([tiny.name, name, fam.special, fam.eos, fam.stops, fam.bos,
                                      template(name)]).encode()).hexdigest()[:12]
-    final = CACHE_DIR / "models" / f"family-{name}-{key}"
-    if (final / "polarstream.json").exists():
-        return final
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    try:
-        _build(tiny, name, fam, tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "polarstream.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return build_once(CACHE_DIR / "models" / f"family-{name}-{key}", lambda out: _build(tiny, name, fam, out))
 
 
 def _build(tiny: Path, name: str, fam: Family, out: Path) -> None:
