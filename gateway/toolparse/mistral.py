@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
+import string
 from typing import Any
 
 from ..canonical import Tool, ToolCall
-from .base import ParsedOutput, ReasoningParser, Signature, ToolParser, arguments_json, json_object, new_call_id
+from .base import ParsedOutput, ReasoningParser, Signature, ToolParser, arguments_json, json_object
 
 OPEN, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+_ID_CHARS = string.ascii_letters + string.digits
 THINK, END_THINK = "[THINK]", "[/THINK]"
 EOS = "</s>"
 # name, optional [CALL_ID]id, optional [ARGS]: whatever follows is the arguments' JSON
@@ -85,6 +88,12 @@ def _stretch(body: str, last: bool) -> tuple[list[tuple[str, str]], int]:
     return [(name, _arguments(args, name))], end
 
 
+def call_id() -> str:
+    """A fresh call id as Mistral's templates take them: 9 letters and digits (the v3-v11 templates refuse
+    any other id, in the call and in its result; vLLM's Mistral parser makes the same kind)."""
+    return "".join(secrets.choice(_ID_CHARS) for _ in range(9))
+
+
 def parse(text: str, tools: dict[str, Tool]) -> ParsedOutput:
     """Text and calls of ``[TOOL_CALLS]`` markup; a stretch that does not parse stays text and is named."""
     if text.rstrip().endswith(EOS):
@@ -105,7 +114,7 @@ def parse(text: str, tools: dict[str, Tool]) -> ParsedOutput:
             errors.append(str(e))
             pieces.append(OPEN + body)
             continue
-        calls.extend(ToolCall(id=new_call_id(), name=name, arguments=args) for name, args in found)
+        calls.extend(ToolCall(id=call_id(), name=name, arguments=args) for name, args in found)
         pieces.append(body[end:])
     rest = "".join(pieces)
     return ParsedOutput(text=rest.strip() if calls else rest, tool_calls=calls, parse_error="; ".join(errors))

@@ -38,7 +38,7 @@ def test_one_call():
     out = parse('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}')
     assert calls(out) == [("get_weather", {"city": "Paris"})]
     assert out.text == "" and out.parse_error == ""
-    assert out.tool_calls[0].id.startswith("call_")
+    assert len(out.tool_calls[0].id) == 9 and out.tool_calls[0].id.isalnum()  # as Mistral templates require
 
 
 def test_call_id_between_name_and_args_is_read_past():
@@ -301,3 +301,10 @@ def test_other_families_templates_are_not_mistral(path):
     sig = Signature(path.read_text())
     assert not PARSER.detect(sig)
     assert not REASONING.detect(sig)
+
+
+def test_call_ids_are_nine_letters_and_digits_as_mistral_templates_require():
+    out = PARSER.parse('[TOOL_CALLS]a[ARGS]{}[TOOL_CALLS]b[ARGS]{"x": 1}', {})
+    ids = [c.id for c in out.tool_calls]
+    assert len(ids) == 2 and len(set(ids)) == 2
+    assert all(len(i) == 9 and i.isalnum() and i.isascii() for i in ids), ids
