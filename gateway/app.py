@@ -51,6 +51,11 @@ def _default_publisher(settings: Settings) -> Publisher:
     return KafkaPublisher(settings, linger_ms=0, client_id="polarstream-gateway")
 
 
+def load_template(config: GatewayConfig) -> ChatTemplate:
+    """The served model's tokenizer and chat template, as the config names them."""
+    return ChatTemplate.load(config.model, chat_template=config.chat_template, template_kwargs=config.template_kwargs)
+
+
 def create_app(
     settings: Settings,
     config: GatewayConfig,
@@ -62,8 +67,7 @@ def create_app(
     """The gateway app. ``template`` may be shared between apps (tests); the factories build the
     Kafka publisher and engine client inside the lifespan."""
     if template is None:
-        template = ChatTemplate.load(config.model, chat_template=config.chat_template,
-                                     template_kwargs=config.template_kwargs)
+        template = load_template(config)
     gw = Gateway(config, template)
     gw.redactor.key = redaction_key(settings.session_secret).encode()  # stable per deployment, not guessable
     if settings.admin_token == DEV_ADMIN_TOKEN or settings.session_secret == DEV_SESSION_SECRET:

@@ -23,10 +23,10 @@ def _resolve_model(name_or_path: str) -> str:
 
 def _template(cfg):
     """The served model's tokenizer and template; refused in one line when no parser fits its markup."""
-    from .template import ChatTemplate
+    from .app import load_template
     from .toolparse import ParserChoiceError, choose
 
-    template = ChatTemplate.load(cfg.model, chat_template=cfg.chat_template, template_kwargs=cfg.template_kwargs)
+    template = load_template(cfg)
     try:
         choose(template.signature(), cfg.tool_parser, cfg.reasoning_parser)
     except ParserChoiceError as e:
@@ -100,8 +100,10 @@ def serve(
 
     if upstream not in ("polar", "vllm", "sglang"):
         raise typer.BadParameter(f"{upstream!r}: expected polar, vllm or sglang", param_hint="--upstream")
-    if history not in ("sampled", "template"):
-        raise typer.BadParameter(f"{history!r}: expected sampled or template", param_hint="--history")
+    from .template import HISTORY_MODES
+
+    if history not in HISTORY_MODES:
+        raise typer.BadParameter(f"{history!r}: expected {' or '.join(HISTORY_MODES)}", param_hint="--history")
     if publish_mode not in ("sync", "async"):
         raise typer.BadParameter(f"{publish_mode!r}: expected sync or async", param_hint="--publish-mode")
     from .sampling import SamplingPolicy

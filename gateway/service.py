@@ -33,7 +33,7 @@ from .events import build_call_record, build_failed_record
 from .gate import Gate, GateClosed
 from .redact import Redactor, token_decoder
 from .sessions import ChainSlot, SessionClaims, SessionClosed, SessionState, SessionStore, Turn, tip_key
-from .template import ChatTemplate, TemplateError
+from .template import ChatTemplate, TemplateError, TurnHistory
 from .tokens import PromptPlan, plan_prompt
 from .tombstones import TombstoneFile
 from .toolparse import ParsedOutput, choose
@@ -66,8 +66,8 @@ class Gateway:
         self.template = template
         # the served model's tool-call and reasoning markup (ParserChoiceError, one line, when unknown)
         self.parsers = choose(template.signature(), config.tool_parser, config.reasoning_parser)
-        template.history = config.history  # how later prompts treat the turns the model wrote (template.py)
-        template.split_reasoning = self.parsers.split_reasoning
+        # how later prompts keep the turns the model wrote (template.py)
+        self.turns = TurnHistory(config.history, self.parsers.split_reasoning)
         self.sessions = SessionStore(config.max_sessions, tombstones=TombstoneFile(config.tombstones) if config.tombstones else None)
         self.gate = Gate()
         self.policy_version = config.policy_version
@@ -138,8 +138,8 @@ class Gateway:
         prev = None if req.side_call else st.tip_for(key)
         try:
             try:  # whole renders in a worker thread: tokenizing a fresh 80 KB prompt must not stall other sessions' calls
-                plan = plan_prompt(self.template, prev, req, cheap_only=True) or await asyncio.to_thread(
-                    plan_prompt, self.template, prev, req)
+                plan = (plan_prompt(self.template, prev, req, cheap_only=True, turns=self.turns)
+                        or await asyncio.to_thread(plan_prompt, self.template, prev, req, turns=self.turns))
             except TemplateError as e:
                 raise RequestError(400, str(e)) from None
             marks.append(time.perf_counter())

@@ -6,7 +6,7 @@ the *bridge*: the tokens that follow a previous call's sampled ids when a histor
 end-of-turn token if the model did not emit it, template glue, tool results, the next generation
 prompt). That bridge is what token-in/token-out appends.
 
-Two ways to treat the turns a model wrote (``history``):
+Two ways to treat the turns a model wrote (``TurnHistory``, the gateway's ``--history``):
 
 - ``sampled`` (token-in, the default): a turn stays in later prompts exactly as sampled, reasoning
   included, whatever the template would make of it; the bridge is only the template's rendering of the
@@ -24,8 +24,8 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,23 @@ _SENTINEL = "\x00polar-sentinel\x00"
 _MARK = "PolarstreamBridgeMarkQx7"
 HISTORY_MODES = ("sampled", "template")
 log = logging.getLogger("polarstream.gateway")
+
+
+@dataclass(frozen=True)
+class TurnHistory:
+    """How later prompts keep the turns a model wrote (see the module docstring): ``keep`` is sampled or
+    template; in template mode ``split_reasoning`` (the gateway's reasoning parser) tells a dropped
+    reasoning from another rewrite."""
+
+    keep: str = "sampled"
+    split_reasoning: Callable[[str], tuple[str, str]] = field(default=lambda text: ("", text), compare=False)
+
+    def __post_init__(self) -> None:
+        if self.keep not in HISTORY_MODES:
+            raise ValueError(f"history {self.keep!r}: expected one of {', '.join(HISTORY_MODES)}")
+
+
+SAMPLED = TurnHistory()
 
 
 class TemplateError(ValueError):
@@ -168,12 +185,8 @@ class ChatTemplate:
     """Renders canonical chats to token ids with the served model's tokenizer and template."""
 
     def __init__(self, tokenizer: Any, *, chat_template: str | None = None, template_kwargs: dict[str, Any] | None = None,
-                 stop_ids: Sequence[int] = (), history: str = "sampled"):
-        if history not in HISTORY_MODES:
-            raise ValueError(f"history {history!r}: expected one of {', '.join(HISTORY_MODES)}")
+                 stop_ids: Sequence[int] = ()):
         self.tokenizer = tokenizer
-        self.history = history
-        self.split_reasoning = lambda text: ("", text)  # the gateway sets its reasoning parser's (template mode)
         self.chat_template = chat_template  # None: the tokenizer's own
         self.template_kwargs = dict(template_kwargs or {})
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -243,7 +256,7 @@ class ChatTemplate:
         return self.segments.encode(text) if self.segments is not None else self.encode(text)
 
     def bridge_ids(self, history: Sequence[Message], appended: Sequence[Message], tools: Sequence[Tool],
-                   completion_ids: Sequence[int], *, reasoning: bool = False) -> list[int]:
+                   completion_ids: Sequence[int], *, reasoning: bool = False, turns: TurnHistory = SAMPLED) -> list[int]:
         """Tokens to put after a previous call's sampled ids so the prompt continues with ``appended``.
 
         ``history`` ends with the assistant turn that call generated (the harness's echo of it). The
@@ -252,7 +265,7 @@ class ChatTemplate:
         back to the last turn-closing token before it (so the template's own closing text, such as
         ChatML's "\\n", is in the bridge). The sampled ids end with a stop token when the model stopped by
         itself; otherwise (length cut, stop string) the template's closing token is put first. In
-        ``template`` mode the result must also equal the template's rendering of the whole history, or
+        ``template`` mode (``turns``) the result must also equal the template's rendering of the whole history, or
         the chain breaks (ChainBreak, naming what the template changed).
         """
         if not appended:
@@ -262,7 +275,8 @@ class ChatTemplate:
         text = self.render_text(marked, tools, add_generation_prompt=True, reasoning=reasoning)
         after = self.render_text([*history, *appended], tools, add_generation_prompt=True, reasoning=reasoning)
         at = text.find(_MARK)
-        ends = {e: text.rfind(e, 0, at) + len(e) for e in self._ends if at >= 0 and text.rfind(e, 0, at) >= 0}
+        found = {e: text.rfind(e, 0, at) for e in self._ends} if at >= 0 else {}
+        ends = {e: i + len(e) for e, i in found.items() if i >= 0}
         if not ends:
             raise ChainBreak("template_not_append_only")  # no turn end before the appended messages
         close = max(ends, key=ends.__getitem__)  # the last one: where the echoed turn ends
@@ -271,23 +285,25 @@ class ChatTemplate:
             raise ChainBreak("template_not_append_only")
         ended = bool(completion_ids) and completion_ids[-1] in self.stop_ids
         closing = [] if ended else [self.tokenizer.convert_tokens_to_ids(close)]
-        if self.history == "template":
-            self._check_template_way(history, tools, reasoning, [*completion_ids, *closing], after, glue)
+        if turns.keep == "template":
+            self._check_template_way(history, tools, reasoning, [*completion_ids, *closing], after, glue,
+                                     turns.split_reasoning)
         return [*closing, *self.encode(glue)]
 
     def _check_template_way(self, history: Sequence[Message], tools: Sequence[Tool], reasoning: bool,
-                            turn_ids: Sequence[int], after: str, glue: str) -> None:
+                            turn_ids: Sequence[int], after: str, glue: str,
+                            split_reasoning: Callable[[str], tuple[str, str]]) -> None:
         """ChainBreak unless previous prompt + sampled turn + glue is the template's own rendering."""
         base = self.render_text(history[:-1], tools, add_generation_prompt=False, reasoning=reasoning)
         prompt = self.render_text(history[:-1], tools, add_generation_prompt=True, reasoning=reasoning)
         if not (after.startswith(base) and prompt.startswith(base)):
             raise ChainBreak("template_not_append_only")  # the template changed earlier history
         # the turn as the model saw and wrote it (generation prompt + sampled ids) against the template's
-        turn = prompt[len(base):] + self.tokenizer.decode(list(turn_ids), skip_special_tokens=False)
+        sampled = self.tokenizer.decode(list(turn_ids), skip_special_tokens=False)
         rendered = after[len(base):len(after) - len(glue)]
-        if rendered == turn:
+        if rendered == prompt[len(base):] + sampled:
             return
-        thought, _ = self.split_reasoning(self.tokenizer.decode(list(turn_ids), skip_special_tokens=False))
+        thought, _ = split_reasoning(sampled)
         raise ChainBreak("template_drops_reasoning" if thought.strip() and thought.strip() not in rendered
                          else "template_rewrites_turn")
 

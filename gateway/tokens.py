@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .canonical import ChatRequest, Message, Tool, ToolCall
 from .providers.arguments import same_arguments
 from .sessions import Turn
-from .template import ChainBreak, ChatTemplate, TemplateError
+from .template import SAMPLED, ChainBreak, ChatTemplate, TemplateError, TurnHistory
 
 log = logging.getLogger("polarstream.gateway")
 
@@ -106,7 +106,8 @@ class WholeRender(Exception):
     """Raised, with ``cheap_only``, where a plan would render the whole history."""
 
 
-def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool, cheap_only: bool = False) -> list[int]:
+def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool, cheap_only: bool = False,
+            turns: TurnHistory = SAMPLED) -> list[int]:
     """The bridge after ``prev``'s sampled ids, rendered from a window of the history.
 
     Rendering the whole history twice to diff it costs time in proportion to the session; the glue only
@@ -124,7 +125,8 @@ def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool
     def full() -> list[int]:
         if cheap_only:
             raise WholeRender
-        return template.bridge_ids(req.messages[: n + 1], appended, req.tools, prev.completion_ids, reasoning=req.reasoning)
+        return template.bridge_ids(req.messages[: n + 1], appended, req.tools, prev.completion_ids, reasoning=req.reasoning,
+                                   turns=turns)
 
     _, k = _leading_system(req.messages)
     level = template.window_level
@@ -135,7 +137,7 @@ def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool
     def windowed(level: int) -> list[int] | None:
         try:
             return template.bridge_ids(window, appended, req.tools if level == 1 else (), prev.completion_ids,
-                                       reasoning=req.reasoning)
+                                       reasoning=req.reasoning, turns=turns)
         except (TemplateError, ChainBreak):  # the full render decides
             return None
 
@@ -154,7 +156,8 @@ def _bridge(template: ChatTemplate, prev: Turn, req: ChatRequest, *, check: bool
     return expected
 
 
-def plan_prompt(template: ChatTemplate, prev: Turn | None, req: ChatRequest, *, cheap_only: bool = False) -> PromptPlan | None:
+def plan_prompt(template: ChatTemplate, prev: Turn | None, req: ChatRequest, *, cheap_only: bool = False,
+                turns: TurnHistory = SAMPLED) -> PromptPlan | None:
     """The prompt ids for ``req`` and how they relate to the session's main chain.
 
     With ``cheap_only``, None instead of a plan that renders the whole history (a first call, a break, a
@@ -181,7 +184,7 @@ def plan_prompt(template: ChatTemplate, prev: Turn | None, req: ChatRequest, *, 
             return fresh(reason)
         n = len(prev.messages)
         check = prev.extends_call_index is None or (prev.call_index + 1) % WINDOW_CHECK_EVERY == 0
-        bridge = _bridge(template, prev, req, check=check, cheap_only=cheap_only)
+        bridge = _bridge(template, prev, req, check=check, cheap_only=cheap_only, turns=turns)
         return PromptPlan([*prev.full_sequence, *bridge], extends_call_index=prev.call_index, history_offset=n)
     except ChainBreak as e:
         return fresh(e.reason)

@@ -16,7 +16,7 @@ from . import deepseek, glm45, harmony, hermes, kimi_k2, llama3, minimax_m2, mis
 from .base import NO_REASONING, ParsedOutput, ParserChoiceError, ReasoningParser, Signature, ToolParser, new_call_id
 from .think import split_reasoning
 
-__all__ = ["ParsedOutput", "ParserChoiceError", "Parsers", "Signature", "choose", "new_call_id", "parse_completion",
+__all__ = ["ParsedOutput", "ParserChoiceError", "Parsers", "Signature", "choose", "new_call_id",
            "parse_tool_calls", "split_reasoning", "TOOL_PARSERS", "REASONING_PARSERS"]
 
 # Most specific first: the first whose markup the template shows is the pick (GLM-4.5's and Qwen3-Coder's
@@ -49,9 +49,6 @@ class Parsers:
         return self.reasoning.split(text)
 
 
-DEFAULT = Parsers()
-
-
 def choose(sig: Signature, tool: str = "", reasoning: str = "") -> Parsers:
     """The parsers for a served model: the named ones, else the first family whose markup ``sig`` shows.
     Raises ParserChoiceError (one line naming the choices) for an unknown name or an unknown template."""
@@ -69,8 +66,3 @@ def choose(sig: Signature, tool: str = "", reasoning: str = "") -> Parsers:
 def parse_tool_calls(text: str, tools: list[Tool] | None = None) -> ParsedOutput:
     """Text and calls of Hermes / Qwen3-Coder markup (reasoning already removed): the built-in models' own."""
     return hermes.parse(text, {t.name: t for t in tools or []})
-
-
-def parse_completion(text: str, tools: list[Tool] | None = None, parsers: Parsers = DEFAULT) -> ParsedOutput:
-    """Reasoning, text and tool calls of one decoded completion."""
-    return parsers.parse(text, tools)

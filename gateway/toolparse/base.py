@@ -47,7 +47,7 @@ class ToolParser:
     parse: Callable[[str, dict[str, Tool]], ParsedOutput]  # (text without reasoning, tools by name)
     detect: Callable[[Signature], bool]  # this family's template / special tokens
     reasoning: str  # the reasoning parser this family's models pair with (vLLM's name)
-    markers: tuple[str, ...] = ()  # what opens a call: text holding one is never plain text to a harness
+    markers: tuple[str, ...] = ()  # what opens a call in this markup (a description of the family)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.canonical import ChatRequest, Message, Tool
 from gateway.sessions import Turn
-from gateway.template import ChatTemplate
+from gateway.template import ChatTemplate, TurnHistory
 from gateway.tokens import plan_prompt
 from gateway.toolparse import choose
 from tests.gateway.families import FAMILIES, family_dir
@@ -69,15 +69,15 @@ TEMPLATE_WAY = {
 
 def _session(family: str, history: str) -> list[str]:
     """Run SESSION through plan_prompt; each call's break_reason (checking every extension token-exact)."""
-    tpl = ChatTemplate.load(str(family_dir(family)), history=history)
+    tpl = ChatTemplate.load(str(family_dir(family)))
     parsers = choose(tpl.signature())
-    tpl.split_reasoning = parsers.split_reasoning
+    turns = TurnHistory(history, parsers.split_reasoning)
     call, final = WRITES[family]
     msgs = [Message("system", "Be brief."), Message("user", "what is in a.txt?")]
     prev, reasons = None, []
     for i, (kind, what) in enumerate(SESSION):
         req = ChatRequest(provider="openai.chat", model="m", messages=list(msgs), tools=[SHELL])
-        plan = plan_prompt(tpl, prev, req)
+        plan = plan_prompt(tpl, prev, req, turns=turns)
         reasons.append(plan.break_reason)
         if prev is not None and not plan.break_reason:
             assert plan.prompt_ids[:len(prev.full_sequence)] == prev.full_sequence  # token-exact

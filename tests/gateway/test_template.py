@@ -62,7 +62,7 @@ def test_bridge_extends_prompt_and_sampled_ids(tpl, ended):
 def test_a_template_that_rewrites_history_is_bridged_token_in_or_breaks_the_template_way(chat_tokenizer_dir):
     """A template that renders the message count up front changes the start of the text on every append:
     token-in keeps the tokens sent and bridges only the new turn; the template's way breaks the chain."""
-    from gateway.template import ChainBreak
+    from gateway.template import ChainBreak, TurnHistory
 
     counting = "{{ messages|length }}:{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" \
                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -70,9 +70,8 @@ def test_a_template_that_rewrites_history_is_bridged_token_in_or_breaks_the_temp
     tpl = ChatTemplate.load(str(chat_tokenizer_dir), chat_template=counting)
     bridge = tpl.bridge_ids(hist, [Message("user", "c")], [], _sample(tpl, "b"))
     assert tpl.tokenizer.decode(bridge) == "\n<|im_start|>user\nc<|im_end|>\n<|im_start|>assistant\n"
-    strict = ChatTemplate.load(str(chat_tokenizer_dir), chat_template=counting, history="template")
     with pytest.raises(ChainBreak, match="template_not_append_only"):
-        strict.bridge_ids(hist, [Message("user", "c")], [], _sample(strict, "b"))
+        tpl.bridge_ids(hist, [Message("user", "c")], [], _sample(tpl, "b"), turns=TurnHistory("template"))
 
 
 def test_decode_completion_drops_final_stop_token_only(tpl):

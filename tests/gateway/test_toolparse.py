@@ -3,7 +3,7 @@
 import json
 
 from gateway.canonical import Tool
-from gateway.toolparse import parse_completion, parse_tool_calls, split_reasoning
+from gateway.toolparse import Parsers, parse_tool_calls, split_reasoning
 
 SHELL = Tool(
     name="shell",
@@ -97,7 +97,7 @@ def test_reasoning_split():
 
 
 def test_parse_completion_reasoning_and_call():
-    out = parse_completion('<think>need ls</think>\n<tool_call>{"name": "shell", "arguments": {"command": "ls"}}</tool_call>')
+    out = Parsers().parse('<think>need ls</think>\n<tool_call>{"name": "shell", "arguments": {"command": "ls"}}</tool_call>')
     assert out.reasoning == "need ls"
     assert out.text == ""
     assert out.tool_calls[0].name == "shell"
