@@ -20,6 +20,8 @@ def test_gateway_rejects_unknown_upstream_and_publish_mode():
     assert r.exit_code == 2 and "expected polar, vllm or sglang" in r.output
     r = CliRunner().invoke(app, [*base, "--publish-mode", "later"])
     assert r.exit_code == 2 and "expected sync or async" in r.output
+    r = CliRunner().invoke(app, [*base, "--history", "rendered"])
+    assert r.exit_code == 2 and "'rendered': expected sampled or template" in r.output
 
 
 def test_gateway_refuses_a_public_address_with_development_credentials(monkeypatch):
