@@ -109,7 +109,7 @@ def packing(top: int) -> None:
 def gateway(top: int) -> None:
     import asyncio
 
-    from gateway.sessions import mint_session_key
+    from schemas.session_keys import mint_session_key
     from gateway.template import ChatTemplate
     from infra.kafka import KafkaBroker
     from infra.models import ensure_model

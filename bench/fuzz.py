@@ -103,7 +103,7 @@ def read_recorded(settings, expected: set[str], timeout: float = 120.0) -> dict[
 
 
 async def run(args: argparse.Namespace) -> dict:
-    from gateway.sessions import mint_session_key
+    from schemas.session_keys import mint_session_key
     from infra.models import ensure_model
     from infra.process import free_port
     from tests.fuzz.client import auth_headers, send_all, summarize

@@ -654,7 +654,7 @@ def versus_peer_vllm_like(out: dict) -> dict:
 
 
 async def bench(args: argparse.Namespace) -> None:
-    from gateway.sessions import mint_session_key
+    from schemas.session_keys import mint_session_key
     from gateway.template import ChatTemplate
     from infra.models import ensure_model
     from infra.process import free_port

@@ -71,7 +71,7 @@ from streams.builders import assemble  # noqa: E402
 from streams.sessions import add_call, add_finished, new_session  # noqa: E402
 from streams.source_log import ref  # noqa: E402
 from streams.synthetic import Recorded, SessionSpec, record_session  # noqa: E402
-from streams.testing import WorkerProcess, publish, read_topic, topic_consumer  # noqa: E402
+from tests.streams.helpers import WorkerProcess, publish, read_topic, topic_consumer  # noqa: E402
 
 SAMPLES = 4
 

@@ -2,7 +2,7 @@
 
 The trainer pauses the gateway around a weight swap: ``POST /admin/pause`` holds new calls and returns
 once in-flight ones drained; it sets the new version, then ``POST /admin/resume``. A gateway node mints
-session keys here (or with ``gateway.sessions.mint_session_key`` and the shared secret) and reads a
+session keys here (or with ``schemas.session_keys.mint_session_key`` and the shared secret) and reads a
 session's ``num_calls`` when the session ends.
 """
 
@@ -14,8 +14,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
 
+from schemas.session_keys import OPEN_PREFIX, mint_session_key
+
 from .service import Gateway
-from .sessions import OPEN_PREFIX, mint_session_key
 
 
 def require_admin(request: Request) -> Gateway:

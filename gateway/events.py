@@ -14,9 +14,9 @@ import dataclasses
 from typing import Any
 
 from schemas import CallOutput, CallRecorded, ChainInfo, Timings, ToolCallOut, Usage, encode_prompt
+from schemas.session_keys import SessionClaims
 
 from .canonical import ChatRequest, Message, Tool
-from .sessions import SessionClaims
 from .tokens import PromptPlan
 from .toolparse import ParsedOutput
 from .upstream import Generation

@@ -20,6 +20,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response, StreamingResponse
 
+from schemas.session_keys import InvalidSessionKey, SessionClaims, open_session_claims, verify_session_key
+
 from . import errors
 from .canonical import ProviderAdapter, RequestError
 from .events import harness_from_user_agent
@@ -27,7 +29,6 @@ from .limits import KeyLimiter, Limits, check_body, check_request
 from .providers import ADAPTERS, parse_route
 from .providers.detection import CHAT, GOOGLE
 from .service import Gateway
-from .sessions import InvalidSessionKey, SessionClaims, open_session_claims, verify_session_key
 
 log = logging.getLogger("polarstream.gateway")
 router = APIRouter()

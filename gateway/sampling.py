@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from schemas import EngineSampling
+from schemas.session_keys import SessionClaims
 
 from .canonical import Sampling
-from .sessions import SessionClaims
 
 
 @dataclass(frozen=True)

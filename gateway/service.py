@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from schemas import CallRecorded, EngineSampling, new_event_id
+from schemas.session_keys import SessionClaims
 
 from . import errors, metrics
 from .canonical import ChatRequest, ChatResponse, ContextLengthError, RequestError
@@ -32,7 +33,7 @@ from .config import GatewayConfig
 from .events import build_call_record, build_failed_record
 from .gate import Gate, GateClosed
 from .redact import Redactor, token_decoder
-from .sessions import ChainSlot, SessionClaims, SessionClosed, SessionState, SessionStore, Turn, tip_key
+from .sessions import ChainSlot, SessionClosed, SessionState, SessionStore, Turn, tip_key
 from .template import ChatTemplate, TemplateError, TurnHistory
 from .tokens import PromptPlan, plan_prompt
 from .tombstones import TombstoneFile

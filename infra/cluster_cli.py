@@ -81,10 +81,11 @@ def cluster_topics(config: Optional[Path], name: str):
 
 def multidc_status(base, window_s: float) -> dict:
     """Named clusters and mirror flows (lag, events/s) for `infra status` of the default settings."""
-    from .clusters import Cluster, cluster_names
+    from .clusters import Cluster
+    from .discovery import cluster_names
     from .mirror import flows_metrics, flows_of, known_mirrors, parse_properties
 
-    handles = {n: Cluster(base, n) for n in cluster_names(base)}
+    handles = {n: Cluster(base, n) for n in cluster_names(base.data_dir)}
     clusters = {n: c.status()["kafka"] for n, c in handles.items()}
     # Each local cluster is reached with its own credentials (a secured one: its admin, its CA).
     clients = {n: c.settings.kafka_auth() | c.settings.kafka_security for n, c in handles.items()}
@@ -113,18 +114,20 @@ def status_lines(st: dict) -> list[str]:
 
 def _bootstrap(base, name: str, placeholder: bool) -> str:
     """A local cluster's bootstrap; with ``placeholder`` an unknown one gets a line to edit instead."""
-    from .clusters import cluster_settings, read_state
+    from .clusters import cluster_settings
+    from .discovery import read_cluster_state
 
-    if placeholder and read_state(base, name) is None:
+    if placeholder and read_cluster_state(base.data_dir, name) is None:
         return f"{name.upper()}-BOOTSTRAP-SERVERS:9092"
     return cluster_settings(base, name).kafka_bootstrap
 
 
 def _link_clients(base, names) -> dict:
     """MM2's client settings per secured local cluster (it runs as that cluster's admin)."""
-    from .clusters import cluster_admin, read_state
+    from .clusters import cluster_admin
+    from .discovery import read_cluster_state
 
-    return {n: cluster_admin(base, n) for n in names if (read_state(base, n) or {}).get("secure")}
+    return {n: cluster_admin(base, n) for n in names if (read_cluster_state(base.data_dir, n) or {}).get("secure")}
 
 
 def mirror(
@@ -138,7 +141,7 @@ def mirror(
     heap_mb: int = typer.Option(256, "--heap-mb", help="MirrorMaker's JVM heap (MB)"),
 ) -> None:
     """Run MirrorMaker 2 between a region and the center: calls + session events up, tasks + policy down."""
-    from .clusters import check_name
+    from .discovery import check_name
     from .errors import InfraError
     from .maven import fetch
     from .mirror import MirrorMaker, externalize_secrets, mirror_properties, mirrors_dir

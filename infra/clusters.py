@@ -9,65 +9,32 @@ and stays with the default stack.
 ``up --cluster eu --secure`` makes it a secured cluster (SASL_SSL + ACLs, docs/security.md) with its
 own CA and users under ``<data_dir>/clusters/eu/security/``, as a separate datacenter would have;
 ``cluster.json`` remembers ``secure`` so status, topics, acls, down and mirror need no flag.
+
+Reading that state (names, ``cluster.json``, a home cluster's bootstrap) is infra/discovery.py's, which
+``Settings`` uses; this module creates, starts and stops the clusters.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
 
+from .discovery import CLUSTER_STATE, check_name, cluster_dir, clusters_root, read_cluster_state
 from .errors import InfraError
 from .process import free_port
 from .settings import Settings
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
-STATE = "cluster.json"
-
-
-def check_name(name: str) -> str:
-    """``name`` when it can be a cluster name (also an MM2 cluster alias, so no dots or spaces)."""
-    if not _NAME.match(name or ""):
-        raise InfraError(f"bad cluster name {name!r}: use letters, digits, '-' or '_' (at most 40), starting "
-                         "with a letter or digit")
-    return name
-
-
-def clusters_root(base: Settings) -> Path:
-    """Where named clusters keep their state and data."""
-    return base.data_dir / "clusters"
-
-
-def cluster_dir(base: Settings, name: str) -> Path:
-    """The data directory of cluster ``name``."""
-    return clusters_root(base) / check_name(name)
-
-
-def read_state(base: Settings, name: str) -> dict | None:
-    """The remembered ports of cluster ``name``, or None when it was never brought up."""
-    try:
-        return json.loads((cluster_dir(base, name) / STATE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def cluster_names(base: Settings) -> list[str]:
-    """Every cluster that has a state file, sorted."""
-    root = clusters_root(base)
-    return sorted(p.parent.name for p in root.glob(f"*/{STATE}")) if root.exists() else []
-
 
 def _write_state(base: Settings, name: str, state: dict) -> None:
-    directory = cluster_dir(base, name)
+    directory = cluster_dir(base.data_dir, name)
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{STATE}.tmp"
+    tmp = directory / f".{CLUSTER_STATE}.tmp"
     tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(directory / STATE)  # atomic: a concurrent reader sees no file or a whole one
+    tmp.replace(directory / CLUSTER_STATE)  # atomic: a concurrent reader sees no file or a whole one
 
 
 def formatted(base: Settings, name: str) -> bool:
     """True once the cluster's broker formatted its storage (its security mode is then fixed)."""
-    return (cluster_dir(base, name) / "kafka" / "data" / "meta.properties").exists()
+    return (cluster_dir(base.data_dir, name) / "kafka" / "data" / "meta.properties").exists()
 
 
 def cluster_settings(base: Settings, name: str, create: bool = False, secure: bool = False) -> Settings:
@@ -78,28 +45,28 @@ def cluster_settings(base: Settings, name: str, create: bool = False, secure: bo
     ``create``) marks a new or never-started cluster as secured; a cluster that already holds
     plaintext data cannot be turned secure (its storage has no SCRAM users).
     """
-    state = read_state(base, name)
+    state = read_cluster_state(base.data_dir, name)
     if state is None:
         if not create:
-            raise InfraError(f"cluster {name!r} is unknown under {clusters_root(base)}: "
+            raise InfraError(f"cluster {name!r} is unknown under {clusters_root(base.data_dir)}: "
                              f"run `polarstream infra up --cluster {name}` first")
         state = {"name": name, "kafka_port": free_port(), "kafka_controller_port": free_port(), "secure": secure}
         _write_state(base, name, state)
     elif create and secure and not state.get("secure"):
         if formatted(base, name):
-            raise InfraError(f"cluster {name!r} holds plaintext data ({cluster_dir(base, name)}): it cannot become "
-                             f"secured; `polarstream infra down --cluster {name}`, delete that directory, then "
+            raise InfraError(f"cluster {name!r} holds plaintext data ({cluster_dir(base.data_dir, name)}): it cannot "
+                             f"become secured; `polarstream infra down --cluster {name}`, delete that directory, then "
                              f"`up --cluster {name} --secure`")
         state = {**state, "secure": True}
         _write_state(base, name, state)
     port = int(state["kafka_port"])
     is_secure = bool(state.get("secure"))
     return base.model_copy(update={
-        "data_dir": cluster_dir(base, name), "kafka_port": port,
+        "data_dir": cluster_dir(base.data_dir, name), "kafka_port": port,
         "kafka_controller_port": int(state["kafka_controller_port"]), "kafka_bootstrap": f"127.0.0.1:{port}",
         "home_cluster": "", "secure": is_secure,
         # A secured cluster's clients trust its own CA; a plaintext one gets no TLS or SASL settings.
-        "kafka_ca_file": str(cluster_dir(base, name) / "security" / "ca.pem") if is_secure else "",
+        "kafka_ca_file": str(cluster_dir(base.data_dir, name) / "security" / "ca.pem") if is_secure else "",
         **({} if is_secure else {"kafka_username": "", "kafka_security": {}}),
     })
 
@@ -114,26 +81,7 @@ def cluster_admin(base: Settings, name: str) -> Settings:
 
 def forget_ports(base: Settings, name: str) -> None:
     """Drop the remembered ports (after they turned out to be taken), so the next up chooses again."""
-    (cluster_dir(base, name) / STATE).unlink(missing_ok=True)
-
-
-def home_bootstrap(settings: Settings) -> str:
-    """The bootstrap of ``settings.home_cluster``: a named local cluster, or ``host:port[,...]`` as given."""
-    home = settings.home_cluster
-    if ":" in home:
-        return home
-    state = read_state(settings, home)
-    if state is None:
-        raise InfraError(f"home_cluster {home!r}: no such local cluster under {clusters_root(settings)}; "
-                         f"run `polarstream infra up --cluster {home}` or give host:port")
-    return f"127.0.0.1:{int(state['kafka_port'])}"
-
-
-def home_ca_file(settings: Settings) -> str:
-    """The CA a client of ``settings.home_cluster`` must trust: a secured local cluster's own, else ''."""
-    home = settings.home_cluster
-    state = None if ":" in home else read_state(settings, home)
-    return str(cluster_dir(settings, home) / "security" / "ca.pem") if state and state.get("secure") else ""
+    (cluster_dir(base.data_dir, name) / CLUSTER_STATE).unlink(missing_ok=True)
 
 
 class Cluster:

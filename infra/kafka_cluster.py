@@ -7,7 +7,7 @@ takes those plus ``2 * (i - 1)`` (9094/9095, 9096/9097 by default), or free port
 
 The layout is chosen once and remembered in ``<data_dir>/kafka/brokers.json`` (node ids, ports, cluster
 id), so ``infra down``/``status`` and every component started with that data_dir find all the brokers:
-``Settings.kafka_bootstrap`` defaults to the list of every node (``local_bootstrap``).
+``Settings.kafka_bootstrap`` defaults to the list of every node (``local_bootstrap``, infra/discovery.py).
 
 Topics get replication factor min(3, brokers) and, from 3 brokers on, ``min.insync.replicas=2``
 (infra/topics.py); the brokers' own defaults say the same for internal topics (consumer offsets,
@@ -24,44 +24,17 @@ import signal
 import time
 from pathlib import Path
 
-from typing import TYPE_CHECKING
-
+from .discovery import BROKERS_STATE, brokers_state_file, read_brokers_state
 from .errors import InfraError
+from .kafka import ClusterMember, KafkaBroker, cluster_id
+from .process import free_port, port_in_use, tcp_open
+from .settings import Settings
 
-if TYPE_CHECKING:  # the broker classes are imported where used: Settings reads this module's state helpers
-    from .kafka import KafkaBroker
-    from .settings import Settings
-
-STATE = "brokers.json"
 MAX_BROKERS = 9
-
-
-def state_file(data_dir: Path) -> Path:
-    """Where a replicated local cluster under ``data_dir`` remembers its layout."""
-    return Path(data_dir) / "kafka" / STATE
-
-
-def read_state(data_dir: Path) -> dict | None:
-    """The remembered layout (``brokers``, ``cluster_id``, ``nodes``), or None for a single broker."""
-    try:
-        return json.loads(state_file(data_dir).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def local_bootstrap(data_dir: Path) -> str | None:
-    """``127.0.0.1:p1,127.0.0.1:p2,...`` for the replicated cluster under ``data_dir``, else None."""
-    state = read_state(data_dir)
-    if not state:
-        return None
-    return ",".join(f"127.0.0.1:{int(n['port'])}" for n in state["nodes"])
 
 
 def _layout(settings: Settings, brokers: int) -> dict:
     """Node ids and ports for a new cluster: the settings' ports, then +2 per node, else free ones."""
-    from .kafka import cluster_id
-    from .process import free_port, port_in_use
-
     used: set[int] = set()
     nodes = []
     for i in range(brokers):
@@ -81,7 +54,7 @@ def _layout(settings: Settings, brokers: int) -> dict:
 def resolve_brokers(settings: Settings, brokers: int | None) -> int:
     """How many brokers the stack under ``settings.data_dir`` has: ``brokers`` if given and consistent
     with what is on disk, else what is remembered (1 when nothing is)."""
-    state = read_state(settings.data_dir)
+    state = read_brokers_state(settings.data_dir)
     if brokers is not None and not 1 <= brokers <= MAX_BROKERS:
         raise InfraError(f"--brokers {brokers}: expected 1 to {MAX_BROKERS}")
     if state is not None:
@@ -109,10 +82,8 @@ class KafkaCluster:
 
     def __init__(self, settings: Settings, brokers: int | None = None, heap_mb: int = 512,
                  die_with_parent: bool = False, quick_jit: bool = False):
-        from .kafka import ClusterMember, KafkaBroker
-
         self.base = settings
-        state = read_state(settings.data_dir)
+        state = read_brokers_state(settings.data_dir)
         if state is None:
             if not brokers or brokers < 2:
                 raise InfraError(f"no replicated cluster under {settings.data_dir}: give brokers >= 2 to create one")
@@ -145,9 +116,9 @@ class KafkaCluster:
 
     def _save(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{STATE}.tmp"
+        tmp = self.root / f".{BROKERS_STATE}.tmp"
         tmp.write_text(json.dumps(self.state, indent=2))
-        tmp.replace(state_file(self.base.data_dir))  # atomic: readers see no file or a whole one
+        tmp.replace(brokers_state_file(self.base.data_dir))  # atomic: readers see no file or a whole one
         self._fresh = False
 
     def pid(self) -> int | None:
@@ -169,7 +140,7 @@ class KafkaCluster:
             self.stop(force=True)
             if fresh and not any((node.log_dir / "meta.properties").exists() for node in self.nodes):
                 # Nothing was formatted: forget the ports, so the next try may choose others.
-                state_file(self.base.data_dir).unlink(missing_ok=True)
+                brokers_state_file(self.base.data_dir).unlink(missing_ok=True)
                 self._fresh = True
             raise
         return started
@@ -264,6 +235,4 @@ class KafkaCluster:
 
     def running(self) -> list[bool]:
         """Per node: is its process alive and its port open."""
-        from .process import tcp_open
-
         return [node.pid() is not None and tcp_open(node.settings.kafka_port) for node in self.nodes]

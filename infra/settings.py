@@ -16,6 +16,7 @@ import yaml
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from .discovery import home_bootstrap, home_ca_file, local_bootstrap
 from .errors import InfraError
 
 CACHE_DIR = Path(os.environ.get("POLAR_CACHE_DIR", Path.home() / ".cache" / "polarstream"))
@@ -108,15 +109,11 @@ class Settings(BaseSettings):
         if "kafka_bootstrap" not in self.model_fields_set:
             self.kafka_bootstrap = f"127.0.0.1:{self.kafka_port}"
             # `infra up --brokers 3` remembered its nodes under data_dir: clients get all of them.
-            from .kafka_cluster import local_bootstrap
-
             self.kafka_bootstrap = local_bootstrap(self.data_dir) or self.kafka_bootstrap
             if self.home_cluster:
-                from .clusters import home_bootstrap, home_ca_file
-
-                self.kafka_bootstrap = home_bootstrap(self)
+                self.kafka_bootstrap = home_bootstrap(self.home_cluster, self.data_dir)
                 # A secured local home cluster has its own CA: its clients trust it without being told.
-                self.kafka_ca_file = self.kafka_ca_file or home_ca_file(self)
+                self.kafka_ca_file = self.kafka_ca_file or home_ca_file(self.home_cluster, self.data_dir)
         return self
 
     @classmethod

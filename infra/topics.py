@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from .discovery import read_brokers_state
 from .errors import InfraError
 from .settings import TOPICS, Settings
 
@@ -160,9 +161,7 @@ def ensure_topics(settings: Settings, specs: dict[str, TopicSpec] | None = None,
 def _known_brokers(settings: Settings) -> int | None:
     """The size of the local replicated cluster these settings reach, if they reach one (a broker that
     is down for a moment must not make topics.yaml look like it asks for fewer replicas)."""
-    from .kafka_cluster import read_state
-
-    state = read_state(settings.data_dir)
+    state = read_brokers_state(settings.data_dir)
     if not state:
         return None
     ours = {f"127.0.0.1:{n['port']}" for n in state["nodes"]}

@@ -147,7 +147,7 @@ def _register_timers(rt: Runtime, stats_interval_s: float) -> None:
     @app.timer(interval=stats_interval_s, name="stats")
     async def stats() -> None:
         rt.write_stats()
-        await metrics.refresh(rt)
+        await metrics.refresh(rt, session_agent.SESSIONS, group_agent.GROUPS)
 
 
 def _commit_only_handled(consumer: Any, rt: Runtime) -> None:

@@ -45,8 +45,9 @@ def observe_group(seconds: float) -> None:
     GROUP_LATENCY.observe(max(0.0, seconds))
 
 
-async def refresh(rt: Any) -> None:
-    """Set lag and open-state gauges from the worker's consumer and tables (in Faust's event loop)."""
+async def refresh(rt: Any, sessions: str, groups: str) -> None:
+    """Set lag and open-state gauges from the worker's consumer and tables (in Faust's event loop);
+    ``sessions`` and ``groups`` name the two agents' state tables (group_agent.py imports this module)."""
     app, topo = rt.app, rt.topo
     inputs = {topo.calls, topo.session_events, topo.trajectories}
     LAG.clear()  # partitions move between workers: report only what this one owns now
@@ -57,11 +58,8 @@ async def refresh(rt: Any) -> None:
         done = rt.processed.get((tp.topic, tp.partition))
         nxt = done + 1 if done is not None else (await app.consumer.position(tp) or 0)
         LAG.labels(tp.topic, str(tp.partition)).set(max(0, high - nxt))
-    from .group_agent import GROUPS
-    from .session_agent import SESSIONS
-
-    SESSIONS_OPEN.set(_open(rt.tables[SESSIONS], "done"))
-    GROUPS_OPEN.set(_open(rt.tables[GROUPS], "emitted"))
+    SESSIONS_OPEN.set(_open(rt.tables[sessions], "done"))
+    GROUPS_OPEN.set(_open(rt.tables[groups], "emitted"))
 
 
 def _open(table: Any, marker: str) -> int:

@@ -24,10 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from gateway.sessions import mint_session_key
 from infra.settings import Settings
 from producers.consumer import RecordConsumer
 from schemas import RecordDecodeError, SessionAssigned, TaskRequest, decode
+from schemas.session_keys import mint_session_key
 
 from .config import NodeConfig
 from .ledger import PartitionLedger

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from gateway.sessions import DEFAULT_KEY_TTL_S, mint_session_key
 from schemas import HarnessSpec, SessionAssigned, TaskRequest, derived_event_id
+from schemas.session_keys import DEFAULT_KEY_TTL_S, mint_session_key
 
 
 class FanOutError(ValueError):

@@ -65,7 +65,7 @@ def live(infra, scripted_engine, tiny_model_dir, tiny_template):
     from gateway.app import create_app
     from gateway.config import GatewayConfig
     from gateway.server import ThreadedServer
-    from gateway.sessions import mint_session_key
+    from schemas.session_keys import mint_session_key
     from infra.topics import ensure_topics
     from tests.plugins.gateway import CallsReader
 

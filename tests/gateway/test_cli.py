@@ -2,9 +2,9 @@
 
 from typer.testing import CliRunner
 
-from gateway.sessions import verify_session_key
 from infra.settings import Settings
 from polarstream.cli import app
+from schemas.session_keys import verify_session_key
 
 
 def test_gateway_key_prints_a_verifiable_key():

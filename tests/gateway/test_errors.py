@@ -48,7 +48,7 @@ def test_forged_or_missing_key_is_a_provider_shaped_401(polar_settings, gateway_
     assert "signature" in assert_shape(provider, post(gw.url, provider, forged), 401)
     assert "session key" in assert_shape(provider, post(gw.url, provider, ""), 401)
     other_secret = polar_settings.model_copy(update={"session_secret": "not-ours"})
-    from gateway.sessions import mint_session_key
+    from schemas.session_keys import mint_session_key
 
     assert_shape(provider, post(gw.url, provider, mint_session_key("victim", other_secret.session_secret)), 401)
     assert gw.gw.sessions.find("victim") is None  # nothing was created for the forged session

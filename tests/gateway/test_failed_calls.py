@@ -15,11 +15,11 @@ from streams.assembly import CallTokens
 from streams.config import StreamsConfig
 from streams.groups import build_group
 from streams.sessions import add_call, add_finished, decide, new_session
-from streams.testing import dedupe, publish, read_topic
 from streams.trajectory import build_trajectory
 from tests.gateway.test_e2e_recording import WRITE_FILE, resolve_all
 from tests.gateway.test_errors import FIXED, PROVIDERS, post
 from tests.plugins.gateway import read_calls
+from tests.streams.helpers import dedupe, publish, read_topic
 
 
 def tool_turn(call) -> list[dict]:

@@ -14,8 +14,8 @@ import pytest
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from gateway.server import ThreadedServer
-from gateway.sessions import mint_session_key
 from gateway.template import ChatTemplate
+from schemas.session_keys import mint_session_key
 from tests.gateway.families import FAMILIES, family_dir
 from tests.plugins.gateway import read_calls
 

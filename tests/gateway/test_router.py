@@ -25,9 +25,9 @@ from bench.gateway import CALL, Conversation, make_world, tool_call_id
 from gateway.router import _label_worker
 from infra.process import free_port
 from infra.topics import delete_topics, ensure_topics
-from streams.testing import PolarProcess
 from tests.plugins.gateway import CallsReader
 from tests.plugins.rollout import settings_env
+from tests.streams.helpers import PolarProcess
 
 REPO = Path(__file__).resolve().parents[2]
 SESSIONS, CALLS_EACH = 8, 3
@@ -82,7 +82,7 @@ def admin(settings, url: str, method: str, path: str, **kw) -> httpx.Response:
 async def interleaved_sessions(url: str, settings) -> dict[str, list[str]]:
     """SESSIONS sessions of CALLS_EACH streamed Chat calls, sent round by round over 3 shared keep-alive
     connections (so one connection carries calls of many sessions); session -> the worker of each call."""
-    from gateway.sessions import mint_session_key
+    from schemas.session_keys import mint_session_key
 
     world = make_world()
     world.update(system=world["system"][:2000], task=world["task"][:500])  # small calls: the test is about routing

@@ -4,7 +4,7 @@ import pytest
 
 from gateway.canonical import Sampling
 from gateway.sampling import SamplingPolicy
-from gateway.sessions import SessionClaims
+from schemas.session_keys import SessionClaims
 
 ROLLOUT, ADHOC = SessionClaims("s", group_id="g"), SessionClaims("open:x")
 GEMINI = Sampling(temperature=1.0, top_p=0.95, top_k=64)  # what Gemini CLI sends

@@ -61,7 +61,7 @@ def slow_stack(infra, tiny_model_dir, tiny_template, tmp_path_factory):
 
 
 def _key(settings, sid):
-    from gateway.sessions import mint_session_key
+    from schemas.session_keys import mint_session_key
 
     return mint_session_key(sid, settings.session_secret, group_id="g-sdk")
 

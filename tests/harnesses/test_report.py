@@ -80,7 +80,7 @@ def test_report_groups_by_harness_and_api_and_dedupes_redeliveries():
 
 @pytest.mark.integration
 def test_merge_report_command_reads_the_calls_topic(polar_settings, tmp_path):
-    from streams.testing import publish
+    from tests.streams.helpers import publish
 
     publish(polar_settings, chain_of_three())
     out = tmp_path / "rates.json"

@@ -14,9 +14,10 @@ import time
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from infra.discovery import brokers_state_file, local_bootstrap, read_brokers_state
 from infra.errors import InfraError
 from infra.kafka import ClusterMember, broker_properties
-from infra.kafka_cluster import KafkaCluster, local_bootstrap, read_state, resolve_brokers, state_file
+from infra.kafka_cluster import KafkaCluster, resolve_brokers
 from infra.maven import fetch
 from infra.process import free_port
 from infra.settings import TOPICS, Settings
@@ -57,9 +58,9 @@ def test_layout_is_remembered_and_clients_find_every_broker(tmp_path):
     nodes = cluster.state["nodes"]
     assert [n["node_id"] for n in nodes] == [1, 2, 3] and (nodes[0]["port"], nodes[0]["controller_port"]) == (port, cport)
     assert len({p for n in nodes for p in (n["port"], n["controller_port"])}) == 6
-    assert read_state(tmp_path) is None  # nothing is written before the first launch
+    assert read_brokers_state(tmp_path) is None  # nothing is written before the first launch
     cluster._save()
-    assert json.loads(state_file(tmp_path).read_text())["brokers"] == 3
+    assert json.loads(brokers_state_file(tmp_path).read_text())["brokers"] == 3
     again = KafkaCluster(Settings(data_dir=tmp_path), None)  # a later process: no --brokers needed
     assert again.bootstrap == cluster.bootstrap == local_bootstrap(tmp_path)
     assert Settings(data_dir=tmp_path).kafka_bootstrap == cluster.bootstrap  # every component's default

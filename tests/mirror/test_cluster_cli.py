@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from infra.clusters import cluster_settings, read_state
+from infra.clusters import cluster_settings
+from infra.discovery import read_cluster_state
 from infra.process import pid_alive
 from infra.settings import Settings
 
@@ -35,7 +36,7 @@ def test_cluster_up_takes_fresh_ports_when_remembered_ones_are_taken_then_down_l
         finally:
             st = json.loads(_cli(tmp_path, "status", "--cluster", "ap", "--json").stdout)
             down = _cli(tmp_path, "down", "--cluster", "ap")
-    port = read_state(base, "ap")["kafka_port"]
+    port = read_cluster_state(base.data_dir, "ap")["kafka_port"]
     assert port != stale.kafka_port and st["kafka"]["port"] == port and st["kafka"]["up"]
     assert "topic   created cl.polar.calls" in up.stdout and f"127.0.0.1:{port}" in up.stdout
     assert down.returncode == 0 and "kafka   stopped" in down.stdout

@@ -9,7 +9,8 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from infra.clusters import check_name, cluster_names, cluster_settings, home_bootstrap
+from infra.clusters import cluster_settings
+from infra.discovery import check_name, cluster_names, home_bootstrap
 from infra.errors import InfraError
 from infra.mirror import DOWNSTREAM, UPSTREAM, flows_of, mirror_properties, parse_properties
 from infra.process import render_properties
@@ -29,7 +30,7 @@ def test_cluster_ports_are_chosen_once_and_remembered(base):
     assert eu.data_dir == base.data_dir / "clusters" / "eu" and eu.topic_prefix == "exp."
     us = cluster_settings(base, "us", create=True)
     assert {us.kafka_port, us.kafka_controller_port}.isdisjoint({eu.kafka_port, eu.kafka_controller_port})
-    assert cluster_names(base) == ["eu", "us"]
+    assert cluster_names(base.data_dir) == ["eu", "us"]
 
 
 def test_unknown_cluster_and_bad_names_are_one_clear_error(base):
@@ -48,7 +49,7 @@ def test_home_cluster_is_the_bootstrap(base):
     # An explicit bootstrap wins; an unknown local name says how to create it.
     assert Settings(data_dir=base.data_dir, home_cluster="eu", kafka_bootstrap="h:1").kafka_bootstrap == "h:1"
     with pytest.raises(InfraError, match="home_cluster 'ap': no such local cluster"):
-        home_bootstrap(base.model_copy(update={"home_cluster": "ap"}))
+        home_bootstrap("ap", base.data_dir)
 
 
 def test_each_topic_flows_one_way_with_identity_names(base):

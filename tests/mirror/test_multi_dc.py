@@ -23,8 +23,8 @@ from streams.assembly import CallTokens
 from streams.config import StreamsConfig
 from streams.groups import build_group
 from streams.synthetic import record_group
-from streams.testing import WorkerProcess, dedupe, publish, read_topic
 from streams.trajectory import build_trajectory
+from tests.streams.helpers import WorkerProcess, dedupe, publish, read_topic
 
 from .conftest import CENTER
 

@@ -8,7 +8,8 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from infra.clusters import cluster_admin, cluster_settings, home_ca_file, read_state
+from infra.clusters import cluster_admin, cluster_settings
+from infra.discovery import home_ca_file, read_cluster_state
 from infra.errors import InfraError
 from infra.mirror import FILE_PROVIDER, MirrorMaker, externalize_secrets, mirror_properties, parse_properties
 from infra.security import client_settings
@@ -22,7 +23,7 @@ def base(tmp_path) -> Settings:
 
 def test_secure_is_remembered_with_the_ports_and_brings_its_own_ca(base):
     eu = cluster_settings(base, "eu", create=True, secure=True)
-    assert eu.secure and read_state(base, "eu")["secure"] is True
+    assert eu.secure and read_cluster_state(base.data_dir, "eu")["secure"] is True
     assert cluster_settings(base, "eu").secure  # later commands need no --secure
     assert eu.kafka_ca_file == str(base.data_dir / "clusters" / "eu" / "security" / "ca.pem")
     admin = cluster_admin(base, "eu")
@@ -42,7 +43,7 @@ def test_home_cluster_that_is_secured_implies_its_ca(base):
     cluster_settings(base, "eu", create=True, secure=True)
     cluster_settings(base, "us", create=True)
     s = Settings(data_dir=base.data_dir, home_cluster="eu", kafka_username="gateway", kafka_password="pw")
-    assert s.kafka_ca_file == home_ca_file(s) == str(base.data_dir / "clusters" / "eu" / "security" / "ca.pem")
+    assert s.kafka_ca_file == home_ca_file(s.home_cluster, s.data_dir) == str(base.data_dir / "clusters" / "eu" / "security" / "ca.pem")
     assert s.kafka_auth()["security.protocol"] == "SASL_SSL"
     assert Settings(data_dir=base.data_dir, home_cluster="us").kafka_ca_file == ""
     assert Settings(data_dir=base.data_dir, home_cluster="eu", kafka_ca_file="/mine.pem").kafka_ca_file == "/mine.pem"

@@ -127,7 +127,7 @@ def gateway_factory(tiny_model_dir, tiny_template):
     from gateway.app import create_app
     from gateway.config import GatewayConfig
     from gateway.server import ThreadedServer
-    from gateway.sessions import mint_session_key
+    from schemas.session_keys import mint_session_key
 
     started: list[ThreadedServer] = []
 

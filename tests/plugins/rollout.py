@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streams.testing import PolarProcess
+from tests.streams.helpers import PolarProcess
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,9 +148,9 @@ def cluster(infra, tiny_model_dir, tmp_path_factory):
     import uuid
 
     from infra.topics import ensure_topics
-    from streams.testing import WorkerProcess
     from tests.plugins.engine import start_engine_server
     from tests.plugins.infra import drop_topics
+    from tests.streams.helpers import WorkerProcess
 
     base = tmp_path_factory.mktemp("cluster")
     tag = uuid.uuid4().hex[:10]

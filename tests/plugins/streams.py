@@ -1,10 +1,10 @@
-"""Fixtures for the stream processors (helpers live in streams/testing.py, shared with the bench)."""
+"""Fixtures for the stream processors (helpers live in tests/streams/helpers.py, shared with the bench)."""
 
 from __future__ import annotations
 
 import pytest
 
-from streams.testing import WorkerProcess
+from tests.streams.helpers import WorkerProcess
 
 
 @pytest.fixture

@@ -57,8 +57,8 @@ def recorded_run(infra, scripted_engine, tiny_model_dir, tiny_template, tmp_path
     from polarstream.viewer.index import RunIndex
     from polarstream.viewer.reader import Reader
     from schemas import SessionEvent
-    from streams.testing import WorkerProcess, publish
     from tests.plugins.gateway import run_tool_session
+    from tests.streams.helpers import WorkerProcess, publish
 
     base = tmp_path_factory.mktemp("viewer-run")
     tag = uuid.uuid4().hex[:10]
@@ -101,6 +101,6 @@ def recorded_run(infra, scripted_engine, tiny_model_dir, tiny_template, tmp_path
 
 
 def _key(settings, session_id: str, **claims) -> str:
-    from gateway.sessions import mint_session_key
+    from schemas.session_keys import mint_session_key
 
     return mint_session_key(session_id, settings.session_secret, **claims)

@@ -8,7 +8,7 @@ import time
 import httpx
 
 from schemas import SessionEvent, TrainingGroup
-from streams.testing import dedupe, read_topic
+from tests.streams.helpers import dedupe, read_topic
 
 
 def wait_assigned(*nodes, timeout: float = 60) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.sessions import verify_session_key
 from producers.rollout.fanout import FanOutError, cancel_marker, fan_out
 from producers.rollout.progress import apply_event, new_task_state
 from schemas import HarnessSpec, SessionEvent, TaskRequest
+from schemas.session_keys import verify_session_key
 
 SECRET = "s3cret"
 

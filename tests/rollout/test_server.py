@@ -9,10 +9,10 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from gateway.sessions import verify_session_key
 from polarstream.cli import app as cli_app
 from schemas import SessionAssigned, SessionEvent, TaskRequest, decode
-from streams.testing import publish, read_topic
+from schemas.session_keys import verify_session_key
+from tests.streams.helpers import publish, read_topic
 
 pytestmark = pytest.mark.integration
 

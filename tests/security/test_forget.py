@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 from polarstream.cli import app
 from polarstream.tools.forget import Target, forget, key_matches, matches, resolve_task
 from schemas import CallRecorded, SessionAssigned, TaskRequest, Trace, TrainingGroup, Trajectory, decode
-from streams.testing import publish
 from streams.topology import app_id_for
+from tests.streams.helpers import publish
 
 
 def test_matching_is_by_session_group_task_and_group_members():

@@ -18,7 +18,8 @@ import time
 import pytest
 import yaml
 
-from infra.clusters import Cluster, cluster_admin, read_state
+from infra.clusters import Cluster, cluster_admin
+from infra.discovery import read_cluster_state
 from infra.mirror import MirrorMaker, parse_properties
 from infra.process import pid_alive
 from infra.settings import Settings
@@ -117,7 +118,7 @@ def test_secured_clusters_mirror_over_tls_and_sasl_from_the_cli(tmp_path):
     finally:
         pids = {}
         for n in ("eu", "center"):
-            if read_state(base, n):
+            if read_cluster_state(base.data_dir, n):
                 pids[n] = Cluster(base, n).status()["kafka"]["pid"]
         mm_pid = MirrorMaker(base, region="eu", center="center").pid()
         stop = _cli(tmp_path, "mirror", "--from", "eu", "--to", "center", "--stop")

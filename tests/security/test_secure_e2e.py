@@ -20,10 +20,10 @@ from schemas import TrainingGroup, decode, encode, resolve_prompt
 from streams.assembly import CallTokens
 from streams.config import StreamsConfig
 from streams.groups import build_group
-from streams.testing import WorkerProcess, dedupe, publish, read_topic
 from streams.trajectory import build_trajectory
 from tests.plugins.gateway import finished_events, read_calls, run_tool_session
 from tests.plugins.security import principal_settings
+from tests.streams.helpers import WorkerProcess, dedupe, publish, read_topic
 
 AWS_ID, AWS_SECRET = "AKIAZ5FAKEKEY0000042", "q8Vd0kRk3nUhmR9fakeSecretKeyForTests0042"
 BEARER = "tok_live_7f3a9c2e51b84d6f9e0a1b2c3d4e5f60"

@@ -13,9 +13,9 @@ from streams.assembly import CallTokens
 from streams.builders import verify_trace
 from streams.config import StreamsConfig
 from streams.groups import build_group
-from streams.testing import dedupe, publish, read_topic
 from streams.trajectory import build_trajectory
 from tests.plugins.gateway import finished_events, read_calls, run_tool_session
+from tests.streams.helpers import dedupe, publish, read_topic
 
 
 def test_gateway_recorded_sessions_merge_into_one_faithful_trace(polar_settings, scripted_engine, gateway_factory,

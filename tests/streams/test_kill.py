@@ -18,7 +18,7 @@ import uuid
 from infra.topics import delete_topics, ensure_topics
 from schemas import TrainingGroup, Trajectory, decode
 from streams.synthetic import record_group
-from streams.testing import WorkerProcess, dedupe, publish, read_topic
+from tests.streams.helpers import WorkerProcess, dedupe, publish, read_topic
 
 GROUPS = 24
 ARGS = ["--tick-interval", "0.5", "--stats-interval", "1", "--session-timeout", "6"]

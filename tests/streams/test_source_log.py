@@ -9,7 +9,7 @@ from confluent_kafka.admin import AdminClient
 
 from schemas import CallRecorded, decode, encode
 from streams.source_log import Recent, SourceLog
-from streams.testing import publish, read_topic
+from tests.streams.helpers import publish, read_topic
 
 
 def test_a_hit_needs_the_same_event_id():

@@ -22,7 +22,7 @@ from streams.config import StreamsConfig
 from streams.groups import build_group
 from streams.synthetic import Recorded, SessionSpec, record_group, record_session
 from streams.trajectory import build_trajectory
-from streams.testing import dedupe, publish, publish_raw, read_topic
+from tests.streams.helpers import dedupe, publish, publish_raw, read_topic
 
 # The missing call's session gives up (3 s) before its group's deadline (6 s), as with the defaults.
 WORKER_ARGS = ["--group-deadline", "6", "--missing-calls-grace", "2", "--missing-calls-timeout", "3",

@@ -21,7 +21,7 @@ from infra.topics import delete_topics, ensure_topics
 from polarstream.cli import app
 from schemas import CallRecorded, DeltaError, SessionEvent, TrainingGroup, Trajectory, decode, resolve_prompt
 from streams.synthetic import Recorded, SessionSpec, record_group, record_session
-from streams.testing import WorkerProcess, dedupe, publish, publish_raw, read_topic
+from tests.streams.helpers import WorkerProcess, dedupe, publish, publish_raw, read_topic
 
 # gm-s0 lost a call and the calls topic never gets 2 s past its finished event, so it waits the full
 # timeout: 12 s, well after gm's 4 s deadline. gm emits without it, its trajectory comes late (live and

@@ -1,8 +1,9 @@
-"""Helpers for tests, benches and demos of the streams: publish records, read a topic, run a worker.
+"""Helpers for tests and benches of the streams: publish records, read a topic, run a worker.
 
 They talk to a real broker (no fakes): ``publish`` uses the project's durable Publisher, ``read_topic``
 reads a topic from offset 0 with a throwaway consumer, and ``PolarProcess`` runs a ``polarstream``
 command as a child process that can be stopped or SIGKILLed (``WorkerProcess``: a streams worker).
+Benches import them too (bench/streams.py, bench/chaos.py), as they import other test code.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from schemas import Record
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def publish(settings, records: list[Record]) -> None:
