@@ -8,19 +8,6 @@ from typing import Optional
 import typer
 
 
-# A directory the gateway can load its tokenizer and chat template from holds one of these.
-TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "config.json")
-
-
-def _resolve_model(name_or_path: str) -> str:
-    """A local directory as is; a built-in model name (``tiny``, ``smollm2``) -> its cached directory.
-
-    FileNotFoundError (infra/models/) says what was tried when it is neither, nor a hub id."""
-    from infra.models import resolve_model
-
-    return resolve_model(name_or_path, needs=TOKENIZER_FILES)
-
-
 def _template(cfg):
     """The served model's tokenizer and template; refused in one line when no parser fits its markup."""
     from .app import load_template
@@ -121,7 +108,9 @@ def serve(
     except UnsafeExposure as e:
         raise typer.BadParameter(str(e), param_hint="--host") from None
     require_free_port(port or settings.gateway_port, host)
-    model_dir = _resolve_model(model)
+    from infra.models import resolve_tokenizer_model
+
+    model_dir = resolve_tokenizer_model(model)  # FileNotFoundError (infra/models/) says what was tried
     template_text = chat_template.read_text() if chat_template else None
     cfg = GatewayConfig(
         engine_urls=list(engine_url), model=model_dir, upstream=upstream,  # type: ignore[arg-type]
@@ -159,7 +148,7 @@ def key(
     """Print a session key signed with the configured session secret."""
     from infra.settings import Settings
 
-    from .sessions import mint_session_key
+    from schemas.session_keys import mint_session_key
 
     settings = Settings(config=str(config)) if config else Settings()
     typer.echo(mint_session_key(session_id, settings.session_secret, group_id=group_id, task_id=task_id,

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.session_keys import DEFAULT_KEY_TTL_S, SessionClaims
-from schemas.session_keys import mint_session_key  # noqa: F401  gateway/cli.py's `key` still imports it from here
 
 from .canonical import Message, Tool, ToolCall
 from .redact import ScrubMemo

@@ -19,6 +19,7 @@ class RunConfig:
     """One run of the loop (polarstream/loop.py): the demo's preset, or a user's experiment file as
     polarstream/run.py reads it into this."""
 
+    name: str = "demo"  # the experiment's name: on the console, in the report and on the reward plot
     steps: int = 24
     tasks_per_step: int = 4
     samples: int = 8
@@ -42,7 +43,7 @@ class RunConfig:
     eval_every: int = 0  # held-out eval every N steps as well as before and after
     task_set: str = "demo-arith"
     # A user's own run (polarstream run): their model and tasks instead of the warm start and the arith family
-    model: str = ""  # a local model directory: no warm start
+    model: str = ""  # the local model directory every component loads (infra.models.local_model_dir): no warm start
     train_tasks: list[TaskRequest] | None = None  # templates: each step draws tasks_per_step of them
     eval_tasks: list[TaskRequest] | None = None
     harness_config: dict = field(default_factory=dict)

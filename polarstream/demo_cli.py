@@ -33,6 +33,7 @@ def register(app: typer.Typer) -> None:
 
         from .demo.preset import demo_experiment
         from .demo.shape import APIS
+        from .run import run_config
 
         if harness != "builtin" and harness not in APIS:
             typer.echo(f"demo: --harness {harness}: expected builtin or one of {', '.join(sorted(APIS))}", err=True)
@@ -45,10 +46,11 @@ def register(app: typer.Typer) -> None:
         try:
             exp = demo_experiment(harness, api or apis[0], runtime=runtime, seed=seed, heldout=heldout, max_steps=steps,
                                   groups_per_step=tasks_per_step, group_size=samples, lr=lr)
+            cfg = run_config(exp, run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))  # checked before anything starts
         except ExperimentError as e:
             typer.echo(f"demo: {e}", err=True)
             raise typer.Exit(2) from None
-        path = _run_to_end("demo", exp, run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
+        path = _run_to_end("demo", exp, cfg)
         typer.echo(path.with_name("demo-summary.json"))
 
     @app.command("run")
@@ -64,45 +66,47 @@ def register(app: typer.Typer) -> None:
         only: Annotated[Optional[str], typer.Option("--only", help="start these components here (comma separated: ui, "
                                                      "engine, node, streams, trainer, rollout) and drive nothing: "
                                                      "one file, a run spread over machines")] = None,
-        print_config: Annotated[bool, typer.Option("--print-config", help="print every setting with its default and "
-                                                                          "meaning, as YAML, and exit")] = False,
+        print_config: Annotated[bool, typer.Option("--print-config", help="print every setting with its meaning, as "
+                                                                          "YAML, and exit: the file's (defaults filled "
+                                                                          "in), or without one the defaults")] = False,
     ) -> None:
         """Run an RL experiment from one file: every component on this machine, your tasks, bounded asynchrony, evals."""
         import time
 
         from producers.experiment import ExperimentError, load_experiment
-        from producers.experiment import print_config as defaults
+        from producers.experiment import print_config as settings_yaml
 
-        if print_config:
-            typer.echo(defaults(), nl=False)
-            return
+        where = str(experiment or "experiment")
         try:
             exp = load_experiment(experiment, seed=seed, async_level=async_level, max_steps=max_steps)
         except ExperimentError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
+        if print_config:
+            given = experiment is not None or any(v is not None for v in (seed, async_level, max_steps))
+            typer.echo(settings_yaml(exp, where) if given else settings_yaml(), nl=False)
+            return
         if driver_only and not (exp.rollout_url and exp.engine_url):
-            typer.echo(f"error: {experiment or 'experiment'}: --driver-only needs rollout_url and engine_url in the file", err=True)
+            typer.echo(f"error: {where}: --driver-only needs rollout_url and engine_url in the file", err=True)
             raise typer.Exit(1)
         if driver_only and only is not None:
             typer.echo("error: --only starts components and --driver-only drives them: give one", err=True)
             raise typer.Exit(1)
         components = frozenset(c.strip() for c in only.split(",") if c.strip()) if only is not None else frozenset()
-        if only is not None:
-            from .run import only_checked
-
-            try:
-                only_checked(exp, components)
-            except ExperimentError as e:
-                typer.echo(f"error: {experiment or 'experiment'}: {e}", err=True)
-                raise typer.Exit(1) from None
         out = run_dir or Path("runs") / time.strftime(f"{exp.name}-%Y%m%d-%H%M%S")
-        path = _run_to_end("run", exp, out, driver_only, components)
+        from .run import run_config
+
+        try:  # the model, the tasks, the harness and the runtime: checked before anything starts
+            cfg = run_config(exp, out, driver_only, components)
+        except ExperimentError as e:
+            typer.echo(f"error: {where}: {e}", err=True)
+            raise typer.Exit(1) from None
+        path = _run_to_end("run", exp, cfg)
         if path is not None:
             typer.echo(path)
 
 
-def _run_to_end(what: str, exp, run_dir: Path, *args) -> Path | None:
+def _run_to_end(what: str, exp, cfg) -> Path | None:
     """``run_experiment``, with SIGTERM taken as Ctrl-C; a failure or an interruption is one line on stderr
     and an exit code (1; 130, or 143 for SIGTERM), every process the run started stopped."""
     from producers.experiment import ExperimentError
@@ -113,7 +117,7 @@ def _run_to_end(what: str, exp, run_dir: Path, *args) -> Path | None:
 
     stop_on_sigterm()
     try:
-        return run_experiment(exp, run_dir, *args)
+        return run_experiment(exp, cfg)
     except (ProcessFailed, TaskSourceError, ExperimentError) as e:
         typer.echo(f"{what} failed: {e}", err=True)
         raise typer.Exit(1) from None

@@ -166,7 +166,7 @@ def _view(cfg: RunConfig, results: list[StepResult], lag: dict[str, int], status
           heldout: dict[str, float] | None = None):
     from rich.table import Table
 
-    t = Table(title=f"polarstream demo - {status}", expand=False)
+    t = Table(title=f"polarstream {cfg.name} - {status}", expand=False)
     for col in ("step", "reward", "entropy", "grad norm", "samples", "tokens/s", "merge rate", "policy"):
         t.add_column(col, justify="right")
     from .report import dash
@@ -549,7 +549,7 @@ def run(cfg: RunConfig, settings: Settings | None = None,
         "storage_url": base.storage_url or f"s3://{base.s3_bucket}/{run_id}",
     })
     t_start = time.monotonic()
-    console.print(f"[bold]polarstream demo[/] -> {run_dir}")
+    console.print(f"[bold]polarstream {cfg.name}[/] -> {run_dir}")
     if not cfg.attach and not cfg.only:
         with console.status("bringing up Kafka and the S3 server (first run fetches jars from Maven Central)"):
             Stack(settings).up()
@@ -604,7 +604,8 @@ def run(cfg: RunConfig, settings: Settings | None = None,
             console.print(f"{cfg.harness} {shape.version} over {shape.api}: a system prompt of "
                           f"{len(shape.first[0].get('content') or '')} characters, tools {[t['name'] for t in shape.tools]}")
         if cfg.model or (cfg.attach and not cfg.only):  # a user's model, or the one the components elsewhere serve
-            model_dir = Path(cfg.model).absolute() if cfg.model else Path("(the engine's model)")
+            # polarstream/run.py resolved it once (infra.models.local_model_dir) for every component started here
+            model_dir = Path(cfg.model) if cfg.model else Path("(the engine's model)")
             warm = {"train_pass_rate": None, "working_correct": None}
         else:
             with console.status("warm start: supervised fine-tuning of the tiny model (first run only, then cached)"):

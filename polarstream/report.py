@@ -54,7 +54,8 @@ def worst_fall(rewards: list[float], reach: float = 0.8) -> float | None:
 
 
 def plot_rewards(rewards: list[float], path: Path, heldout: dict[str, float] | None = None,
-                 entropy: list[float | None] | None = None) -> None:
+                 entropy: list[float | None] | None = None, name: str = "demo") -> None:
+    """The reward per step (and its moving average, held-out pass@1, entropy) of run ``name`` as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,9 +84,10 @@ def plot_rewards(rewards: list[float], path: Path, heldout: dict[str, float] | N
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
-    ax.set_title("polarstream demo: reward while training")
+    title = f"polarstream {name}: reward while training"
+    ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Title": title})  # the PNG says which run it is drawn from, also to a program
     plt.close(fig)
 
 
@@ -119,7 +121,7 @@ def write_report(run_dir: Path, cfg: "RunConfig", results: list["StepResult"], p
 
     merge_rate = rate(sum(r.traces for r in results), sum(r.calls for r in results))
     bars = bars_met(first, last, heldout, wall_s, cfg.harness, merge_rate)
-    plot_rewards(rewards, run_dir / "reward.png", heldout, [r.entropy for r in results])
+    plot_rewards(rewards, run_dir / "reward.png", heldout, [r.entropy for r in results], cfg.name)
     fall = worst_fall(rewards)
     env = f"POLAR_KAFKA_BOOTSTRAP={settings.kafka_bootstrap} POLAR_TOPIC_PREFIX={shlex.quote(settings.topic_prefix)}"
     commands = {
@@ -169,7 +171,7 @@ def write_report(run_dir: Path, cfg: "RunConfig", results: list["StepResult"], p
         f"{r.sampled_tokens} | {r.wall_s:.1f} | {r.policy_version} | {group_links(viewer_url, r.group_ids)} |"
         for r in results)
     fmt = lambda v: dash(v, ".3f")  # noqa: E731
-    (run_dir / "report.md").write_text(f"""# polarstream demo report
+    (run_dir / "report.md").write_text(f"""# polarstream {cfg.name} report
 
 ![reward per step](reward.png)
 
@@ -185,7 +187,7 @@ def write_report(run_dir: Path, cfg: "RunConfig", results: list["StepResult"], p
 - wall time: {wall_s / 60:.1f} min after the warm start ({summary['total_time_s'] / 60:.1f} min in all)
 - checkpoints: `{summary['checkpoint_url']}` (policy version {summary['policy_version']})
 - topics: prefix `{settings.topic_prefix}` on `{settings.kafka_bootstrap}`
-- viewer: {viewer_url or "-"} while the demo runs; afterwards `{env} polarstream ui` shows the same pages
+- viewer: {viewer_url or "-"} while the run goes on; afterwards `{env} polarstream ui` shows the same pages
 
 ## Per step
 

@@ -21,15 +21,18 @@ from producers.experiment import Experiment, ExperimentError
 
 from .config import RunConfig
 from .demo import arith
-from .loop import run
+from .loop import COMPONENTS, pick_runtime, run
 
 
 def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: frozenset[str] = frozenset()) -> RunConfig:
     """The run as the demo's loop takes it: the arith family and its warm start, or the user's model and tasks.
-    ``only``: start these components here and drive nothing (``only_checked`` says what that needs)."""
-    from producers.tasks import load_tasks
+    ``only``: start these components here and drive nothing (``only_checked`` says what that needs).
 
-    cfg = RunConfig(steps=exp.max_steps, tasks_per_step=exp.groups_per_step, samples=exp.group_size, heldout=exp.heldout,
+    What the file alone does not show is checked here, before anything starts (a run otherwise finds it out
+    only after six processes came up): the tasks in its sources, the model (resolved once, for every
+    component started here), and, where the gateway node runs here, the harness and the runtime.
+    ExperimentError of one line naming the key and the fix."""
+    cfg = RunConfig(name=exp.name, steps=exp.max_steps, tasks_per_step=exp.groups_per_step, samples=exp.group_size, heldout=exp.heldout,
                      heldout_samples=exp.eval_samples, harness=exp.harness, runtime=exp.runtime, seed=exp.seed, lr=exp.lr,
                      temperature=exp.temperature, step_timeout_s=exp.step_timeout_s, async_level=exp.async_level,
                      eval_every=exp.eval_every, harness_config=dict(exp.harness_config), run_dir=run_dir,
@@ -51,19 +54,82 @@ def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: 
         cfg.attach = {k: v for k, v in component_urls(exp).items() if v}
     if exp.harness != "builtin" and "api" in exp.harness_config:
         cfg.api = str(exp.harness_config["api"])
+    here = frozenset() if driver_only else only or frozenset(COMPONENTS)  # the components started on this machine
     if exp.train != "builtin:arith":
-        cfg.model = exp.model
-        cfg.train_tasks = load_tasks(exp.train)
-        cfg.eval_tasks = load_tasks(exp.eval) if exp.eval else []
+        cfg.train_tasks = _tasks("train", exp.train)
+        cfg.eval_tasks = _tasks("eval", exp.eval) if exp.eval else []
         cfg.task_set = exp.name
+        # resolved where a component that loads it starts; the machines that start none leave it to those that do
+        cfg.model = str(_model(exp.model)) if here & {"ui", "engine", "node", "trainer"} else exp.model
     elif not exp.eval:
         cfg.heldout_samples = 0
+    _harness(exp.harness, installed=bool(cfg.model) and "node" in here)
+    if "node" in here:  # the sessions run here
+        cfg.runtime = _runtime(exp.runtime, [*(cfg.train_tasks or []), *(cfg.eval_tasks or [])])
     if exp.order == "epochs" and exp.epochs:
         from producers.driver import epoch_steps
 
         train = len(cfg.train_tasks) if cfg.train_tasks is not None else len(arith.split(exp.seed, exp.heldout)[0])
         cfg.steps = min(cfg.steps, epoch_steps(train, exp.groups_per_step, exp.epochs))
     return cfg
+
+
+def _tasks(key: str, source: str) -> list:
+    """The tasks of the source at ``key`` (train or eval); ExperimentError naming the key otherwise."""
+    from producers.tasks import TaskSourceError, load_tasks
+
+    try:
+        return load_tasks(source)
+    except TaskSourceError as e:
+        raise ExperimentError(f"{key}: {e}") from None
+
+
+MODEL_FIX = ("set model: to a built-in model (tiny), a local HF model directory, or a hub id already in the "
+             "local HF cache (huggingface-cli download ORG/NAME)")
+
+
+def _model(model: str) -> Path:
+    """The local directory of the experiment's model (infra.models: the one resolver of every component)."""
+    from infra.models import local_model_dir
+
+    try:
+        return local_model_dir(model)
+    except FileNotFoundError as e:  # its message names the model already: "model 'X': ..."
+        raise ExperimentError(f"model: {str(e).removeprefix('model ')}; {MODEL_FIX}") from None
+
+
+def _harness(harness: str, installed: bool) -> None:
+    """ExperimentError when ``harness`` is none an experiment can name, or (``installed``: a user's run whose
+    sessions run here) its CLI is not installed here. The demo installs a CLI itself, to capture its requests."""
+    from gateway.harnesses.install import NPM_HARNESSES, HarnessNotInstalled, bin_path
+    from infra.settings import Settings
+
+    if harness != "builtin" and harness not in NPM_HARNESSES:
+        raise ExperimentError(f"harness: {harness!r}: expected builtin or one of {', '.join(NPM_HARNESSES)}")
+    if installed and harness in NPM_HARNESSES:
+        try:
+            bin_path(harness, Settings().cache_dir)  # where the node will look for it
+        except HarnessNotInstalled as e:
+            raise ExperimentError(f"harness: {e}") from None
+
+
+def _runtime(runtime: str, tasks: list) -> str:
+    """The runtime the sessions get (auto: bwrap when installed), once it can run ``tasks``: a task that
+    wants its workspace at a path of its own (every Harbor task: /app) needs the bwrap sandbox."""
+    import shutil
+
+    picked = pick_runtime(runtime)
+    install = "install bubblewrap (Debian: apt-get install bubblewrap)"
+    placed = next((t for t in tasks if t.workspace.mount or t.evaluator.kind == "harbor"), None)
+    if picked == "bwrap" and not shutil.which("bwrap"):
+        other = "" if placed else ", or set runtime: subprocess (sessions then run unsandboxed)"
+        raise ExperimentError(f"runtime: bwrap is not installed here; {install}{other}")
+    if picked == "subprocess" and placed is not None:
+        why, fix = (("found no bwrap here", install) if runtime == "auto" else
+                    ("runs sessions unsandboxed", f"{install} and set runtime: bwrap"))
+        raise ExperimentError(f"runtime: {runtime} {why}, and task {placed.task_id} wants its workspace at "
+                              f"{placed.workspace.mount or '/app'}, which only bwrap can show; {fix}")
+    return picked
 
 
 # Trainer settings the experiment sets itself, so that the driver and the trainer cannot disagree on them
@@ -130,21 +196,20 @@ def run_id(exp: Experiment, run_dir: Path) -> str:
     return f"{exp.name}-{digest}"
 
 
-def run_experiment(exp: Experiment, run_dir: Path, driver_only: bool = False, only: frozenset[str] = frozenset()) -> Path | None:
-    """Run ``exp`` (``driver_only``: drive the components at its rollout_url and engine_url instead of
-    starting them; ``only``: start those components here and drive nothing); returns the path of
-    run-summary.json (None with ``only``)."""
+def run_experiment(exp: Experiment, cfg: RunConfig) -> Path | None:
+    """Run ``exp`` as ``run_config`` made it into ``cfg`` (checked, its model resolved); returns the path of
+    run-summary.json (None with ``cfg.only``: those components are served until they exit)."""
     t0 = time.monotonic()
     from infra.settings import Settings
 
-    cfg = run_config(exp, run_dir, driver_only, only)
+    run_dir = cfg.run_dir
     settings = Settings(storage_url=exp.storage_url) if exp.storage_url else None  # else: the run's own prefix
     path = run(cfg, settings)
     if path is None:
         return None
     demo_summary = json.loads(path.read_text())
     summary = {
-        "name": exp.name, "run_id": run_id(exp, run_dir), "async_level": exp.async_level, "seed": exp.seed, "train": exp.train, "eval": exp.eval,
+        "name": exp.name, "run_id": cfg.run_id, "async_level": exp.async_level, "seed": exp.seed, "train": exp.train, "eval": exp.eval,
         "reward_per_step": demo_summary["reward_per_step"],
         "eval_before": demo_summary.get("heldout_before"), "eval_after": demo_summary.get("heldout_after"),
         "eval_metric": "pass@1", "eval_samples": exp.eval_samples,

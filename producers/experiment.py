@@ -1,9 +1,11 @@
 """The experiment file: one YAML that describes an RL run, validated by one pydantic model.
 
-``polarstream run exp.yaml`` reads it; ``polarstream run --print-config`` prints every field with its
-default and meaning. An unknown key, a bad value or a task source that is not there is one line naming
-the field. Task sources are those of ``producers/tasks.py`` (JSONL, Parquet, Harbor directories) plus
-``builtin:arith`` / ``builtin:arith-heldout``, the demo's family split by ``seed``.
+``polarstream run exp.yaml`` reads it; ``polarstream run [exp.yaml] --print-config`` prints every field with
+its meaning and the file's value (the default where it sets none). An unknown key, a bad value or a task
+source that is not there is one line naming the field; what needs more than the file to check (the model,
+the tasks themselves, the harness, the runtime) polarstream/run.py checks before anything starts. Task
+sources are those of ``producers/tasks.py`` (JSONL, Parquet, Harbor directories) plus ``builtin:arith`` /
+``builtin:arith-heldout``, the demo's family split by ``seed``.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ class Experiment(BaseModel):
     name: str = Field("experiment", pattern=r"^[A-Za-z0-9._-]{1,80}$",
                       description="run name: the topic namespace and checkpoint folder start with it (letters, digits, . _ -); "
                       "the same file and --run-dir again continue a killed run")
-    model: str = Field("builtin:arith", description="local HF model directory (or hub id in the local cache); "
-                       "builtin:arith = the demo's tiny model after its cached warm start on the arith family")
+    model: str = Field("builtin:arith", description="a built-in model (tiny, tiny:SEED, smollm2), a local HF model "
+                       "directory (relative to this file), or a hub id already in the local HF cache (nothing is "
+                       "downloaded); builtin:arith = the demo's tiny model after its cached warm start on the arith family")
     harness: str = Field("builtin", description="the agent harness every session runs: builtin, pi, qwen_code, claude_code, "
                          "gemini_cli, opencode, codex")
     harness_config: dict[str, Any] = Field(default_factory=dict, description="the harness's own settings (e.g. api: chat for pi)")
@@ -126,6 +129,10 @@ def load_experiment(path: Path | None, **overrides: Any) -> Experiment:
             source = data.get(field)
             if isinstance(source, str) and source and not source.startswith("builtin:") and not Path(source).is_absolute():
                 data[field] = str((Path(path).parent / source).resolve())
+        # a model directory beside the file, as its task sources are; a name that is none (tiny, org/name) stays
+        model = data.get("model")
+        if isinstance(model, str) and model and (Path(path).parent / model).is_dir():
+            data["model"] = str((Path(path).parent / model).resolve())
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return Experiment.model_validate(data)
@@ -136,11 +143,15 @@ def load_experiment(path: Path | None, **overrides: Any) -> Experiment:
         raise ExperimentError(f"{where}: {field}: {msg}" if field else f"{where}: {msg}") from None
 
 
-def print_config() -> str:
-    """Every field as YAML: its default, with its meaning as a comment above it."""
-    lines = ["# polarstream run: the experiment file (producers/experiment.py). Every key is optional."]
+def print_config(exp: Experiment | None = None, where: str = "") -> str:
+    """Every field as YAML with its meaning as a comment above it: ``exp``'s effective settings (read from
+    ``where``, the defaults filled in), or without it the defaults."""
+    if exp is None:
+        lines = ["# polarstream run: the experiment file (producers/experiment.py). Every key is optional."]
+    else:
+        lines = [f"# polarstream run: {where or 'the experiment'}, every setting as the run takes it (defaults filled in)."]
+    values = (exp or Experiment()).model_dump(mode="json")
     for name, field in Experiment.model_fields.items():
-        default = field.get_default(call_default_factory=True)
         lines.append(f"# {field.description}")
-        lines.append(yaml.safe_dump({name: default}, default_flow_style=True, sort_keys=False).strip().removeprefix("{").removesuffix("}"))
+        lines.append(yaml.safe_dump({name: values[name]}, default_flow_style=True, sort_keys=False).strip().removeprefix("{").removesuffix("}"))
     return "\n".join(lines) + "\n"

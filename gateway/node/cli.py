@@ -99,9 +99,10 @@ def node(
     import logging
     import sys
 
-    from gateway.cli import _resolve_model, require_upstreams
+    from gateway.cli import require_upstreams
     from gateway.config import GatewayConfig
     from gateway.runtimes import RUNTIMES
+    from infra.models import resolve_tokenizer_model
     from infra.reach import require_free_port
 
     from .config import NodeConfig
@@ -112,7 +113,7 @@ def node(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = _settings(config)
     require_free_port(port)  # 0: a free one is chosen
-    model_dir = _resolve_model(model)
+    model_dir = resolve_tokenizer_model(model)
     try:
         cfg = NodeConfig(work_dir=Path("."), cache_dir=settings.cache_dir, runtime=runtime, image=image,
                          init_workers=init_workers, ready_target=ready_target, run_workers=run_workers,

@@ -8,6 +8,9 @@ from typing import Any
 
 from .builtin import ensure_model, parse_builtin
 
+# A directory the gateway, its node and the viewer can load a tokenizer and chat template from holds one of these.
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "config.json")
+
 # What the hub accepts as a repo id: ``name`` or ``org/name`` (no ``--`` or ``..``, checked apart).
 _HUB_ID = re.compile(r"[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?(?:/[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9_])?)?")
 
@@ -36,6 +39,33 @@ def resolve_model(name_or_path: str, cache_dir: str | Path | None = None, *, nee
         raise FileNotFoundError(f"model {name_or_path!r}: no such directory (tried it as a local path; it is not a hub id "
                                 "like org/name, nor a built-in name: tiny, tiny:SEED, smollm2)")
     return name_or_path
+
+
+def resolve_tokenizer_model(name_or_path: str) -> str:
+    """``resolve_model`` for what loads only a tokenizer and chat template (the gateway, its node, the viewer):
+    a local directory needs tokenizer files, not weights."""
+    return resolve_model(name_or_path, needs=TOKENIZER_FILES)
+
+
+def local_model_dir(name_or_path: str, cache_dir: str | Path | None = None) -> Path:
+    """The local directory every component of a run loads the model from: a built-in name's cached directory
+    (built once), a local model directory (absolute), or a hub id's snapshot in the local Hugging Face cache.
+
+    Nothing is downloaded: a run starts several processes, and each asking the hub on its own would be
+    slow where it works and fail late where it does not. FileNotFoundError of one line saying what was tried."""
+    found = resolve_model(name_or_path, cache_dir)
+    if Path(found).exists():
+        return Path(found).absolute()
+    from huggingface_hub import snapshot_download  # a hub id: only its snapshot already on this machine
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        snapshot = Path(snapshot_download(found, local_files_only=True))
+    except LocalEntryNotFoundError:
+        raise FileNotFoundError(f"model {name_or_path!r}: no such directory, not a built-in name (tiny, tiny:SEED, "
+                                f"smollm2), and no hub id {found!r} in the local Hugging Face cache (nothing is "
+                                "downloaded)") from None
+    return Path(resolve_model(str(snapshot)))  # a snapshot of only some files is not a model either
 
 
 def model_load_error(name_or_path: str, path: str, e: OSError) -> FileNotFoundError:

@@ -52,11 +52,11 @@ def ui_command(
 
 def _decoder(model: str):
     """Token id -> text with ``model``'s tokenizer (the gateway's loader and cached one-token decoder)."""
-    from gateway.cli import _resolve_model
     from gateway.redact import token_decoder
     from gateway.template import ChatTemplate
+    from infra.models import resolve_tokenizer_model
 
-    return token_decoder(ChatTemplate.load(_resolve_model(model)).tokenizer)
+    return token_decoder(ChatTemplate.load(resolve_tokenizer_model(model)).tokenizer)
 
 
 def register(app: typer.Typer) -> None:

@@ -269,3 +269,56 @@ def test_only_without_what_its_components_need_is_one_line(tmp_path, monkeypatch
     f.write_text(body)
     r = CliRunner().invoke(app, ["run", str(f), "--only", only, "--run-dir", str(tmp_path / "run")])
     assert r.exit_code == 1 and words in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+# -- issue 66: what the file alone does not show (the model, the tasks, the harness, the runtime) is checked
+# before anything starts, one line naming the file, the key and the fix ---------------------------------
+
+CODING = Path(__file__).parents[2] / "examples" / "coding"
+
+
+def _coding(tmp_path: Path, **settings) -> Path:
+    """examples/coding.yaml as shipped, over two of its Harbor tasks copied beside it, ``settings`` on top."""
+    for name in ("fix-word-count", "write-slugify"):
+        shutil.copytree(CODING / name, tmp_path / "coding" / name)
+    f = tmp_path / "coding.yaml"
+    f.write_text(yaml.safe_dump({**yaml.safe_load((CODING.parent / "coding.yaml").read_text()), **settings}))
+    return f
+
+
+@pytest.mark.parametrize("settings, words", [
+    # the shipped example's old placeholder: a name that is no directory, no built-in and no cached hub id
+    ({"model": "MODEL"}, "model: 'MODEL': no such directory, not a built-in name (tiny, tiny:SEED, smollm2), and no "
+                         "hub id 'MODEL' in the local Hugging Face cache (nothing is downloaded); set model: to"),
+    # a directory beside the file (not in the working directory) that holds no model
+    ({"model": "coding"}, "/coding': not a model directory (no config.json); set model: to"),
+    ({"train": "coding/fix-word-count/tests"}, "train: "),  # the tasks themselves: no instruction.md there
+    ({"harness": "aider"}, "harness: 'aider': expected builtin or one of"),
+    ({"harness": "pi"}, "is not installed in"),  # POLAR_CACHE_DIR below is empty
+    ({"runtime": "subprocess"}, "runtime: subprocess runs sessions unsandboxed, and task polarstream-fix-word-count "
+                                "wants its workspace at /app, which only bwrap can show; install bubblewrap"),
+    ({"runtime": "auto"}, "runtime: auto found no bwrap here"),  # PATH below has no bwrap
+    ({"runtime": "bwrap"}, "runtime: bwrap is not installed here; install bubblewrap"),
+])
+def test_the_model_tasks_harness_and_runtime_are_one_line_before_anything_starts(tmp_path, monkeypatch, settings, words):
+    monkeypatch.setattr("infra.stack.Stack.up", _refuse)
+    monkeypatch.setattr("polarstream.processes.Processes.start", _refuse)
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no bwrap, wherever the suite runs
+    monkeypatch.setenv("POLAR_CACHE_DIR", str(tmp_path / "cache"))  # no harness CLI installed
+    # a model that is there (the real tiny model's directory) and the builtin harness, unless the case sets them
+    f = _coding(tmp_path, **{"model": str(ensure_model("tiny")), "harness": "builtin", **settings})
+    r = CliRunner().invoke(app, ["run", str(f), "--run-dir", str(tmp_path / "run")])
+    assert r.exit_code == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    key = next(iter(settings))
+    assert r.stderr.startswith(f"error: {f}: {key}: ") and words in r.stderr, r.stderr
+    if key == "harness" and settings[key] == "pi":
+        assert r.stderr.rstrip().endswith("run `polarstream harness install pi`"), r.stderr
+
+
+def test_print_config_of_a_file_starts_nothing_and_a_placeholder_model_is_printed_not_checked(tmp_path, monkeypatch):
+    monkeypatch.setattr("infra.stack.Stack.up", _refuse)
+    monkeypatch.setattr("polarstream.processes.Processes.start", _refuse)
+    f = _coding(tmp_path, model="MODEL")
+    r = CliRunner().invoke(app, ["run", str(f), "--print-config"])
+    assert r.exit_code == 0 and yaml.safe_load(r.stdout)["model"] == "MODEL", r.output

@@ -3,6 +3,7 @@ demo's defaults, and a user's run takes their model and tasks instead of the war
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from polarstream.config import RunConfig
@@ -22,20 +23,50 @@ def test_the_arith_example_at_s0_is_the_demo(tmp_path):
 
 def test_a_users_run_takes_their_model_tasks_and_harness(tmp_path):
     exp = load_experiment(EXAMPLES / "coding.yaml", async_level=2)
-    exp.model = str(tmp_path)
-    cfg = run_config(exp, tmp_path / "run")
-    assert cfg.model == str(tmp_path) and len(cfg.train_tasks) == 5 and len(cfg.eval_tasks) == 5
+    # driven from here only: pi and bwrap are the node's to have, and the model is left to the machines
+    # that load it (test_a_built_in_model_is_resolved_once_for_every_component resolves one)
+    cfg = run_config(exp, tmp_path / "run", driver_only=True)
+    assert cfg.model == "tiny" and len(cfg.train_tasks) == 5 and len(cfg.eval_tasks) == 5
     assert (cfg.harness, cfg.api, cfg.harness_config, cfg.async_level, cfg.eval_every, cfg.task_set) == (
         "pi", "chat", {"api": "chat"}, 2, 5, "coding")
     assert all(t.evaluator.kind == "harbor" and t.workspace.mount == "/app" for t in cfg.train_tasks)
     assert cfg.trainer_settings == {}  # the file's trainer: settings reach the trainer as --set
     exp.trainer = {"kl_coef": 0.01, "activation_checkpointing": True}
-    assert run_config(exp, tmp_path / "run").trainer_settings == {"kl_coef": "0.01", "activation_checkpointing": "true"}
+    assert run_config(exp, tmp_path / "run", driver_only=True).trainer_settings == {"kl_coef": "0.01", "activation_checkpointing": "true"}
     exp.trainer = {}
     # every task once an epoch: 8 epochs of 5 tasks, 2 a step, is 20 steps; 3 epochs would stop at 8
     assert (cfg.order, cfg.steps) == ("epochs", 20)
     exp.epochs = 3
-    assert run_config(exp, tmp_path / "run").steps == 8
+    assert run_config(exp, tmp_path / "run", driver_only=True).steps == 8
+
+
+def test_a_built_in_model_is_resolved_once_for_every_component_and_the_run_keeps_its_name(tmp_path):
+    """`model: tiny` is the cached tiny model's directory, whatever the working directory (the driver once
+    handed the viewer <cwd>/tiny); the run's name is on its console line, report and plot."""
+    from infra.models import ensure_model
+
+    (tmp_path / "tasks.jsonl").write_text('{"task_id": "t1", "instruction": "do it", "num_samples": 1, "min_valid": 1}\n')
+    f = tmp_path / "exp.yaml"
+    f.write_text("name: mine\nmodel: tiny\ntrain: tasks.jsonl\neval: ''\nruntime: subprocess\n")
+    cfg = run_config(load_experiment(f), tmp_path / "run")
+    assert (cfg.model, cfg.name, cfg.runtime) == (str(ensure_model("tiny")), "mine", "subprocess")
+    # a model directory is read beside the file, as its task sources are
+    shutil.copytree(ensure_model("tiny"), tmp_path / "models" / "m")
+    f.write_text(f.read_text().replace("model: tiny", "model: models/m"))
+    assert run_config(load_experiment(f), tmp_path / "run").model == str(tmp_path / "models" / "m")
+    # the demo's preset is named demo, so the demo keeps saying so
+    from polarstream.demo.preset import demo_experiment
+
+    assert run_config(demo_experiment(), tmp_path / "demo").name == "demo"
+
+
+def test_the_reward_plot_is_titled_with_the_runs_name(tmp_path):
+    from PIL import Image
+
+    from polarstream.report import plot_rewards
+
+    plot_rewards([0.0, 0.5, 0.25], tmp_path / "reward.png", name="mine")
+    assert Image.open(tmp_path / "reward.png").text["Title"] == "polarstream mine: reward while training"
 
 
 def test_a_run_id_names_the_experiment_and_run_dir_and_nothing_else(tmp_path):

@@ -123,3 +123,23 @@ def test_smollm2_from_the_wheel_answers_a_question():
     (choice,) = r.json()["choices"]
     assert "Paris" in choice["message"]["content"]
     assert choice["finish_reason"] == "stop" and choice["token_ids"][-1] == 2  # <|im_end|>
+
+
+def test_a_runs_model_is_one_local_directory_and_nothing_is_downloaded(tmp_path, monkeypatch):
+    """``local_model_dir``: what `polarstream run` hands every component, whichever of the three a name is."""
+    import huggingface_hub.constants
+
+    from infra.models import local_model_dir
+
+    assert local_model_dir("tiny") == ensure_model("tiny")
+    repo = tmp_path / "hub" / "models--org--name"  # the local HF cache's layout: a ref naming a snapshot
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert local_model_dir("org/name") == repo / "snapshots" / "abc123"
+    with pytest.raises(FileNotFoundError, match=r"no hub id 'org/other' in the local Hugging Face cache \(nothing is downloaded\)"):
+        local_model_dir("org/other")
+    monkeypatch.chdir(repo)
+    assert local_model_dir("snapshots/abc123") == repo / "snapshots" / "abc123"  # a local directory, made absolute
