@@ -63,7 +63,7 @@ import yaml  # noqa: E402
 from infra.process import free_port  # noqa: E402
 from infra.settings import Settings  # noqa: E402
 from infra.topics import ensure_topics  # noqa: E402
-from streams.testing import PolarProcess  # noqa: E402
+from tests.streams.helpers import PolarProcess  # noqa: E402
 
 AGENT = ROOT / "bench" / "_chaos_agent.py"
 SAMPLES = 4
@@ -230,6 +230,8 @@ class Pipeline:
                                      "--set", "max_staleness=1000000"],  # the engine is frozen at version 0
                                     env, self.dir / "trainer.out")
         self.tasks: list[str] = []
+        self.trained_at: float | None = None
+        self.checkpoint_lag_s: float | None = None
 
     # -- lifecycle
     def start(self) -> None:
@@ -299,6 +301,32 @@ class Pipeline:
 
     def all_trained(self) -> bool:
         return bool(self.tasks) and sum(self.trained_groups().values()) >= len(self.tasks)
+
+    def last_step(self) -> int:
+        from trainer.metrics import effective_steps
+
+        steps = effective_steps(self.trainer_log())
+        return steps[-1]["step"] if steps else 0
+
+    def checkpoint_step(self) -> int:
+        from trainer import checkpoint
+
+        info = checkpoint.latest(self.settings.storage_url, self.settings)
+        return info.step if info else 0
+
+    def done(self) -> bool:
+        """Every task trained *and* the checkpoint of the last step written. The trainer logs a step before it
+        saves that step's checkpoint (trainer/metrics.py), so a run judged on the log alone was audited while
+        the last save was still going: on a loaded machine the audit read the previous checkpoint's offsets
+        and reported polar.groups not consumed to its end (issue 60)."""
+        if not self.all_trained():
+            return False
+        self.trained_at = self.trained_at or time.monotonic()
+        if self.checkpoint_step() < self.last_step():
+            return False
+        # how long the last step's checkpoint landed after its log line: the window the audit once read in
+        self.checkpoint_lag_s = self.checkpoint_lag_s if self.checkpoint_lag_s is not None else round(time.monotonic() - self.trained_at, 2)
+        return True
 
 
 # -- the chaos loop --------------------------------------------------------------------------------------
@@ -380,7 +408,7 @@ def chaos_run(pipe: Pipeline, infra: Infra, rng: random.Random, kills: int, gap:
             chaos.kill_one()
             next_kill = time.monotonic() + rng.uniform(*gap)
         chaos.supervise()
-        if not submitting and pipe.all_trained():
+        if not submitting and pipe.done():
             break
         if now - t0 > deadline_s:
             say(f"deadline: {sum(pipe.trained_groups().values())} of {len(pipe.tasks)} groups trained")
@@ -393,7 +421,7 @@ def quiet_run(pipe: Pipeline, tasks: list[str], deadline_s: float) -> float:
     t0 = time.monotonic()
     for t in tasks:
         pipe.submit(t)
-    while not pipe.all_trained() and time.monotonic() - t0 < deadline_s:
+    while not pipe.done() and time.monotonic() - t0 < deadline_s:
         if not pipe.trainer.alive() and not pipe.all_trained():
             pipe.trainer.start()  # idle exit while the last groups were still on their way
         time.sleep(0.5)
@@ -466,6 +494,11 @@ def audit(pipe: Pipeline) -> dict:
         "reruns": sum(1 for e in trained if e in groups for t in groups[e].trajectories if t.attempt > 0),
         "trainer_starts": pipe.trainer_starts(),
         "consumed_to_end": {int(p): o for p, o in consumed.items()} == {p: o for p, o in ends.items()} if info else False,
+        # what to read when consumed_to_end is false: the checkpoint audited against the trainer's last step,
+        # and the group messages past its offsets (a duplicate there was consumed and skipped, never saved)
+        "checkpoint_step": info.step if info else None, "last_step": pipe.last_step(), "checkpoint_lag_s": pipe.checkpoint_lag_s,
+        "group_messages_past_checkpoint": [{"partition": m.partition, "offset": m.offset, "trained": decode(m.value, TrainingGroup).event_id in trained}
+                                           for m in raw_groups if m.offset >= int(consumed.get(str(m.partition), consumed.get(m.partition, 0)))],
         "hashes": hashes,
         # where each task that was not trained got to: the first thing to read when a run misses its deadline
         "untrained": [{"task": t, "groups_on_topic": len(by_task.get(t, ())),

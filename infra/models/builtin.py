@@ -6,6 +6,7 @@ either invalidates every cache already built, so they change only with ``BUILDER
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -57,19 +58,20 @@ def ensure_model(name: str = "tiny", cache_dir: str | Path | None = None) -> Pat
 def build_once(final: Path, build: Callable[[Path], object]) -> Path:
     """``final``, built by ``build(directory)`` unless it is there (marked by its polarstream.json).
 
-    Built beside the final place and renamed: a concurrent builder (another test process) either wins
-    the rename or finds the finished directory; nobody ever sees a half-written one."""
+    One builder at a time (a lock file beside it): a concurrent caller, such as another test worker on a
+    new machine, waits for that build instead of making its own copy on the same cores. Built beside the
+    final place and renamed, so nobody ever sees a half-written one, even after a builder is killed."""
     if (final / "polarstream.json").exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    try:
-        build(tmp)
+    with open(final.parent / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released with the file, also when this process dies
+        if (final / "polarstream.json").exists():  # built while we waited
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         try:
+            build(tmp)
             os.rename(tmp, final)
-        except OSError:
-            if not (final / "polarstream.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
