@@ -32,13 +32,19 @@ def post_mortem(run: Path) -> str:
     return "\n".join(out)[-8000:]
 
 
+# ~200 s alone; 396 s beside the suite's other workers on a new machine, and 480 s was not enough with three
+# chaos runs at once (load 16): most of it is starting a broker, S3 and two pipelines of six processes.
+RUN_S = 900
+
+
+@pytest.mark.timeout(RUN_S + 60)
 def test_quick_chaos_run_loses_nothing_and_trains_what_an_uninterrupted_run_trains(tmp_path):
     run = tmp_path / "run"
     try:
         p = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), "--quick", "--seed", "0", "--keep", str(run)],
-                           capture_output=True, text=True, timeout=480, cwd=tmp_path)
+                           capture_output=True, text=True, timeout=RUN_S, cwd=tmp_path)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"no result after 480 s\n{(e.stderr or b'').decode(errors='replace')[-2000:]}\n{post_mortem(run)}")
+        pytest.fail(f"no result after {RUN_S} s\n{(e.stderr or b'').decode(errors='replace')[-2000:]}\n{post_mortem(run)}")
     out = last_json_object(p.stdout)
     assert p.returncode == 0 and out is not None, p.stderr[-3000:] + "\n" + post_mortem(run)
     chaos, ref = out["runs"]["chaos"], out["runs"]["reference"]
@@ -52,4 +58,7 @@ def test_quick_chaos_run_loses_nothing_and_trains_what_an_uninterrupted_run_trai
     assert chaos["consumed_to_end"] and ref["consumed_to_end"], why
     assert out["trained_sessions_with_holes"] == 0 == ref["trained_sessions_with_holes"], why
     assert chaos["trainer_starts"] >= 2, why  # the trainer was killed and resumed from its S3 checkpoint
-    print("\nchaos:", json.dumps({k: out[k] for k in ("kills_by_component", "recovery_s", "restarts_unplanned", "wall_s")}))
+    print("\nchaos:", json.dumps({k: out[k] for k in ("kills_by_component", "recovery_s", "restarts_unplanned", "wall_s", "load_avg_1m")}))
+    # how long each run's last checkpoint landed after the step it saves was logged: what the audit once
+    # read inside of, reporting consumed_to_end false on a loaded machine (issue 60)
+    print("checkpoint lag (s):", json.dumps({name: r["checkpoint_lag_s"] for name, r in out["runs"].items()}))
