@@ -17,7 +17,7 @@ if S = 0 already keeps B of the C cores busy, no level can run more than C / B t
 
 from __future__ import annotations
 
-MEASURES = ('producers/driver.py', 'polarstream/loop.py', 'polarstream/run.py', 'trainer/', 'streams/', 'engine/',
+MEASURES = ('polarstream/driver/', 'polarstream/demo/preset.py', 'trainer/', 'streams/', 'engine/',
             'gateway/')  # the code these figures describe (bench/_provenance.py)
 
 import argparse

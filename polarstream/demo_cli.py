@@ -1,4 +1,6 @@
-"""`polarstream demo` (the main job, end to end on this machine) and `polarstream run` (an experiment file)."""
+"""`polarstream demo` (the main job, end to end on this machine) and `polarstream run` (an experiment file):
+each reads its options into an experiment, finds the preset that hands the driver its tasks
+(polarstream/presets.py), and runs it with polarstream/driver/."""
 
 from __future__ import annotations
 
@@ -29,11 +31,11 @@ def register(app: typer.Typer) -> None:
         The run is `polarstream run` of the experiment file shipped with the package (polarstream/demo/demo.yaml)."""
         import time
 
-        from producers.experiment import ExperimentError
-
         from .demo.preset import demo_experiment
         from .demo.shape import APIS
-        from .run import run_config
+        from .driver.configure import run_config
+        from .driver.experiment import ExperimentError
+        from .presets import preset_for
 
         if harness != "builtin" and harness not in APIS:
             typer.echo(f"demo: --harness {harness}: expected builtin or one of {', '.join(sorted(APIS))}", err=True)
@@ -46,16 +48,18 @@ def register(app: typer.Typer) -> None:
         try:
             exp = demo_experiment(harness, api or apis[0], runtime=runtime, seed=seed, heldout=heldout, max_steps=steps,
                                   groups_per_step=tasks_per_step, group_size=samples, lr=lr)
-            cfg = run_config(exp, run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))  # checked before anything starts
+            preset = preset_for(exp)  # demo.yaml trains on builtin:arith: the demo's own preset
+            out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+            cfg = run_config(exp, out, preset=preset)  # checked before anything starts
         except ExperimentError as e:
             typer.echo(f"demo: {e}", err=True)
             raise typer.Exit(2) from None
-        path = _run_to_end("demo", exp, cfg)
+        path = _run_to_end("demo", exp, cfg, preset)
         typer.echo(path.with_name("demo-summary.json"))
 
     @app.command("run")
     def run_command(
-        experiment: Annotated[Optional[Path], typer.Argument(help="the experiment YAML (producers/experiment.py); "
+        experiment: Annotated[Optional[Path], typer.Argument(help="the experiment YAML (polarstream/driver/experiment.py); "
                                                                   "none: the arith family's defaults")] = None,
         seed: Annotated[Optional[int], typer.Option(help="overrides the file's seed")] = None,
         async_level: Annotated[Optional[int], typer.Option(help="overrides the file's async_level (S)")] = None,
@@ -73,8 +77,8 @@ def register(app: typer.Typer) -> None:
         """Run an RL experiment from one file: every component on this machine, your tasks, bounded asynchrony, evals."""
         import time
 
-        from producers.experiment import ExperimentError, load_experiment
-        from producers.experiment import print_config as settings_yaml
+        from .driver.experiment import ExperimentError, load_experiment
+        from .driver.experiment import print_config as settings_yaml
 
         where = str(experiment or "experiment")
         try:
@@ -94,30 +98,32 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
         components = frozenset(c.strip() for c in only.split(",") if c.strip()) if only is not None else frozenset()
         out = run_dir or Path("runs") / time.strftime(f"{exp.name}-%Y%m%d-%H%M%S")
-        from .run import run_config
+        from .driver.configure import run_config
+        from .presets import preset_for
 
+        preset = preset_for(exp)  # train: builtin:arith is the demo's family; a file or directory, the file's own tasks
         try:  # the model, the tasks, the harness and the runtime: checked before anything starts
-            cfg = run_config(exp, out, driver_only, components)
+            cfg = run_config(exp, out, driver_only, components, preset)
         except ExperimentError as e:
             typer.echo(f"error: {where}: {e}", err=True)
             raise typer.Exit(1) from None
-        path = _run_to_end("run", exp, cfg)
+        path = _run_to_end("run", exp, cfg, preset)
         if path is not None:
             typer.echo(path)
 
 
-def _run_to_end(what: str, exp, cfg) -> Path | None:
-    """``run_experiment``, with SIGTERM taken as Ctrl-C; a failure or an interruption is one line on stderr
-    and an exit code (1; 130, or 143 for SIGTERM), every process the run started stopped."""
-    from producers.experiment import ExperimentError
+def _run_to_end(what: str, exp, cfg, preset) -> Path | None:
+    """``run_experiment`` on ``preset``'s tasks, with SIGTERM taken as Ctrl-C; a failure or an interruption is
+    one line on stderr and an exit code (1; 130, or 143 for SIGTERM), every process the run started stopped."""
     from producers.tasks import TaskSourceError
 
-    from .processes import ProcessFailed, stop_on_sigterm
-    from .run import run_experiment
+    from .driver.experiment import ExperimentError
+    from .driver.loop import run_experiment
+    from .driver.processes import ProcessFailed, stop_on_sigterm
 
     stop_on_sigterm()
     try:
-        return run_experiment(exp, cfg)
+        return run_experiment(exp, cfg, preset)
     except (ProcessFailed, TaskSourceError, ExperimentError) as e:
         typer.echo(f"{what} failed: {e}", err=True)
         raise typer.Exit(1) from None

@@ -34,6 +34,25 @@ def split(seed: int = 0, heldout: int = 16) -> tuple[list[tuple[str, str]], list
     return sorted(problems[heldout:]), sorted(problems[:heldout])
 
 
+def _problem(question: str, answer: str, tool: str, agent_timeout_s: float) -> dict:
+    """What every task of a problem holds: its instruction, workspace and evaluator (a shell test of answer.txt)."""
+    test = f"test \"$(tr -d ' \\n' < {ANSWER_FILE} 2>/dev/null)\" = {shlex.quote(answer)}"
+    return dict(
+        instruction=instruction(question, tool),
+        workspace=WorkspaceSpec(kind="files", files={"README.md": "Write your answer to answer.txt.\n"}),
+        evaluator=EvaluatorSpec(kind="command", command=test, timeout_s=10.0),
+        timeouts=Timeouts(init_s=60.0, agent_s=agent_timeout_s, eval_s=10.0),
+        metadata={"question": question, "answer": answer},
+    )
+
+
+def template(question: str, answer: str, tool: str = "write_file", agent_timeout_s: float = 60.0) -> TaskRequest:
+    """The problem as the driver takes a task (polarstream/driver/preset.py): its id is the question (which
+    names it in the per-task figures and the curriculum), and it sets no group size, minimum or harness of
+    its own, so the run's apply."""
+    return TaskRequest(task_id=question, **_problem(question, answer, tool, agent_timeout_s))
+
+
 def task_request(
     question: str,
     answer: str,
@@ -45,20 +64,10 @@ def task_request(
     task_set: str = "demo-arith",
     tool: str = "write_file",
 ) -> TaskRequest:
-    """A TaskRequest whose evaluator is a shell test of answer.txt."""
-    test = f"test \"$(tr -d ' \\n' < {ANSWER_FILE} 2>/dev/null)\" = {shlex.quote(answer)}"
-    return TaskRequest(
-        task_id=task_id,
-        instruction=instruction(question, tool),
-        workspace=WorkspaceSpec(kind="files", files={"README.md": "Write your answer to answer.txt.\n"}),
-        harness=harness,
-        evaluator=EvaluatorSpec(kind="command", command=test, timeout_s=10.0),
-        num_samples=num_samples,
-        min_valid=max(1, num_samples // 2),
-        timeouts=Timeouts(init_s=60.0, agent_s=agent_timeout_s, eval_s=10.0),
-        task_set=task_set,
-        metadata={"question": question, "answer": answer},
-    )
+    """A whole TaskRequest for the problem (a task file's line, the capture's session): half its samples
+    must be usable."""
+    return TaskRequest(task_id=task_id, harness=harness, num_samples=num_samples, min_valid=max(1, num_samples // 2),
+                       task_set=task_set, **_problem(question, answer, tool, agent_timeout_s))
 
 
 def reward(text: str, answer: str, tool: str = "write_file", path_key: str = "path", roots: tuple[str, ...] = ("./",)) -> float:

@@ -21,10 +21,10 @@ import yaml
 
 from infra.process import free_port
 from infra.settings import Settings
+from polarstream.driver.processes import Processes, ProcessFailed
 from schemas import CallRecorded, HarnessSpec
 
 from . import arith
-from ..processes import Processes, ProcessFailed
 from .shape import CAPTURE_CONTENT, CAPTURE_QUESTION, Shape, api_option, write_tool
 
 

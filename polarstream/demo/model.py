@@ -17,7 +17,7 @@ from . import arith
 from .shape import Shape
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
+    from polarstream.driver.config import RunConfig
 
 
 def demo_model(cfg: "RunConfig", settings: Settings, train: list[tuple[str, str]],

@@ -49,7 +49,7 @@ def api_option(harness: str, api: str) -> dict[str, Any]:
 def harness_config(harness: str, api: str) -> dict[str, Any]:
     """The harness options a demo session runs with: its API where it has a choice, and pi's answer cap."""
     config = api_option(harness, api)
-    if harness == "pi":  # 48 tokens, as the built-in harness's (why: README, demo.run)
+    if harness == "pi":  # 48 tokens, as the built-in harness's (why: README, preset._preset)
         config["max_tokens"] = 48
     return config
 

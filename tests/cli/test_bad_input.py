@@ -213,7 +213,7 @@ def test_bad_input_is_one_line(env, monkeypatch, path, name, kind):
 def test_a_bad_experiment_file_is_one_line_naming_the_field(tmp_path, body, words):
     f = tmp_path / "exp.yaml"
     f.write_text(body)
-    from producers.experiment import ExperimentError, load_experiment
+    from polarstream.driver.experiment import ExperimentError, load_experiment
 
     with pytest.raises(ExperimentError) as e:
         load_experiment(f)
@@ -302,7 +302,7 @@ def _coding(tmp_path: Path, **settings) -> Path:
 ])
 def test_the_model_tasks_harness_and_runtime_are_one_line_before_anything_starts(tmp_path, monkeypatch, settings, words):
     monkeypatch.setattr("infra.stack.Stack.up", _refuse)
-    monkeypatch.setattr("polarstream.processes.Processes.start", _refuse)
+    monkeypatch.setattr("polarstream.driver.processes.Processes.start", _refuse)
     (tmp_path / "bin").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no bwrap, wherever the suite runs
     monkeypatch.setenv("POLAR_CACHE_DIR", str(tmp_path / "cache"))  # no harness CLI installed
@@ -318,7 +318,7 @@ def test_the_model_tasks_harness_and_runtime_are_one_line_before_anything_starts
 
 def test_print_config_of_a_file_starts_nothing_and_a_placeholder_model_is_printed_not_checked(tmp_path, monkeypatch):
     monkeypatch.setattr("infra.stack.Stack.up", _refuse)
-    monkeypatch.setattr("polarstream.processes.Processes.start", _refuse)
+    monkeypatch.setattr("polarstream.driver.processes.Processes.start", _refuse)
     f = _coding(tmp_path, model="MODEL")
     r = CliRunner().invoke(app, ["run", str(f), "--print-config"])
     assert r.exit_code == 0 and yaml.safe_load(r.stdout)["model"] == "MODEL", r.output

@@ -15,8 +15,8 @@ from collections import defaultdict
 import pytest
 
 from gateway.harnesses.report import full_prompts, read_calls
-from polarstream.config import RunConfig
-from polarstream.loop import run
+from polarstream.demo.preset import arith_preset
+from polarstream.driver import RunConfig, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.harness, pytest.mark.slow]
 
@@ -26,7 +26,7 @@ def test_short_pi_demo_records_multi_call_sessions_token_faithfully_and_trains_o
                      sft_steps=15, shape_sft_steps=60, p_tool=1.0, min_pass_rate=0.0, run_dir=tmp_path / "demo",
                      step_timeout_s=240)
     base = infra.settings.model_copy(update={"topic_prefix": "", "storage_url": ""})
-    summary = json.loads(run(cfg, base).read_text())
+    summary = json.loads(run(cfg, base, preset=arith_preset).read_text())
     assert summary["harness"] == "pi (anthropic)" and summary["policy_version"] == 2  # the trainer stepped twice
     assert summary["warm_start"]["shape"].startswith("pi ") and set(summary["bars"]) == {
         "reward_gain", "heldout_gain", "wall_time", "merge_rate"}

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from polarstream.config import RunConfig
-from polarstream.loop import run
-from polarstream.report import quarter_means
+from polarstream.demo.preset import arith_preset
+from polarstream.driver import RunConfig, run
+from polarstream.driver.report import quarter_means
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -83,7 +83,7 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
         if step == 0:  # every service is up and one step went through all of them
             scraped.update(scrape_moved(urls))
 
-    summary_path = run(cfg, base, on_step=after_step)
+    summary_path = run(cfg, base, on_step=after_step, preset=arith_preset)
 
     assert set(scraped) == {"gateway", "rollout", "streams", "trainer"}
     for name, (families, values) in scraped.items():

@@ -1,20 +1,23 @@
-"""`polarstream run`'s experiment -> the demo loop's settings (polarstream/run.py): the arith example is the
-demo's defaults, and a user's run takes their model and tasks instead of the warm start and the family."""
+"""`polarstream run`'s experiment -> the driver's settings (polarstream/driver/configure.py): the arith example is
+the demo's defaults, and a user's run takes their model and tasks instead of the arith preset's warm start
+and family."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from polarstream.config import RunConfig
-from polarstream.run import run_config
-from producers.experiment import load_experiment
+from polarstream.driver.config import RunConfig
+from polarstream.driver.configure import run_config
+from polarstream.driver.experiment import load_experiment
+from polarstream.presets import preset_for
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
 def test_the_arith_example_at_s0_is_the_demo(tmp_path):
-    cfg = run_config(load_experiment(EXAMPLES / "arith.yaml"), tmp_path)
+    exp = load_experiment(EXAMPLES / "arith.yaml")
+    cfg = run_config(exp, tmp_path, preset=preset_for(exp))
     demo = RunConfig(run_dir=tmp_path)
     keep = ("steps", "tasks_per_step", "samples", "heldout", "heldout_samples", "harness", "seed", "lr", "temperature",
             "async_level", "eval_every", "model", "train_tasks", "eval_tasks", "task_set", "step_timeout_s", "order")
@@ -55,22 +58,22 @@ def test_a_built_in_model_is_resolved_once_for_every_component_and_the_run_keeps
     f.write_text(f.read_text().replace("model: tiny", "model: models/m"))
     assert run_config(load_experiment(f), tmp_path / "run").model == str(tmp_path / "models" / "m")
     # the demo's preset is named demo, so the demo keeps saying so
-    from polarstream.demo.preset import demo_experiment
+    from polarstream.demo.preset import arith_preset, demo_experiment
 
-    assert run_config(demo_experiment(), tmp_path / "demo").name == "demo"
+    assert run_config(demo_experiment(), tmp_path / "demo", preset=arith_preset).name == "demo"
 
 
 def test_the_reward_plot_is_titled_with_the_runs_name(tmp_path):
     from PIL import Image
 
-    from polarstream.report import plot_rewards
+    from polarstream.driver.report import plot_rewards
 
     plot_rewards([0.0, 0.5, 0.25], tmp_path / "reward.png", name="mine")
     assert Image.open(tmp_path / "reward.png").text["Title"] == "polarstream mine: reward while training"
 
 
 def test_a_run_id_names_the_experiment_and_run_dir_and_nothing_else(tmp_path):
-    from polarstream.run import run_id
+    from polarstream.driver.configure import run_id
 
     exp = load_experiment(EXAMPLES / "arith.yaml")
     rid = run_id(exp, tmp_path / "a")
@@ -83,7 +86,8 @@ def test_a_run_id_names_the_experiment_and_run_dir_and_nothing_else(tmp_path):
 
 
 def test_per_task_statistics_follow_the_groups_trained_on_each_task():
-    from polarstream.loop import per_task
+    from polarstream.demo import arith
+    from polarstream.driver.results import per_task
     from schemas import TaskRequest, Trajectory, TrainingGroup
 
     def group(gid: str, rewards: list[float]) -> TrainingGroup:
@@ -92,14 +96,15 @@ def test_per_task_statistics_follow_the_groups_trained_on_each_task():
         return TrainingGroup(group_id=gid, task_id=gid, trajectories=trajs, advantages=[0.0] * len(trajs))
 
     fix = TaskRequest(task_id="fix-bug", instruction="fix it")
-    trained = {"r-s000-t0": fix, "r-s000-t1": ("Compute 1 + 2", "3"), "r-s001-t0": fix, "r-s001-t1": fix}
+    trained = {"r-s000-t0": fix, "r-s000-t1": arith.template("1 + 2", "3"), "r-s001-t0": fix, "r-s001-t1": fix}
     groups = {g.group_id: g for g in (group("r-s000-t0", [0, 1]), group("r-s000-t1", [1, 1]), group("r-s001-t0", [1, 1]))}
     assert per_task(trained, groups) == {"fix-bug": {"groups": 2, "mean_reward": 0.75},
-                                         "Compute 1 + 2": {"groups": 1, "mean_reward": 1.0}}
+                                         "1 + 2": {"groups": 1, "mean_reward": 1.0}}  # an arith problem: its question
 
 
 def test_a_tasks_minimum_completion_and_straggler_early_stop_come_from_the_experiment():
-    from polarstream.loop import task_payload
+    from polarstream.demo import arith
+    from polarstream.driver.submit import task_payload
     from schemas import HarnessSpec, TaskRequest
 
     pi, fix = HarnessSpec(name="pi"), TaskRequest(task_id="fix-bug", instruction="fix it", event_id="e1")
@@ -109,8 +114,9 @@ def test_a_tasks_minimum_completion_and_straggler_early_stop_come_from_the_exper
     assert default["group_id"] == default["task_id"] == "r-s000-t0" and default["harness"]["name"] == "pi"
     strict = task_payload(fix, "r-s000-t1", 8, "coding", pi, min_completion=0.75, early_stop_at=0.6)
     assert (strict["min_valid"], strict["early_stop"]) == (6, 6)  # early stop never below the minimum
-    arith = task_payload(("Compute 1 + 2", "3"), "r-s000-t2", 3, "demo-arith", pi, early_stop_at=0.5)
-    assert (arith["min_valid"], arith["early_stop"], arith["metadata"]["answer"]) == (1, 2, "3")
+    # an arith problem's template sets no minimum of its own: the run's applies
+    sums = task_payload(arith.template("1 + 2", "3"), "r-s000-t2", 3, "demo-arith", pi, early_stop_at=0.5)
+    assert (sums["min_valid"], sums["early_stop"], sums["metadata"]["answer"]) == (1, 2, "3")
     # a task file's own minimum and early stop are the task's, not the run's (capped at the run's group size)
     own = TaskRequest.model_validate_json('{"task_id": "flaky", "instruction": "x", "min_valid": 3, "early_stop": 12}')
     mine = task_payload(own, "r-s000-t3", 8, "coding", pi, min_completion=0.75, early_stop_at=0.6)
@@ -121,12 +127,12 @@ def test_a_tasks_minimum_completion_and_straggler_early_stop_come_from_the_exper
 def test_the_demo_is_the_packaged_preset_of_the_arith_example(tmp_path):
     """`polarstream demo` runs demo.yaml (shipped in the package) through `polarstream run`: the same
     experiment as examples/arith.yaml under its own name, and a real CLI's run sized to 15 minutes."""
-    from polarstream.demo.preset import CLI_SIZE, PRESET, demo_experiment
+    from polarstream.demo.preset import CLI_SIZE, PRESET, arith_preset, demo_experiment
 
     assert PRESET.exists() and demo_experiment().model_dump(exclude={"name"}) == load_experiment(
         EXAMPLES / "arith.yaml").model_dump(exclude={"name"})
-    assert run_config(demo_experiment(seed=3, max_steps=5), tmp_path).steps == 5
+    assert run_config(demo_experiment(seed=3, max_steps=5), tmp_path, preset=arith_preset).steps == 5
     pi = demo_experiment("pi", "responses", seed=1, group_size=4)
     assert {k: getattr(pi, k) for k in CLI_SIZE} == {**CLI_SIZE, "group_size": 4}  # what the user gave wins
-    cfg = run_config(pi, tmp_path)
+    cfg = run_config(pi, tmp_path, preset=arith_preset)
     assert (cfg.harness, cfg.api, cfg.model, cfg.train_tasks, cfg.seed) == ("pi", "responses", "", None, 1)

@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from polarstream.demo import arith
-from producers.driver import step_batches
+from polarstream.driver.schedule import step_batches
 from schemas import HarnessSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -77,9 +77,9 @@ def _trained_steps(run_dir: Path) -> int:
 @pytest.mark.timeout(900)
 def test_a_run_killed_three_times_and_its_trainer_once_trains_what_an_uninterrupted_run_trains(infra, tmp_path):
     from infra.settings import Settings
-    from polarstream.run import run_id
-    from producers.experiment import load_experiment
-    from producers.driver import Curriculum, outcome, replacement, retired, zero_signal_wish
+    from polarstream.driver.configure import run_id
+    from polarstream.driver.experiment import load_experiment
+    from polarstream.driver.schedule import Curriculum, outcome, replacement, retired, zero_signal_wish
     from producers.kafka_read import merged, plan_spans
     from schemas import SessionAssigned, TaskRequest, TrainingGroup, decode
     from schemas.records import RECORD_BY_TOPIC

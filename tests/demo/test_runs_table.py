@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from polarstream.report import (ASYNC_RUNS_END, ASYNC_RUNS_START, CLI_RUNS_END, CLI_RUNS_START, CLI_STEPS_END,
+from polarstream.driver.runs_table import (ASYNC_RUNS_END, ASYNC_RUNS_START, CLI_RUNS_END, CLI_RUNS_START, CLI_STEPS_END,
                                 CLI_STEPS_START, RUNS_END, RUNS_START, async_runs_table, cli_runs_table, cli_steps_table,
                                 render_block, render_runs, runs_table)
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from polarstream.demo.capture import _shape
-from polarstream.processes import ProcessFailed
 from polarstream.demo.shape import CAPTURE_CONTENT, CAPTURE_QUESTION, Shape
+from polarstream.driver.processes import ProcessFailed
 from schemas import CallRecorded, PromptDelta
 
 SYSTEM = "You are pi.\nCurrent working directory: /workspace"

@@ -1,7 +1,8 @@
 """Data flows one way and components share only schemas/ (and infra/, producers/' Kafka readers): no
-component imports the CLI and demo package (polarstream/), which imports them, the gateway and the
+component imports the CLI, driver and demo package (polarstream/), which imports them, the gateway and the
 trainer do not import the engine, producers do not import the gateway, streams do not import producers,
-and no module of the product ties itself into an import circle."""
+no module outside polarstream/demo/ but the CLI imports the demo (the driver takes it as a preset), and
+no module of the product ties itself into an import circle."""
 
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ def module_imports(path: Path, root: Path = ROOT) -> set[str]:
     """The modules ``path`` (a module of the product under ``root``) imports, relative imports resolved,
     function-level and TYPE_CHECKING ones included: a circle through any of them still ties the two
     modules together."""
-    package = ".".join(path.relative_to(root).with_suffix("").parts)
-    if path.name != "__init__.py":
+    package = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+    if path.name != "__init__.py":  # a package's __init__ is its own package; a module's is its folder's
         package = package.rsplit(".", 1)[0]
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -106,22 +107,38 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_product_has_no_import_circles():
     """No import circle anywhere in the product, function-level and TYPE_CHECKING imports included. Once
-    there were: polarstream/'s demo <-> report and learning <-> shape (one direction each now: cli -> run
-    -> loop -> report -> config, loop -> demo); infra/'s nine modules tied to Settings, whose validator
-    found clusters on disk (now the leaf infra/discovery.py); streams' group_agent <-> metrics (the table
-    names are refresh()'s parameters now)."""
+    there were: polarstream/'s demo <-> report and learning <-> shape (one direction each now: the CLI ->
+    polarstream/driver/ <- the demo); infra/'s nine modules tied to Settings, whose validator found clusters
+    on disk (now the leaf infra/discovery.py); streams' group_agent <-> metrics (the table names are
+    refresh()'s parameters now)."""
     circles = import_circles(import_graph())
     assert not circles, circles
 
 
-def test_the_demo_package_stands_on_the_loop_not_the_reverse():
-    """polarstream/demo/ (the arith family, its warm start, capture and shape) uses only the run's config
-    and processes from the rest of polarstream/; only the loop (its arith defaults) and the CLI import it."""
+# The CLI: the entry points and the registry of presets an experiment file names (train: builtin:arith)
+CLI = ("polarstream/cli.py", "polarstream/demo_cli.py", "polarstream/presets.py")
+
+
+def demo_importers(root: Path = ROOT) -> list[str]:
+    """Each product module outside polarstream/demo/ that imports polarstream.demo (function-level imports
+    included), as ``path: module``."""
+    demo = root / "polarstream" / "demo"
+    return sorted(f"{p.relative_to(root)}: {m}" for c in PRODUCT for p in (root / c).rglob("*.py") if demo not in p.parents
+                  for m in module_imports(p, root) if m == "polarstream.demo" or m.startswith("polarstream.demo."))
+
+
+def test_only_the_cli_imports_the_demo():
+    """The driver runs any preset and imports none: the demo hands it its tasks and hooks through the CLI's
+    registry (issue 61). Fails on the code before, where polarstream/loop.py and polarstream/run.py
+    imported the arith family, its model, its shape and its capture."""
+    found = [f for f in demo_importers() if f.split(":")[0] not in CLI]
+    assert not found, found
+
+
+def test_the_demo_stands_on_the_driver():
+    """polarstream/demo/ uses only the driver from the rest of polarstream/ (its config, preset and
+    processes), never the CLI."""
     demo = ROOT / "polarstream" / "demo"
     outward = sorted({m for p in demo.rglob("*.py") for m in module_imports(p)
-                      if m.startswith("polarstream.") and not m.startswith("polarstream.demo")})
-    assert set(outward) <= {"polarstream.config", "polarstream.config.RunConfig", "polarstream.processes",
-                            "polarstream.processes.Processes", "polarstream.processes.ProcessFailed"}, outward
-    users = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "polarstream").rglob("*.py") if demo not in p.parents
-                   and any(m.startswith("polarstream.demo") for m in module_imports(p)))
-    assert users == ["polarstream/demo_cli.py", "polarstream/loop.py", "polarstream/run.py"], users
+                      if m.startswith("polarstream.") and not m.startswith(("polarstream.demo", "polarstream.driver"))})
+    assert not outward, outward

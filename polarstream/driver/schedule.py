@@ -1,4 +1,5 @@
 """The experiment driver's schedule: which step's tasks go out when, and when the policy is evaluated.
+Pure: no I/O here; steps.py applies it to what the run's topics say.
 
 Bounded asynchrony (the experiment's ``async_level`` S). A step's tasks go out while the engines serve a
 policy at most S versions behind the one that step will train: step k (0-based, trained into version

@@ -1,37 +1,35 @@
-"""``polarstream run exp.yaml``: a whole RL experiment from one file (producers/experiment.py).
+"""An experiment file as the driver runs it: ``run_config`` (Experiment -> RunConfig) and the run's id.
 
-It starts every component on this machine as the demo does (the demo is this with the arith family and
-its warm start), reads the experiment's task sources (producers/tasks.py), drives the steps under the
-bounded-asynchrony schedule (producers/driver.py), evaluates the eval split before, every ``eval_every``
-steps and after, and writes ``run-summary.json`` beside the demo's report.
+What the file alone does not show is checked here, before anything starts (a run otherwise finds it out
+only after six processes came up): the tasks in its sources, the model (resolved once, for every component
+started here), the harness and the runtime, and what ``--only`` needs. Each problem is an ExperimentError
+of one line naming the key and the fix.
 
 The same command continues a run that was killed: the run's id is a digest of the experiment and the run
-directory, so the topics and checkpoints it names are found again, and the driver reads where the run
-stands from them (producers/driver.py). Another experiment or run directory is another run.
+directory (``run_id``), so the topics and checkpoints it names are found again, and the driver reads where
+the run stands from them (schedule.py). Another experiment or run directory is another run.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import time
 from pathlib import Path
 
-from producers.experiment import Experiment, ExperimentError
-
+from .components import COMPONENTS, SERVES, pick_runtime
 from .config import RunConfig
-from .demo import arith
-from .loop import COMPONENTS, pick_runtime, run
+from .experiment import Experiment, ExperimentError
+from .preset import MakePreset
+from .schedule import epoch_steps
 
 
-def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: frozenset[str] = frozenset()) -> RunConfig:
-    """The run as the demo's loop takes it: the arith family and its warm start, or the user's model and tasks.
-    ``only``: start these components here and drive nothing (``only_checked`` says what that needs).
+def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: frozenset[str] = frozenset(),
+               preset: MakePreset | None = None) -> RunConfig:
+    """The run as the driver takes it: the user's model and tasks, or, where the file names a preset's tasks
+    (``train: builtin:...``), ``preset``'s (the CLI's registry, polarstream/presets.py, finds it). ``only``:
+    start these components here and drive nothing (``only_checked`` says what that needs).
 
-    What the file alone does not show is checked here, before anything starts (a run otherwise finds it out
-    only after six processes came up): the tasks in its sources, the model (resolved once, for every
-    component started here), and, where the gateway node runs here, the harness and the runtime.
-    ExperimentError of one line naming the key and the fix."""
+    Checked here (module docstring): the tasks, the model, and, where the gateway node runs here, the
+    harness and the runtime. ExperimentError of one line naming the key and the fix."""
     cfg = RunConfig(name=exp.name, steps=exp.max_steps, tasks_per_step=exp.groups_per_step, samples=exp.group_size, heldout=exp.heldout,
                      heldout_samples=exp.eval_samples, harness=exp.harness, runtime=exp.runtime, seed=exp.seed, lr=exp.lr,
                      temperature=exp.temperature, step_timeout_s=exp.step_timeout_s, async_level=exp.async_level,
@@ -55,22 +53,24 @@ def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: 
     if exp.harness != "builtin" and "api" in exp.harness_config:
         cfg.api = str(exp.harness_config["api"])
     here = frozenset() if driver_only else only or frozenset(COMPONENTS)  # the components started on this machine
-    if exp.train != "builtin:arith":
+    if not exp.train.startswith("builtin:"):
         cfg.train_tasks = _tasks("train", exp.train)
         cfg.eval_tasks = _tasks("eval", exp.eval) if exp.eval else []
         cfg.task_set = exp.name
         # resolved where a component that loads it starts; the machines that start none leave it to those that do
         cfg.model = str(_model(exp.model)) if here & {"ui", "engine", "node", "trainer"} else exp.model
+    elif preset is None:
+        raise ExperimentError(f"train: {exp.train!r}: no preset provides it (polarstream/presets.py names them)")
     elif not exp.eval:
         cfg.heldout_samples = 0
+    # the tasks the run will send: the file's own, or the preset's (the loop makes them again from the same cfg)
+    made = preset(cfg) if cfg.train_tasks is None else None
+    train, heldout = (made.train, made.heldout) if made is not None else (cfg.train_tasks, cfg.eval_tasks)
     _harness(exp.harness, installed=bool(cfg.model) and "node" in here)
     if "node" in here:  # the sessions run here
-        cfg.runtime = _runtime(exp.runtime, [*(cfg.train_tasks or []), *(cfg.eval_tasks or [])])
+        cfg.runtime = _runtime(exp.runtime, [*train, *heldout])
     if exp.order == "epochs" and exp.epochs:
-        from producers.driver import epoch_steps
-
-        train = len(cfg.train_tasks) if cfg.train_tasks is not None else len(arith.split(exp.seed, exp.heldout)[0])
-        cfg.steps = min(cfg.steps, epoch_steps(train, exp.groups_per_step, exp.epochs))
+        cfg.steps = min(cfg.steps, epoch_steps(len(train), exp.groups_per_step, exp.epochs))
     return cfg
 
 
@@ -100,7 +100,8 @@ def _model(model: str) -> Path:
 
 def _harness(harness: str, installed: bool) -> None:
     """ExperimentError when ``harness`` is none an experiment can name, or (``installed``: a user's run whose
-    sessions run here) its CLI is not installed here. The demo installs a CLI itself, to capture its requests."""
+    sessions run here) its CLI is not installed here. A preset that makes the run's model installs its CLI
+    itself (the demo's capture)."""
     from gateway.harnesses.install import NPM_HARNESSES, HarnessNotInstalled, bin_path
     from infra.settings import Settings
 
@@ -163,8 +164,6 @@ def only_checked(exp: Experiment, only: frozenset[str]) -> frozenset[str]:
     """``--only``'s components, once the file says all they need: the run's id (every machine must name the
     same run), the URL each one serves at (the others reach it there), and where the engine and gateway
     node that the node and trainer talk to are. ExperimentError of one line otherwise."""
-    from .loop import COMPONENTS, SERVES
-
     unknown = sorted(only - set(COMPONENTS))
     if unknown or not only:
         raise ExperimentError(f"--only {','.join(sorted(only))}: expected some of {','.join(COMPONENTS)}")
@@ -194,33 +193,3 @@ def run_id(exp: Experiment, run_dir: Path) -> str:
         return exp.run_id
     digest = hashlib.sha256(f"{exp.model_dump_json(exclude=NOT_IDENTITY, exclude_defaults=True)}\n{run_dir.absolute()}".encode()).hexdigest()[:8]
     return f"{exp.name}-{digest}"
-
-
-def run_experiment(exp: Experiment, cfg: RunConfig) -> Path | None:
-    """Run ``exp`` as ``run_config`` made it into ``cfg`` (checked, its model resolved); returns the path of
-    run-summary.json (None with ``cfg.only``: those components are served until they exit)."""
-    t0 = time.monotonic()
-    from infra.settings import Settings
-
-    run_dir = cfg.run_dir
-    settings = Settings(storage_url=exp.storage_url) if exp.storage_url else None  # else: the run's own prefix
-    path = run(cfg, settings)
-    if path is None:
-        return None
-    demo_summary = json.loads(path.read_text())
-    summary = {
-        "name": exp.name, "run_id": cfg.run_id, "async_level": exp.async_level, "seed": exp.seed, "train": exp.train, "eval": exp.eval,
-        "reward_per_step": demo_summary["reward_per_step"],
-        "eval_before": demo_summary.get("heldout_before"), "eval_after": demo_summary.get("heldout_after"),
-        "eval_metric": "pass@1", "eval_samples": exp.eval_samples,
-        "eval_per_version": demo_summary.get("heldout_per_eval"), "eval_metrics": demo_summary.get("heldout_metrics"), "zero_signal_groups": demo_summary.get("zero_signal_groups"),
-        "order": exp.order, "steps": len(demo_summary["reward_per_step"]), "per_task": demo_summary.get("per_task"),
-        "retired": demo_summary.get("retired"),
-        "rl_wall_time_s": demo_summary["wall_time_s"],
-        # over the training loop (first step out to last step trained), as the demo's loop measured them
-        **{k: demo_summary.get(k) for k in ("rl_loop_s", "steps_per_hour", "engine_idle_fraction")},
-        "total_s": round(time.monotonic() - t0, 1), "demo_summary": "demo-summary.json",
-    }
-    path = run_dir / "run-summary.json"
-    path.write_text(json.dumps(summary, indent=2) + "\n")
-    return path

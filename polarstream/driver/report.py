@@ -1,9 +1,12 @@
-"""The demo's report: reward curve (PNG), a markdown summary, and demo-summary.json."""
+"""A run's report: its reward curve (reward.png), a markdown summary (report.md) and demo-summary.json (the
+name it had when the demo was the only run), with the bars a run of the arith family must clear to count
+as learned; run-summary.json, an experiment's summary of it."""
 
 from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +15,9 @@ from infra.settings import Settings
 from schemas import PolicyVersion
 
 if TYPE_CHECKING:
-    from .config import RunConfig, StepResult
+    from .config import RunConfig
+    from .experiment import Experiment
+    from .results import StepResult
 
 
 # What a demo run must show to count as learned (README, issue "Training that learns, every time").
@@ -108,16 +113,18 @@ def bars_met(first: float, last: float, heldout: dict[str, float], wall_s: float
 def write_report(run_dir: Path, cfg: "RunConfig", results: list["StepResult"], policy: PolicyVersion | None,
                  settings: Settings, wall_s: float, model_dir: Path, heldout: dict[str, float] | None = None,
                  warm: dict | None = None, total_s: float | None = None, viewer_url: str = "",
-                 extra: dict | None = None) -> Path:
+                 extra: dict | None = None, preset_lines: Callable[[dict], list[str]] | None = None) -> Path:
     """Write reward.png, report.md and demo-summary.json into ``run_dir``; returns the summary's path.
 
     ``wall_s`` is the run after the warm start (cached after the first run); ``total_s`` includes it.
     ``viewer_url``: the run's ``polarstream ui``; each step's groups link to their pages there.
+    ``extra``: more of the summary (the loop's figures); ``preset_lines(summary)``: the preset's own lines
+    in report.md's list (preset.py).
     """
     heldout = heldout or {}
     rewards = [r.reward for r in results]
     first, last = quarter_means(rewards) if rewards else (0.0, 0.0)
-    from .config import merge_rate as rate
+    from .results import merge_rate as rate
 
     merge_rate = rate(sum(r.traces for r in results), sum(r.calls for r in results))
     bars = bars_met(first, last, heldout, wall_s, cfg.harness, merge_rate)
@@ -171,6 +178,7 @@ def write_report(run_dir: Path, cfg: "RunConfig", results: list["StepResult"], p
         f"{r.sampled_tokens} | {r.wall_s:.1f} | {r.policy_version} | {group_links(viewer_url, r.group_ids)} |"
         for r in results)
     fmt = lambda v: dash(v, ".3f")  # noqa: E731
+    own = "".join(f"{line}\n" for line in (preset_lines(summary) if preset_lines is not None else ()))
     (run_dir / "report.md").write_text(f"""# polarstream {cfg.name} report
 
 ![reward per step](reward.png)
@@ -179,9 +187,7 @@ def write_report(run_dir: Path, cfg: "RunConfig", results: list["StepResult"], p
 - mean reward, first quarter of steps: **{first:.3f}**; last quarter: **{last:.3f}**
 - held-out pass@1 ({cfg.heldout} problems never trained on, {cfg.heldout_samples} samples each, read back with
   `polarstream eval`): before training **{fmt(heldout.get('before'))}**, after **{fmt(heldout.get('after'))}**
-- warm start: train-split pass rate {fmt((warm or {}).get('train_pass_rate'))} before RL; its working adds up
-  {fmt((warm or {}).get('working_correct'))} of the time (the ceiling RL can reach)
-- learned: **{summary['learned']}** ({', '.join(f"{k} {'ok' if v else 'missed'}" for k, v in bars.items())})
+{own}- learned: **{summary['learned']}** ({', '.join(f"{k} {'ok' if v else 'missed'}" for k, v in bars.items())})
 - stays learned: once the 2-step mean reward first reached 0.8, it fell at most
   **{fmt(fall)}** below its best so far (issue 48's rule: at most 0.3)
 - wall time: {wall_s / 60:.1f} min after the warm start ({summary['total_time_s'] / 60:.1f} min in all)
@@ -208,96 +214,30 @@ def write_report(run_dir: Path, cfg: "RunConfig", results: list["StepResult"], p
 
 def group_links(viewer_url: str, group_ids: list[str]) -> str:
     """Markdown links from a step to its groups' viewer pages (``t0 t1 ...``: the task's number in the step)."""
-    from .viewer.pages import url
+    from polarstream.viewer.pages import url
 
     if not viewer_url:
         return " ".join(f"`{g}`" for g in group_ids)
     return " ".join(f"[{g.rsplit('-', 1)[-1]}]({viewer_url.rstrip('/')}{url(0, 'group', g)})" for g in group_ids)
 
 
-# -- the README's table of demo runs, rendered from their summaries (docs/demo-runs/seed*.json) ------------
-
-RUNS_START, RUNS_END = "<!-- demo:runs -->", "<!-- /demo:runs -->"
-
-
-def learned_cell(summary: dict) -> str:
-    """"yes", or "no: " and the bars a run missed (every runs table's last column)."""
-    return "yes" if summary["learned"] else "no: " + ", ".join(k for k, v in summary["bars"].items() if not v)
-
-
-def runs_table(summaries: list[dict]) -> str:
-    """One row per demo run: seed, quarters, held-out before/after, wall time, learned."""
-    rows = ["| seed | first quarter | last quarter | held-out pass@1 before | after | worst fall after 0.8 "
-            "| wall time after the warm start | learned |",
-            "|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for s in sorted(summaries, key=lambda s: s["seed"]):
-        fall = worst_fall(s.get("reward_per_step", []))
-        rows.append(f"| {s['seed']} | {s['first_quarter_mean']:.3f} | {s['last_quarter_mean']:.3f} | "
-                    f"{s['heldout_before']:.3f} | {s['heldout_after']:.3f} | {dash(fall, '.2f')} | "
-                    f"{s['wall_time_s'] / 60:.1f} min | "
-                    f"{learned_cell(s)} |")
-    return "\n".join(rows)
-
-
-ASYNC_RUNS_START, ASYNC_RUNS_END = "<!-- run:async -->", "<!-- /run:async -->"
-
-
-def async_runs_table(summaries: list[dict]) -> str:
-    """One row per ``polarstream run`` of the arith family: its async level S, seed, quarters, held-out
-    pass@1, worst fall, RL wall time and steps per hour (from each run's demo-summary.json)."""
-    rows = ["| S | seed | first quarter | last quarter | held-out pass@1 before | after | worst fall after 0.8 "
-            "| RL wall time | steps/hour | learned |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for s in sorted(summaries, key=lambda s: (s["config"]["async_level"], s["seed"])):
-        fall = worst_fall(s.get("reward_per_step", []))
-        rows.append(f"| {s['config']['async_level']} | {s['seed']} | {s['first_quarter_mean']:.3f} | "
-                    f"{s['last_quarter_mean']:.3f} | {s['heldout_before']:.3f} | {s['heldout_after']:.3f} | "
-                    f"{dash(fall, '.2f')} | {s['wall_time_s'] / 60:.1f} min | {s['steps'] / s['wall_time_s'] * 3600:.0f} | "
-                    f"{learned_cell(s)} |")
-    return "\n".join(rows)
-
-
-CLI_RUNS_START, CLI_RUNS_END = "<!-- demo:cli-runs -->", "<!-- /demo:cli-runs -->"
-
-
-def cli_runs_table(summaries: list[dict]) -> str:
-    """One row per real-CLI demo run (``--harness``): its size, quarters, held-out, merge rate, wall time."""
-    rows = ["| harness (API) | seed | steps × tasks × samples | first quarter | last quarter | held-out pass@1 before "
-            "| after | merge rate | wall time after the warm start | learned |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
-    for s in sorted(summaries, key=lambda s: (s["harness"], s["seed"])):
-        c = s["config"]
-        rows.append(f"| {s['harness']} | {s['seed']} | {c['steps']} × {c['tasks_per_step']} × {c['samples']} | "
-                    f"{s['first_quarter_mean']:.3f} | {s['last_quarter_mean']:.3f} | {s['heldout_before']:.3f} | "
-                    f"{s['heldout_after']:.3f} | {s['merge_rate']:.0%} | {s['wall_time_s'] / 60:.1f} min | "
-                    f"{learned_cell(s)} |")
-    return "\n".join(rows)
-
-
-CLI_STEPS_START, CLI_STEPS_END = "<!-- demo:cli-steps -->", "<!-- /demo:cli-steps -->"
-
-
-def cli_steps_table(summaries: list[dict]) -> str:
-    """One row per timing run of a real CLI (one GRPO step of one group): what a step costs with its prompt."""
-    rows = ["| harness (API) | CLI | sessions | calls | training tokens per session | sampled tokens | step wall time |",
-            "|---|---|---:|---:|---:|---:|---:|"]
-    for s in sorted(summaries, key=lambda s: s["harness"]):
-        (step,) = s["per_step"]
-        version = s["warm_start"].get("shape", "").split(" over ")[0]
-        rows.append(f"| {s['harness']} | {version} | {step['samples']} | {step['calls']} | "
-                    f"{step['trace_tokens'] / max(step['samples'], 1):,.0f} | {step['sampled_tokens']} | "
-                    f"{step['wall_s']:.0f} s |")
-    return "\n".join(rows)
-
-
-def render_block(text: str, start: str, end: str, table: str) -> str:
-    """``text`` with the block between ``start`` and ``end`` replaced by ``table``."""
-    head, sep, rest = text.partition(start)
-    if not sep or end not in rest:
-        raise ValueError(f"no {start} ... {end} block")
-    return f"{head}{start}\n{table}\n{end}{rest.split(end, 1)[1]}"
-
-
-def render_runs(text: str, summaries: list[dict]) -> str:
-    """``text`` with the block between the demo-run markers replaced by ``runs_table``."""
-    return render_block(text, RUNS_START, RUNS_END, runs_table(summaries))
+def write_run_summary(exp: "Experiment", cfg: "RunConfig", demo_summary_path: Path, total_s: float) -> Path:
+    """run-summary.json beside demo-summary.json: what an experiment file's run gave, under the file's names
+    (its train and eval sources, eval metric and cadence); returns its path."""
+    demo_summary = json.loads(demo_summary_path.read_text())
+    summary = {
+        "name": exp.name, "run_id": cfg.run_id, "async_level": exp.async_level, "seed": exp.seed, "train": exp.train, "eval": exp.eval,
+        "reward_per_step": demo_summary["reward_per_step"],
+        "eval_before": demo_summary.get("heldout_before"), "eval_after": demo_summary.get("heldout_after"),
+        "eval_metric": "pass@1", "eval_samples": exp.eval_samples,
+        "eval_per_version": demo_summary.get("heldout_per_eval"), "eval_metrics": demo_summary.get("heldout_metrics"), "zero_signal_groups": demo_summary.get("zero_signal_groups"),
+        "order": exp.order, "steps": len(demo_summary["reward_per_step"]), "per_task": demo_summary.get("per_task"),
+        "retired": demo_summary.get("retired"),
+        "rl_wall_time_s": demo_summary["wall_time_s"],
+        # over the training loop (first step out to last step trained), as the driver's loop measured them
+        **{k: demo_summary.get(k) for k in ("rl_loop_s", "steps_per_hour", "engine_idle_fraction")},
+        "total_s": round(total_s, 1), "demo_summary": "demo-summary.json",
+    }
+    path = cfg.run_dir / "run-summary.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path

@@ -1,4 +1,4 @@
-"""Child processes of the demo: start with a log file, wait for health, stop them all on the way out.
+"""The driver's child processes: start with a log file, wait for health, stop them all on the way out.
 
 A run that names a registry file records each child's pid, command and port there. The children run in
 sessions of their own, so a driver that is killed (SIGKILL, OOM) leaves them running; the same command
@@ -92,7 +92,7 @@ class Child:
 
 @dataclass
 class Processes:
-    """The demo's children. Each gets its own process group so stopping one never signals the others."""
+    """The run's children. Each gets its own process group so stopping one never signals the others."""
 
     log_dir: Path
     env: dict[str, str]

@@ -1,4 +1,4 @@
-"""The demo's children (polarstream/processes.py): a killed driver's components are adopted by the next
+"""The driver's children (polarstream/driver/processes.py): a killed driver's components are adopted by the next
 one, and a component that dies mid-run is started again with its command, a bounded number of times."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from polarstream.processes import Adopted, Processes, ProcessFailed
+from polarstream.driver.processes import Adopted, Processes, ProcessFailed
 
 SLEEPER = (sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1]))")
 

@@ -1,4 +1,4 @@
-"""The experiment file (producers/experiment.py): defaults that run the arith family, every problem one
+"""The experiment file (polarstream/driver/experiment.py): defaults that run the arith family, every problem one
 line naming the file and the field, task sources read relative to the file."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 import pytest
 
 from polarstream.cli import app
-from producers.experiment import Experiment, load_experiment, print_config
+from polarstream.driver.experiment import Experiment, load_experiment, print_config
 
 EXAMPLES = __import__("pathlib").Path(__file__).parents[2] / "examples"
 

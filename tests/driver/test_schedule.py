@@ -1,10 +1,10 @@
-"""The driver's schedule (producers/driver.py): bounded asynchrony and evals pinned to one version."""
+"""The driver's schedule (polarstream/driver/schedule.py): bounded asynchrony and evals pinned to one version."""
 
 from __future__ import annotations
 
 import pytest
 
-from producers.driver import Schedule
+from polarstream.driver.schedule import Schedule
 
 
 def simulate(schedule: Schedule) -> list[tuple]:
@@ -71,7 +71,7 @@ def test_no_eval_when_there_is_no_eval_split():
 def test_step_batches_are_the_demos_draws_and_the_same_on_every_start():
     import random
 
-    from producers.driver import step_batches
+    from polarstream.driver.schedule import step_batches
 
     tasks = [f"q{i}" for i in range(13)]
     order = random.Random(5)  # the demo's draws before resume existed: one stream, tasks_per_step a step
@@ -80,7 +80,7 @@ def test_step_batches_are_the_demos_draws_and_the_same_on_every_start():
 
 
 def test_submitted_reads_a_runs_steps_and_evals_back_from_its_task_ids():
-    from producers.driver import eval_tag, step_tag, submitted, task_id
+    from polarstream.driver.schedule import eval_tag, step_tag, submitted, task_id
 
     ids = [task_id("arith-1", step_tag(0), i) for i in range(4)] + [task_id("arith-1", step_tag(1), 2)]
     ids += [task_id("arith-1", eval_tag(0), i) for i in range(3)]
@@ -92,7 +92,7 @@ def test_submitted_reads_a_runs_steps_and_evals_back_from_its_task_ids():
 def test_epochs_train_every_task_once_an_epoch_in_a_seeded_shuffle():
     from collections import Counter
 
-    from producers.driver import epoch_steps, step_batches
+    from polarstream.driver.schedule import epoch_steps, step_batches
 
     tasks = [f"q{i}" for i in range(10)]
     steps = epoch_steps(len(tasks), 4, 3)  # 30 tasks, 4 a step: 8 steps, the last into a 4th epoch
@@ -116,7 +116,7 @@ def test_drop_and_replace_always_closes_a_step_with_its_groups_and_at_most_per_s
     count) after at most per_step + cap replacements, and replacement draws are a function of seed, step, j."""
     import random
 
-    from producers.driver import replacement, replacements_due, zero_signal_wish
+    from polarstream.driver.schedule import replacement, replacements_due, zero_signal_wish
 
     rng = random.Random(f"{per_step}:{cap}:{flat_share}")
     flat: set[int] = set()
@@ -140,7 +140,7 @@ def test_drop_and_replace_always_closes_a_step_with_its_groups_and_at_most_per_s
 
 
 def test_a_task_is_retired_after_its_last_groups_were_all_solved_or_all_unsolved():
-    from producers.driver import outcome, retired
+    from polarstream.driver.schedule import outcome, retired
 
     assert [outcome(r) for r in ([1, 1], [0, 0], [1, 0], [])] == ["solved", "unsolved", "mixed", "mixed"]
     history = {"easy": ["mixed", "solved", "solved"], "hard": ["unsolved", "unsolved"], "back": ["solved", "mixed"],
@@ -152,7 +152,7 @@ def test_a_task_is_retired_after_its_last_groups_were_all_solved_or_all_unsolved
 
 
 def test_the_curriculum_skips_retired_tasks_draws_the_same_steps_again_and_never_leaves_a_step_short():
-    from producers.driver import Curriculum, step_batches
+    from polarstream.driver.schedule import Curriculum, step_batches
 
     tasks = [f"t{i}" for i in range(6)]
     plain = Curriculum(tasks, 4, "epochs", 4, key=str)

@@ -3,9 +3,10 @@
 ``polarstream run exp.yaml`` reads it; ``polarstream run [exp.yaml] --print-config`` prints every field with
 its meaning and the file's value (the default where it sets none). An unknown key, a bad value or a task
 source that is not there is one line naming the field; what needs more than the file to check (the model,
-the tasks themselves, the harness, the runtime) polarstream/run.py checks before anything starts. Task
-sources are those of ``producers/tasks.py`` (JSONL, Parquet, Harbor directories) plus ``builtin:arith`` /
-``builtin:arith-heldout``, the demo's family split by ``seed``.
+the tasks themselves, the harness, the runtime) configure.py checks before anything starts. Task sources
+are those of ``producers/tasks.py`` (JSONL, Parquet, Harbor directories; the rollout side's ``polarstream
+submit`` reads them too) plus ``BUILTIN_SOURCES``: a preset's tasks, which the CLI's registry
+(polarstream/presets.py) maps to the preset (``builtin:arith``: the demo's family, split by ``seed``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+# The task sources a preset provides (train, and its held-out split); polarstream/presets.py maps them
 BUILTIN_SOURCES = ("builtin:arith", "builtin:arith-heldout")
 
 
@@ -147,7 +149,7 @@ def print_config(exp: Experiment | None = None, where: str = "") -> str:
     """Every field as YAML with its meaning as a comment above it: ``exp``'s effective settings (read from
     ``where``, the defaults filled in), or without it the defaults."""
     if exp is None:
-        lines = ["# polarstream run: the experiment file (producers/experiment.py). Every key is optional."]
+        lines = ["# polarstream run: the experiment file (polarstream/driver/experiment.py). Every key is optional."]
     else:
         lines = [f"# polarstream run: {where or 'the experiment'}, every setting as the run takes it (defaults filled in)."]
     values = (exp or Experiment()).model_dump(mode="json")

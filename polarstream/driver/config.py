@@ -1,8 +1,8 @@
-"""What a run of the loop is (``RunConfig``) and what each of its steps gave (``StepResult``).
+"""What a run of the driver is: ``RunConfig``.
 
-``polarstream run`` reads an experiment file into a RunConfig (polarstream/run.py), and the demo is such
-a file shipped with the package (polarstream/demo/demo.yaml); the loop (polarstream/loop.py) runs it and
-the report (polarstream/report.py) writes what it gave.
+``polarstream run`` reads an experiment file (experiment.py) into a RunConfig (configure.py), and the demo
+is such a file shipped with the package (polarstream/demo/demo.yaml); the loop (loop.py) runs it with the
+preset that hands it its tasks (preset.py), and the report (report.py) writes what it gave.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from schemas import TaskRequest
 
 @dataclass
 class RunConfig:
-    """One run of the loop (polarstream/loop.py): the demo's preset, or a user's experiment file as
-    polarstream/run.py reads it into this."""
+    """One run of the driver (loop.py): a user's experiment file as configure.py reads it into this, or the
+    demo's. The warm-start settings (``sft_*``, ``p_tool``, ``shape_sft_steps``, ``min_pass_rate``) are the
+    arith preset's (polarstream/demo/): the driver passes them through to its hooks and the report."""
 
     name: str = "demo"  # the experiment's name: on the console, in the report and on the reward plot
     steps: int = 24
@@ -39,18 +40,18 @@ class RunConfig:
     p_tool: float = 0.25
     min_pass_rate: float = 0.03  # a warm start whose train pass rate is lower gives RL too little to learn from
     step_timeout_s: float = 300.0
-    async_level: int = 0  # S: steps sampled ahead of the served policy (producers/driver.py); 0 = on-policy
+    async_level: int = 0  # S: steps sampled ahead of the served policy (schedule.py); 0 = on-policy
     eval_every: int = 0  # held-out eval every N steps as well as before and after
     task_set: str = "demo-arith"
-    # A user's own run (polarstream run): their model and tasks instead of the warm start and the arith family
+    # A user's own run (polarstream run): their model and tasks instead of a preset's warm start and tasks
     model: str = ""  # the local model directory every component loads (infra.models.local_model_dir): no warm start
-    train_tasks: list[TaskRequest] | None = None  # templates: each step draws tasks_per_step of them
+    train_tasks: list[TaskRequest] | None = None  # templates: each step draws tasks_per_step of them (None: the preset's)
     eval_tasks: list[TaskRequest] | None = None
     harness_config: dict = field(default_factory=dict)
     # The run's name on Kafka and in storage. Given (polarstream run), the same command continues the run
     # after a crash: it reads where the run stands back from the topics. Empty: a new run every time.
     run_id: str = ""
-    order: str = "draws"  # which tasks a step trains (producers/driver.py step_batches): draws or epochs
+    order: str = "draws"  # which tasks a step trains (schedule.py step_batches): draws or epochs
     # --driver-only: the components run elsewhere; {"rollout": URL, "engine": URL} is all the driver needs
     attach: dict[str, str] = field(default_factory=dict)
     trainer_settings: dict[str, str] = field(default_factory=dict)  # more trainer --set key=value (polarstream run)
@@ -59,40 +60,9 @@ class RunConfig:
     zero_signal: str = "mask"  # groups without signal: mask, or replace (drop; another task in each one's place)
     replace_cap: int = 8  # replace: replacements a step may drop again; later ones are masked
     wandb: dict = field(default_factory=dict)  # {project, entity, mode}: also log to Weights & Biases
-    retire: str = "none"  # curriculum: stop drawing tasks always solved, never solved, or both (producers/driver.py)
+    retire: str = "none"  # curriculum: stop drawing tasks always solved, never solved, or both (schedule.py)
     retire_after: int = 2  # ... judged on their last this many groups
-    # --only: start these of COMPONENTS here and drive nothing (the rest, and the driver, run elsewhere: their
+    # --only: start these of components.COMPONENTS here and drive nothing (the rest, and the driver, run elsewhere: their
     # URLs are in attach); they serve the ports of their URLs in attach, so the other machines find them
     only: frozenset[str] = frozenset()
     run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
-
-
-@dataclass
-class StepResult:
-    step: int
-    reward: float
-    samples: int
-    groups: int
-    traces: int
-    calls: int
-    sampled_tokens: int
-    wall_s: float
-    policy_version: int
-    trace_tokens: int = 0  # what the trainer runs through: every token of every training sequence
-    entropy: float | None = None  # the trainer's step: mean entropy of the trained tokens, gradient norm,
-    grad_norm: float | None = None  # and the learning rate it used (from the PolicyVersion it published)
-    lr: float | None = None
-    group_ids: list[str] = field(default_factory=list)  # report.md links each to its viewer page
-    # groups without signal (every sample scored the same): masked, they close the step but move nothing
-    all_correct: int = 0  # every sample scored 1: too easy now
-    all_wrong: int = 0  # every sample scored 0: too hard now
-    replaced: int = 0  # zero_signal replace: groups without signal dropped (counted above) and replaced
-
-    @property
-    def merge_rate(self) -> float:
-        return merge_rate(self.traces, self.calls)
-
-
-def merge_rate(traces: int, calls: int) -> float:
-    """Share of calls that needed no training sequence of their own (prefix-merged into an earlier one)."""
-    return 1.0 - traces / calls if calls else 0.0

@@ -1,0 +1,131 @@
+"""The components a run starts, each its own process exactly as a user would run it: the viewer, the engine,
+a gateway node with its sandboxed harness runs, the Faust stream worker, the trainer and the rollout
+server (or some of them: ``--only``, served until they exit), on Kafka and the S3 server (``bring_up``),
+with the environment they get (``child_env``) and where each one is (``addresses``)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from infra.settings import Settings
+
+from .config import RunConfig
+from .evaluation import HELDOUT_SET
+from .processes import Processes
+
+# What a run starts, in this order; ``polarstream run --only`` starts some of them on one machine
+COMPONENTS = ("ui", "engine", "node", "streams", "trainer", "rollout")
+# The components other machines reach, and the URL (in RunConfig.attach, the experiment's *_url) they use
+SERVES = {"engine": "engine", "node": "gateway", "rollout": "rollout"}
+
+
+def bring_up(cfg: RunConfig, settings: Settings, console) -> None:
+    """Kafka and the S3 server, started here; or, where they run elsewhere (``--driver-only``, ``--only``),
+    the run's topics, which must exist whichever part of the run starts first."""
+    if not cfg.attach and not cfg.only:
+        from infra.stack import Stack
+
+        with console.status("bringing up Kafka and the S3 server (first run fetches jars from Maven Central)"):
+            Stack(settings).up()
+        return
+    from infra.reach import require_kafka
+    from infra.topics import ensure_topics
+
+    require_kafka(settings, wait_s=settings.wait_for_s)
+    ensure_topics(settings)
+
+
+def child_env(settings: Settings, run_dir: Path) -> dict[str, str]:
+    """What every component gets in its environment: the run's Kafka, topics, storage and secrets."""
+    return {
+        "POLAR_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "POLAR_TOPIC_PREFIX": settings.topic_prefix,
+        "POLAR_STORAGE_URL": settings.storage_url, "POLAR_S3_PORT": str(settings.s3_port),
+        "POLAR_S3_ENDPOINT": settings.s3_endpoint_url, "POLAR_DATA_DIR": str(run_dir / "data"),
+        "POLAR_SESSION_SECRET": settings.session_secret, "POLAR_ADMIN_TOKEN": settings.admin_token,
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def addresses(cfg: RunConfig, procs: Processes) -> tuple[dict[str, int], dict[str, str]]:
+    """Each component's port here and the URL the driver reaches it at: here (every component, or the
+    ``--only`` ones, at the ports of their URLs in the experiment), or elsewhere (``cfg.attach``)."""
+    ports = {name: procs.port(name) for name in ("engine", "gateway", "rollout", "ui", "streams_metrics", "trainer_metrics")}
+    for name in cfg.only & SERVES.keys():  # served where the experiment's URL says the others will find it
+        ports[SERVES[name]] = urlsplit(cfg.attach[SERVES[name]]).port or ports[SERVES[name]]
+    # what runs on this machine: everything, nothing (--driver-only), or the --only components
+    here = ({SERVES.get(name, name) for name in cfg.only} | {"streams_metrics", "trainer_metrics"} if cfg.only
+            else set() if cfg.attach else set(ports))
+    urls = {name: f"http://127.0.0.1:{port}" if name in here else "" for name, port in ports.items()}
+    urls.update({k: v for k, v in cfg.attach.items() if k not in here})
+    return ports, urls
+
+
+def pick_runtime(requested: str) -> str:
+    """The sandbox the sessions run in: ``auto`` is bwrap where it is installed, else subprocess."""
+    if requested != "auto":
+        return requested
+    return "bwrap" if shutil.which("bwrap") else "subprocess"
+
+
+def start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports: dict[str, int], urls: dict[str, str],
+                     model_dir: Path, runtime: str, run_dir: Path, console, only: Sequence[str] = COMPONENTS) -> None:
+    """The viewer, engine, gateway node, stream worker, trainer and rollout server (those in ``only``), each
+    its own process (adopted instead where a killed driver of this run left it running)."""
+    # The viewer before the services: it follows the run's topics from their creation on (with the
+    # model's tokenizer, so traces read as text).
+    if "ui" in only:
+        ui = procs.start("ui", "ui", "--port", str(ports["ui"]), "--model", str(model_dir))
+        procs.wait_http(ui, f"{urls['ui']}/seq")
+        console.print(f"viewer: [bold]{urls['ui']}/[/]  (groups, sessions with their chains, traces; live)")
+    with console.status(f"starting {', '.join(c for c in COMPONENTS[1:] if c in only)}"):
+        if "engine" in only:
+            engine = procs.start("engine", "engine", "--model", str(model_dir), "--port", str(ports["engine"]),
+                                 "--seed", str(cfg.seed), "--threads", "1")
+            procs.wait_http(engine, f"{urls['engine']}/health")
+        if "node" in only:
+            node = procs.start("node", "node", "--engine-url", urls["engine"], "--model", str(model_dir),
+                               "--runtime", runtime, "--port", str(ports["gateway"]), "--run-workers", "4",
+                               "--init-workers", "4", "--ready-target", "4", "--postrun-workers", "4",
+                               "--temperature", str(cfg.temperature))  # pinned: the trainer's temperature
+            procs.wait_http(node, f"{urls['gateway']}/health")
+        if "streams" in only:
+            procs.start("streams", "streams", "worker", "--builder", "prefix_merging", "--group-deadline", "120",
+                        "--missing-calls-grace", "10", "--stats-interval", "2",
+                        "--metrics-port", str(ports["streams_metrics"]))
+        if "trainer" in only:
+            procs.start("trainer", "train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
+                        "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
+                        "--gateway", urls["gateway"], "--run-dir", str(run_dir / "trainer"),
+                        "--storage-url", settings.storage_url, "--metrics-port", str(ports["trainer_metrics"]),
+                        # a group where every sample scored the same still closes the demo's on-policy step;
+                        # the trainer publishes the step but leaves the weights untouched (no signal)
+                        "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0",
+                        "--set", f"temperature={cfg.temperature}",
+                        # the driver's bound, enforced again where the groups are trained (one setting for both).
+                        # Groups finish out of order, so one of step k can reach the trainer after step k+1's,
+                        # a version later than the bound: it is down-weighted (0.5 per version past S), not
+                        # dropped, since a dropped group would leave its step a group short for good.
+                        "--set", f"max_staleness={cfg.async_level}", "--set", "stale_mode=downweight",
+                        # held-out groups are for evaluation only: the trainer consumes and skips them
+                        "--set", f"skip_task_sets={HELDOUT_SET}",
+                        # the experiment's own trainer settings (configure.py checked that none of the above)
+                        *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")])
+        if "rollout" in only:
+            rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))
+            procs.wait_http(rollout, f"{urls['rollout']}/health")
+
+
+def serve(cfg: RunConfig, procs: Processes, urls: dict[str, str], console) -> None:
+    """``--only``: keep this machine's components running (a trainer that dies is started again, and one
+    that finished its steps may exit) until all have exited or the command is interrupted."""
+    console.print(f"running {', '.join(c for c in COMPONENTS if c in cfg.only)} of run {cfg.run_id} "
+                  f"({', '.join(f'{SERVES[c]} {urls[SERVES[c]]}' for c in COMPONENTS if c in cfg.only and c in SERVES) or 'no URL'}); "
+                  "Ctrl-C stops them")
+    while any(c.proc.poll() is None for c in procs.children):
+        for name in procs.check_all(finished_ok=frozenset({"trainer"}), restart=frozenset({"trainer"})):
+            console.print(f"{name} exited; started it again (it resumes from its newest checkpoint)")
+        time.sleep(1.0)

@@ -1,0 +1,93 @@
+"""The README's tables of runs, rendered from their summaries (each run's demo-summary.json, kept in
+docs/demo-runs/ and docs/experiment-runs/): the demo's seeds, ``polarstream run`` at each async level, real
+CLIs' runs and their step timings. tests/demo/test_runs_table.py fails when a table is stale."""
+
+from __future__ import annotations
+
+from .report import dash, worst_fall
+
+
+RUNS_START, RUNS_END = "<!-- demo:runs -->", "<!-- /demo:runs -->"
+
+
+def learned_cell(summary: dict) -> str:
+    """"yes", or "no: " and the bars a run missed (every runs table's last column)."""
+    return "yes" if summary["learned"] else "no: " + ", ".join(k for k, v in summary["bars"].items() if not v)
+
+
+def runs_table(summaries: list[dict]) -> str:
+    """One row per demo run: seed, quarters, held-out before/after, wall time, learned."""
+    rows = ["| seed | first quarter | last quarter | held-out pass@1 before | after | worst fall after 0.8 "
+            "| wall time after the warm start | learned |",
+            "|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for s in sorted(summaries, key=lambda s: s["seed"]):
+        fall = worst_fall(s.get("reward_per_step", []))
+        rows.append(f"| {s['seed']} | {s['first_quarter_mean']:.3f} | {s['last_quarter_mean']:.3f} | "
+                    f"{s['heldout_before']:.3f} | {s['heldout_after']:.3f} | {dash(fall, '.2f')} | "
+                    f"{s['wall_time_s'] / 60:.1f} min | "
+                    f"{learned_cell(s)} |")
+    return "\n".join(rows)
+
+
+ASYNC_RUNS_START, ASYNC_RUNS_END = "<!-- run:async -->", "<!-- /run:async -->"
+
+
+def async_runs_table(summaries: list[dict]) -> str:
+    """One row per ``polarstream run`` of the arith family: its async level S, seed, quarters, held-out
+    pass@1, worst fall, RL wall time and steps per hour (from each run's demo-summary.json)."""
+    rows = ["| S | seed | first quarter | last quarter | held-out pass@1 before | after | worst fall after 0.8 "
+            "| RL wall time | steps/hour | learned |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for s in sorted(summaries, key=lambda s: (s["config"]["async_level"], s["seed"])):
+        fall = worst_fall(s.get("reward_per_step", []))
+        rows.append(f"| {s['config']['async_level']} | {s['seed']} | {s['first_quarter_mean']:.3f} | "
+                    f"{s['last_quarter_mean']:.3f} | {s['heldout_before']:.3f} | {s['heldout_after']:.3f} | "
+                    f"{dash(fall, '.2f')} | {s['wall_time_s'] / 60:.1f} min | {s['steps'] / s['wall_time_s'] * 3600:.0f} | "
+                    f"{learned_cell(s)} |")
+    return "\n".join(rows)
+
+
+CLI_RUNS_START, CLI_RUNS_END = "<!-- demo:cli-runs -->", "<!-- /demo:cli-runs -->"
+
+
+def cli_runs_table(summaries: list[dict]) -> str:
+    """One row per real-CLI demo run (``--harness``): its size, quarters, held-out, merge rate, wall time."""
+    rows = ["| harness (API) | seed | steps × tasks × samples | first quarter | last quarter | held-out pass@1 before "
+            "| after | merge rate | wall time after the warm start | learned |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    for s in sorted(summaries, key=lambda s: (s["harness"], s["seed"])):
+        c = s["config"]
+        rows.append(f"| {s['harness']} | {s['seed']} | {c['steps']} × {c['tasks_per_step']} × {c['samples']} | "
+                    f"{s['first_quarter_mean']:.3f} | {s['last_quarter_mean']:.3f} | {s['heldout_before']:.3f} | "
+                    f"{s['heldout_after']:.3f} | {s['merge_rate']:.0%} | {s['wall_time_s'] / 60:.1f} min | "
+                    f"{learned_cell(s)} |")
+    return "\n".join(rows)
+
+
+CLI_STEPS_START, CLI_STEPS_END = "<!-- demo:cli-steps -->", "<!-- /demo:cli-steps -->"
+
+
+def cli_steps_table(summaries: list[dict]) -> str:
+    """One row per timing run of a real CLI (one GRPO step of one group): what a step costs with its prompt."""
+    rows = ["| harness (API) | CLI | sessions | calls | training tokens per session | sampled tokens | step wall time |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    for s in sorted(summaries, key=lambda s: s["harness"]):
+        (step,) = s["per_step"]
+        version = s["warm_start"].get("shape", "").split(" over ")[0]
+        rows.append(f"| {s['harness']} | {version} | {step['samples']} | {step['calls']} | "
+                    f"{step['trace_tokens'] / max(step['samples'], 1):,.0f} | {step['sampled_tokens']} | "
+                    f"{step['wall_s']:.0f} s |")
+    return "\n".join(rows)
+
+
+def render_block(text: str, start: str, end: str, table: str) -> str:
+    """``text`` with the block between ``start`` and ``end`` replaced by ``table``."""
+    head, sep, rest = text.partition(start)
+    if not sep or end not in rest:
+        raise ValueError(f"no {start} ... {end} block")
+    return f"{head}{start}\n{table}\n{end}{rest.split(end, 1)[1]}"
+
+
+def render_runs(text: str, summaries: list[dict]) -> str:
+    """``text`` with the block between the demo-run markers replaced by ``runs_table``."""
+    return render_block(text, RUNS_START, RUNS_END, runs_table(summaries))
