@@ -1,8 +1,8 @@
-"""One process of bench/trainer.py's FSDP2 comparison: ``python bench/_fsdp_worker.py MODEL STEPS`` (one
+"""One process of bench/fsdp.py's FSDP2 comparison: ``python bench/_fsdp_worker.py MODEL STEPS`` (one
 plain model) or ``torchrun --nproc-per-node 2 bench/_fsdp_worker.py MODEL STEPS`` (FSDP2). Takes STEPS
-optimizer steps over the same samples and prints, from rank 0, one JSON line: the median step time,
-each rank's parameter + gradient + AdamW-state bytes (measured after the last backward, before the
-update clears the gradients) and each rank's peak RSS.
+optimizer steps over the same samples with the trainer's step (``trainer.step.train_step``) and prints,
+from rank 0, one JSON line: the median step time, each rank's parameter + gradient + AdamW-state bytes
+(measured just before AdamW's last update, the gradients still held) and each rank's peak RSS.
 """
 
 from __future__ import annotations
@@ -22,26 +22,28 @@ def main(model_dir: str, steps: int) -> None:
     import torch.distributed as dist
 
     from bench.gpu_check import samples
-    from trainer.loss import LossConfig
-    from trainer.optim import param_groups, skip_update_reason
-    from trainer.packing import pack, shard
-    from trainer.parallel import build_model, clip_grad_norm_, place, state_bytes
-    from trainer.step import accumulate_gradients
+    from trainer.config import TrainConfig
+    from trainer.optim import build_optimizer
+    from trainer.parallel import build_model, place, state_bytes
+    from trainer.step import train_step
 
     placement = place("auto")
-    model = build_model(model_dir, placement, torch.float32, "auto")
-    optimizer = torch.optim.AdamW(param_groups(model, 0.0), lr=1e-6)
+    cfg = TrainConfig(lr=1e-6, weight_decay=0.0, token_budget=1024)
+    model = build_model(model_dir, placement, torch.float32, cfg.attn_implementation)
+    optimizer = build_optimizer(model, cfg)
     batch = samples(8, 256, model.config.vocab_size)
-    mine = shard(pack(batch, 1024), placement.world, placement.rank)
-    times, held = [], 0
+    held = 0
+
+    def measure(opt, args, kwargs) -> None:  # just before AdamW steps: the clipped gradients are still here
+        nonlocal held
+        held = state_bytes(model, opt)
+
+    optimizer.register_step_pre_hook(measure)
+    times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        accumulate_gradients(model, mine, LossConfig(), 1.0, None, placement.device)
-        norm = clip_grad_norm_(model.parameters(), 1.0)
-        held = state_bytes(model, optimizer)  # gradients still here; AdamW's moments from the steps before
-        if skip_update_reason(batch, norm) is None:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        # synthetic samples carry no rewards: mean 0 keeps the configured rate (no saturation scaling)
+        train_step(model, optimizer, batch, cfg, reward_mean=0.0, placement=placement)
         times.append(time.perf_counter() - t0)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     per_rank = [(held, rss)]

@@ -4,12 +4,13 @@
 
 A ~54M-parameter Qwen3-shaped model (``FSDP_MODEL``, random weights, tied head) is trained by 2 gloo
 ranks (1 thread each) and by one process (2 threads) on the same samples, in interleaved rounds (single,
-fsdp, single, fsdp, ...), each run N optimizer steps of ``bench/_fsdp_worker.py``. Reported at the top
-level: ``fsdp_state_bytes_per_rank_ratio``, the largest rank's parameter + gradient + AdamW-state bytes
-over the single process's (goal <= 0.55), and ``fsdp_step_time_vs_single``, the median over rounds of the
-FSDP2 step time over the single process's in the same round; each rank's peak RSS beside them. It is an
-opt-in benchmark (``bench/run_all.py --fsdp`` or ``--only fsdp``): a few minutes of both cores, which the
-full run's 30-minute budget has no room for. Prints one JSON object on stdout; progress on stderr.
+fsdp, single, fsdp, ...), each run N optimizer steps of ``bench/_fsdp_worker.py`` (the trainer's own
+step, ``trainer.step.train_step``). Reported at the top level: ``fsdp_state_bytes_per_rank_ratio``, the
+largest rank's parameter + gradient + AdamW-state bytes over the single process's (goal <= 0.55), and
+``fsdp_step_time_vs_single``, the median over rounds of the FSDP2 step time over the single process's in
+the same round; each rank's peak RSS beside them. It is an opt-in benchmark (``bench/run_all.py --fsdp``
+or ``--only fsdp``): a few minutes of both cores, which the full run's 30-minute budget has no room for.
+Prints one JSON object on stdout; progress on stderr.
 """
 
 from __future__ import annotations

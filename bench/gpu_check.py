@@ -6,8 +6,9 @@ transformers (no download: the model is built from a config, random weights, the
 
 It measures, and prints as one JSON object:
 
-* ``train``: an FSDP2 train step at world size 1 (``strategy=fsdp``: a process group of one), bf16
-  parameters with fp32 gradient reduction on CUDA, on the packed varlen path and on padded sdpa rows:
+* ``train``: the trainer's step (``trainer.step.train_step``: packing, forward/backward, clip, AdamW) under
+  FSDP2 at world size 1 (``strategy=fsdp``: a process group of one), bf16 compute with fp32 gradient
+  reduction on CUDA, on the packed varlen path and on padded sdpa rows:
   tokens/s, MFU (6 x parameters x tokens/s over the device's dense bf16 peak, where the device is
   known) and peak memory;
 * ``parity``: the trained tokens' logprobs of the bf16 FSDP2 model against a plain fp32 model on the
@@ -79,21 +80,21 @@ def samples(n: int, length: int, vocab: int, seed: int = 0) -> list:
     return assign_weights(out, "token_mean")
 
 
-def train_step(model_dir: Path, placement, path: str, n: int, length: int, steps: int) -> dict:
-    """FSDP2 steps on ``path`` (varlen: packed rows; padded: sdpa with a padding mask): their median time."""
-    from trainer.loss import LossConfig
-    from trainer.optim import apply_update, param_groups
-    from trainer.packing import pack, pad_by_length
+def time_steps(model_dir: Path, placement, path: str, n: int, length: int, steps: int) -> dict:
+    """The trainer's FSDP2 step (``trainer.step.train_step``) on ``path`` (varlen: packed rows; padded: sdpa
+    with a padding mask): the median time of a whole step, packing included."""
+    from trainer.config import TrainConfig
+    from trainer.optim import build_optimizer
     from trainer.parallel import build_model
-    from trainer.step import accumulate_gradients
+    from trainer.step import train_step
 
     cuda = placement.device.type == "cuda"
-    model = build_model(model_dir, placement, torch.float32, "auto" if path == "varlen" else "sdpa")
-    optimizer = torch.optim.AdamW(param_groups(model, 0.0), lr=1e-6)
-    vocab = model.config.vocab_size
-    batch = samples(n, length, vocab)
-    budget = length * 4
-    micro = pack(batch, budget) if path == "varlen" else pad_by_length(batch, budget)
+    varlen = path == "varlen"
+    cfg = TrainConfig(lr=1e-6, weight_decay=0.0, token_budget=length * 4, packing="packed" if varlen else "padded",
+                      attn_implementation="auto" if varlen else "sdpa")
+    model = build_model(model_dir, placement, torch.float32, cfg.attn_implementation)
+    optimizer = build_optimizer(model, cfg)
+    batch = samples(n, length, model.config.vocab_size)
     params = sum(p.numel() for p in model.parameters())
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -102,15 +103,15 @@ def train_step(model_dir: Path, placement, path: str, n: int, length: int, steps
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        accumulate_gradients(model, micro, LossConfig(), 1.0, None, placement.device, torch.bfloat16 if cuda else None)
-        apply_update(model, optimizer, batch, 1.0)
+        # synthetic samples carry no rewards: mean 0 keeps the configured rate (no saturation scaling)
+        done = train_step(model, optimizer, batch, cfg, reward_mean=0.0, placement=placement)
         if cuda:
             torch.cuda.synchronize()
         if i:
             times.append(time.perf_counter() - t0)
     step_s = sorted(times)[len(times) // 2]
     tokens = sum(s.length for s in batch)
-    out = {"params": params, "tokens_per_step": tokens, "microbatches": len(micro), "step_s": round(step_s, 4),
+    out = {"params": params, "tokens_per_step": tokens, "microbatches": len(done.micro), "step_s": round(step_s, 4),
            "tokens_per_s": round(tokens / step_s, 1)}
     name = torch.cuda.get_device_name() if cuda else ""
     peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
@@ -183,7 +184,7 @@ def main() -> None:
         log(f"model built ({size}); FSDP2 train steps")
         result = {"device": torch.cuda.get_device_name() if not args.cpu else "cpu", "size": size,
                   "torch": torch.__version__, "world_size": placement.world, "strategy": placement.strategy,
-                  "train": {path: train_step(model_dir, placement, path, n, length, steps) for path in ("varlen", "padded")}}
+                  "train": {path: time_steps(model_dir, placement, path, n, length, steps) for path in ("varlen", "padded")}}
         log("logprob parity")
         result["parity"] = parity(model_dir, placement, length)
         log("engine decode")

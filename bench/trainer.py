@@ -27,11 +27,12 @@ Two kinds of numbers, never mixed:
   length, so the timed speedups under-weight attention compared with full scale; compare them with
   the work ratios at the same scale (``timed_work``) and at full scale.
 
-Timed modes, each one optimizer step over the same groups with the trainer's own step code
-(``trainer.step.accumulate_gradients``, clip, AdamW) on pre-built micro-batches (packing time is
-reported apart, as ``pack_s``): per_request (packed), prefix_merging (packed),
-prefix_merging_shared (packed with ``share_prefix=True``: a group's common prefix computed once per
-micro-batch) and prefix_merging_padded. They run in interleaved rounds (``bench._rounds.interleaved``:
+Timed modes, each one optimizer step over the same groups with the trainer's own step
+(``trainer.step.train_step``: loss weights, packing, forward/backward, the trainer's clip, AdamW with the
+trainer's default weight decay and lr saturation, and its skip rule), so a pass includes packing (also
+timed alone, once, as ``pack_s``): per_request (packed), prefix_merging (packed), prefix_merging_shared
+(packed with ``share_prefix=True``: a group's common prefix computed once per micro-batch) and
+prefix_merging_padded. They run in interleaved rounds (``bench._rounds.interleaved``:
 A B C D A B C D ..., threads fixed at 2), and a pass that got under 1.5 CPU-s per wall-s is flagged and
 re-run. Min and median wall time and CPU/wall per mode are reported; the speedups use the medians
 (``wall_time_speedup``) and the minima (``wall_time_speedup_min``).
@@ -72,9 +73,11 @@ from schemas import TrainingGroup, Trajectory  # noqa: E402
 from streams.assembly import CallTokens  # noqa: E402
 from streams.builders import assemble  # noqa: E402
 from trainer import attention, packing  # noqa: E402
-from trainer.loss import LossConfig, microbatch_logprobs  # noqa: E402
-from trainer.packing import assign_weights, pad_by_length, sample_from_trace, samples_from_group  # noqa: E402
-from trainer.step import accumulate_gradients  # noqa: E402
+from trainer.config import TrainConfig  # noqa: E402
+from trainer.loss import microbatch_logprobs  # noqa: E402
+from trainer.optim import build_optimizer  # noqa: E402
+from trainer.packing import assign_weights, sample_from_trace, samples_from_group  # noqa: E402
+from trainer.step import micro_batches, train_step  # noqa: E402
 
 DEFAULT_TRL_PYTHON = Path.home() / ".cache" / "polarstream" / "peers" / "trl-venv" / "bin" / "python"
 
@@ -185,12 +188,22 @@ def step_samples(groups: list[TrainingGroup]) -> tuple[list[packing.Sample], int
 # ------------------------------------------------------------------------------------ packing + work
 
 
-def build_micro(mode: str, samples: list[packing.Sample], budget: int) -> list[packing.MicroBatch]:
-    """The micro-batches the trainer builds for ``mode``: packed modes one row of ``budget`` per
+def mode_config(mode: str, budget: int) -> TrainConfig:
+    """The trainer's settings for ``mode`` (defaults otherwise): packed modes one row of ``budget`` per
     micro-batch (the layout for ``polar_varlen``), padded one sequence per row."""
-    if mode == "prefix_merging_padded":
-        return pad_by_length(samples, budget)
-    return packing.pack(samples, budget, share_prefix=mode == "prefix_merging_shared")
+    return TrainConfig(token_budget=budget, packing="padded" if mode == "prefix_merging_padded" else "packed",
+                       share_prefix=mode == "prefix_merging_shared")
+
+
+def build_micro(mode: str, samples: list[packing.Sample], budget: int) -> list[packing.MicroBatch]:
+    """The micro-batches the trainer's step builds for ``mode`` (``trainer.step.micro_batches``)."""
+    return micro_batches(samples, mode_config(mode, budget))
+
+
+def reward_mean(groups: list[TrainingGroup]) -> float:
+    """The step's mean trajectory reward, as the trainer computes it for its lr saturation."""
+    rewards = [t.reward for g in groups for t in g.trajectories]
+    return sum(rewards) / len(rewards)
 
 
 def work(micro: list[packing.MicroBatch]) -> dict:
@@ -298,20 +311,17 @@ def load_model(model_dir: str) -> torch.nn.Module:
     return attention.load_model(model_dir, torch.float32, "auto")
 
 
-def make_target(model_dir: str, micro: list[packing.MicroBatch]):
-    """One timed pass: forward + backward of every micro-batch, clip, AdamW step."""
+def make_target(model_dir: str, samples: list[packing.Sample], cfg: TrainConfig, mean: float):
+    """One timed pass: the trainer's step (``trainer.step.train_step``) on the step's samples, with ``cfg``
+    and the step's mean reward ``mean``."""
     torch.manual_seed(0)
     model = load_model(model_dir)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    cfg = LossConfig()
+    opt = build_optimizer(model, cfg)
 
     def run() -> dict:
-        sums = accumulate_gradients(model, micro, cfg)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return {"trained_tokens": int(sums["tokens"])}
+        out = train_step(model, opt, samples, cfg, reward_mean=mean)
+        return {"trained_tokens": int(out.sums["tokens"]), "updated": out.no_update is None}
 
     return run
 
@@ -343,7 +353,7 @@ def trl_compare(model_dir: str, sessions: list[list[CallTokens]], trl_python: Pa
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
-    rng = random.Random(1)
+    rng, noise = random.Random(1), torch.Generator().manual_seed(1)  # the same rows in every run
     rows = []
     for calls in sessions:
         c = calls[0]
@@ -352,29 +362,29 @@ def trl_compare(model_dir: str, sessions: list[list[CallTokens]], trl_python: Pa
         with torch.no_grad():  # behaviour logprobs near the model's own, so ratios straddle the clip range
             lp, _ = microbatch_logprobs(model, packing.pack([s], 10**6)[0], 1.0)
         rows.append({"prompt": c.prompt_ids, "completion": c.completion_ids, "advantage": rng.choice([-1.0, 0.5, 1.0]),
-                     "rollout_logprobs": (lp + torch.randn_like(lp) * 0.3).tolist()})
+                     "rollout_logprobs": (lp + torch.randn(lp.shape, generator=noise) * 0.3).tolist()})
     out: dict = {"status": "ok", "samples": len(rows)}
     for loss_type, norm in (("bnpo", "token_mean"), ("grpo", "seq_mean")):
         samples = [sample_from_trace(r["prompt"] + r["completion"], [0] * len(r["prompt"]) + [1] * len(r["completion"]),
                                      [0.0] * len(r["prompt"]) + r["rollout_logprobs"], r["advantage"], 10**6) for r in rows]
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
-        micro = packing.pack(assign_weights(samples, norm), 10**6)
+        # TRL's settings where they differ from the trainer's defaults: its clip range, no dual clip, no
+        # weight decay, a constant rate (no saturation); the trainer's clip at 1.0 is also TRL's default
+        cfg = TrainConfig(lr=1e-5, weight_decay=0.0, clip_low=0.2, clip_high=0.28, dual_clip=0.0, lr_saturation=1.0,
+                          loss_norm=norm, token_budget=10**6, attn_implementation="sdpa")
+        opt = build_optimizer(model, cfg)
         times, cpu, first = [], [], None
         for _ in range(reps + 1):
             t0, c0 = time.perf_counter(), time.process_time()
-            sums = accumulate_gradients(model, micro, LossConfig(0.2, 0.28, dual_clip=0.0)
-                                        if "dual_clip" in LossConfig.__dataclass_fields__ else LossConfig(0.2, 0.28))
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            step = train_step(model, opt, samples, cfg, reward_mean=0.0)
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-            first = sums["loss"] if first is None else first
+            first = step.sums["loss"] if first is None else first
         out[f"ours_loss_{norm}"] = first
         out[f"ours_step_s_{norm}"] = round(statistics.median(times[1:]), 4)
         out[f"ours_step_cpu_s_{norm}"] = round(statistics.median(cpu[1:]), 4)
-    out["ours_tokens_fed"] = sum(mb.num_tokens for mb in micro)
+    out["ours_tokens_fed"] = int(step.sums["tokens_fed"])
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"model": model_dir, "reps": reps, "lr": 1e-5, "epsilon": 0.2, "epsilon_high": 0.28, "samples": rows}, f)
     proc = subprocess.run([str(trl_python), str(Path(__file__).with_name("trl_peer.py")), f.name],
@@ -474,14 +484,16 @@ def main() -> None:
 
     # -- timed data at scale 1/k, packed once per mode --------------------------------------------
     groups = build_groups(shapes, k, vocab)
-    micro, result["timed_work"], result["pack_s"] = {}, {}, {}
+    step_data, result["timed_work"], result["pack_s"] = {}, {}, {}
     for mode in modes:
         samples, cut = step_samples(groups["per_request" if mode == "per_request" else "prefix_merging"])
+        step_data[mode] = samples
         t0 = time.perf_counter()
-        micro[mode] = build_micro(mode, samples, budget)
+        micro = build_micro(mode, samples, budget)
         result["pack_s"][mode] = round(time.perf_counter() - t0, 4)
-        result["timed_work"][mode] = {**work(micro[mode]), "cut_tokens": cut}
+        result["timed_work"][mode] = {**work(micro), "cut_tokens": cut}
         add_flops(mcfg, result["timed_work"][mode])
+    mean = reward_mean(groups["prefix_merging"])  # the same trajectories' rewards in every mode
     result["timed_work"]["shared_prefix_bound"] = prefix_bound(groups["prefix_merging"])
     if result["timed_work"]["shared_prefix_bound"]["prefix_tokens_mean"] < getattr(packing, "MIN_SHARED_PREFIX", 0):
         log(f"warning: at scale 1/{k} the group prefix is shorter than packing.MIN_SHARED_PREFIX: nothing is shared")
@@ -490,7 +502,7 @@ def main() -> None:
 
     # -- interleaved rounds ---------------------------------------------------------------------------
     warm(args.model)
-    targets = {mode: make_target(args.model, micro[mode]) for mode in modes}
+    targets = {mode: make_target(args.model, step_data[mode], mode_config(mode, budget), mean) for mode in modes}
     res = interleaved(targets, rounds=args.rounds, cpu_floor=CPU_FLOOR, threads=THREADS, progress=sys.stderr.isatty())
     result["rounds"] = compact_rounds(res)
     t = res["targets"]
@@ -498,7 +510,7 @@ def main() -> None:
                            "cpu_per_wall": {s: round(v, 3) if isinstance(v, float) else v for s, v in t[m]["cpu_per_wall"].items()},
                            "flagged": t[m]["flagged"], "reruns": t[m]["reruns"]} for m in modes}
     log("timed: " + ", ".join(f"{m} median {t[m]['wall_s']['median']:.2f}s" for m in modes))
-    del micro, targets
+    del micro, step_data, targets
 
     # -- deterministic work at full shapes ----------------------------------------------------------
     if not args.no_full_scale:

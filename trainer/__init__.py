@@ -1,7 +1,8 @@
 """The torch GRPO trainer: polar.groups in; checkpoints, PolicyVersion and engine weights out.
 
-Modules: ``train`` (the loop, top to bottom), ``packing`` and ``loss`` (pure functions), ``step``
-(gradient accumulation), ``selection`` (dedupe, staleness), ``checkpoint`` (fsspec, manifest last),
-``kafka_io`` (exact-offset consumer), ``weight_sync`` (engines and gateway), ``metrics`` (JSONL,
-TensorBoard, progress), ``config`` (every setting), ``cli`` (``polarstream train``). See docs/trainer.md.
+Modules: ``train`` (the loop, top to bottom), ``packing`` and ``loss`` (pure functions), ``step`` (one
+training step: samples to an update or a skip), ``selection`` (dedupe, staleness), ``checkpoint``
+(fsspec, manifest last), ``kafka_io`` (exact-offset consumer), ``weight_sync`` (engines and gateway),
+``metrics`` (JSONL, TensorBoard, progress), ``config`` (every setting), ``cli`` (``polarstream train``).
+See docs/trainer.md.
 """

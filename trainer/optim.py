@@ -1,4 +1,5 @@
-"""The optimizer and the decision whether a step may move the weights. Pure helpers used by train.py."""
+"""The optimizer, its rate and the decision whether a step may move the weights. Pure helpers used by
+``step.train_step``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .config import TrainConfig
 from .parallel import clip_grad_norm_
 from .packing import Sample
 
@@ -26,6 +28,24 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
             continue
         (no_decay if p.ndim < 2 or id(p) in embeddings else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over ``param_groups`` with ``cfg``'s rate, betas and weight decay."""
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then constant or cosine decay from lr to min_lr (nanoGPT's get_lr)."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / (cfg.warmup_steps + 1)
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    horizon = cfg.max_steps or cfg.lr_decay_steps
+    if step >= horizon:
+        return cfg.min_lr
+    progress = (step - cfg.warmup_steps) / max(1, horizon - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
 
 
 def has_signal(samples: Sequence[Sample]) -> bool:

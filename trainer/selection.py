@@ -112,21 +112,8 @@ def plan_step(polled: Sequence[Polled], seen: SeenIds, served_version: int, cfg:
         elif cfg.skip_task_sets and any(t.task_set in cfg.skip_task_sets for t in g.trajectories):
             plan.skipped.append({**info, "reason": "eval_only"})  # a held-out set: evaluated, never trained on
         elif g.no_signal and (cfg.skip_zero_variance or any(t.zero_signal == "drop" for t in g.trajectories)):
-            # skipped trainer-wide, or by its task's wish (the driver replaces it: producers/driver.py)
+            # skipped trainer-wide, or by its task's wish (the driver replaces it: polarstream/driver/schedule.py)
             plan.skipped.append({**info, "reason": "zero_variance"})
         else:
             plan.chosen.append(Chosen(g, staleness, weight))
     return plan
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup, then constant or cosine decay from lr to min_lr (nanoGPT's get_lr)."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / (cfg.warmup_steps + 1)
-    if cfg.lr_schedule == "constant":
-        return cfg.lr
-    horizon = cfg.max_steps or cfg.lr_decay_steps
-    if step >= horizon:
-        return cfg.min_lr
-    progress = (step - cfg.warmup_steps) / max(1, horizon - cfg.warmup_steps)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)

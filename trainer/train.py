@@ -4,9 +4,9 @@
     torchrun --nproc_per_node 2 -m trainer --model DIR ...     # FSDP2 (gloo on CPU, nccl on GPU)
 
 Each step: take groups from Kafka (rank 0) -> choose (dedupe, staleness, zero variance) -> broadcast
-the samples -> pack into token-budget micro-batches -> forward/backward on this rank's share ->
-clip, AdamW -> log (JSONL, TensorBoard, stdout) -> checkpoint with the consumed offsets ->
-publish a PolicyVersion and push the weights to the engines. A restart resumes from the newest
+the samples -> the step (step.train_step: pack into token-budget micro-batches, forward/backward on
+this rank's share, clip, AdamW) -> log (JSONL, TensorBoard, stdout) -> checkpoint with the consumed
+offsets -> publish a PolicyVersion and push the weights to the engines. A restart resumes from the newest
 complete checkpoint and seeks to its offsets, so no group is trained twice and none is skipped.
 Several processes shard the model with FSDP2 (parallel.py); every rank writes its own part of each
 checkpoint and export, so those steps are collectives, and rank 0 alone talks to Kafka and the engines.
@@ -36,13 +36,13 @@ from schemas import PolicyVersion
 from . import checkpoint
 from .config import TrainConfig
 from .kafka_io import GroupSource, offsets_from_json
-from .loss import LossConfig, summarize
+from .loss import summarize
 from .metrics import RunLog, Sinks, health_warnings, record_sync
-from .optim import apply_update, param_groups, saturation_scale
-from .packing import MicroBatch, Sample, assign_weights, pack, pad_by_length, samples_from_group, shard
+from .optim import build_optimizer
+from .packing import Sample, samples_from_group
 from .parallel import build_model, place
-from .selection import SeenIds, StepPlan, lr_at, plan_step
-from .step import accumulate_gradients
+from .selection import SeenIds, StepPlan, plan_step
+from .step import train_step
 from .weight_sync import Gateway, WeightSyncError, engine_from_spec, sync_weights
 
 logger = logging.getLogger(__name__)
@@ -61,8 +61,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
 
     # -- distributed: torchrun sets the rendezvous env; rank 0 owns Kafka, logs and the engines -----
     placement = place(cfg.strategy, cfg.dist_timeout_s)
-    rank, world, master, device = placement.rank, placement.world, placement.master, placement.device
-    distributed, cuda = placement.distributed, device.type == "cuda"
+    rank, world, master, distributed = placement.rank, placement.world, placement.master, placement.distributed
     torch.manual_seed(cfg.seed)
     root = settings.checkpoint_url
     run_dir = Path(cfg.run_dir or settings.data_dir / "trainer" / cfg.consumer_group)
@@ -86,12 +85,9 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
     if cfg.kl_coef > 0:  # the reference is the run's starting model, not the newest checkpoint
         ref_model = build_model(cfg.model, placement, dtype, attn).eval().requires_grad_(False)
     # weight decay on linear matrices only: not on norms, biases or embeddings (see optim.param_groups)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    optimizer = build_optimizer(model, cfg)
     if info is not None:
         checkpoint.load_train_state(info, model, optimizer, settings)
-    loss_cfg = LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef,
-                          dual_clip=cfg.dual_clip)
-    autocast = torch.bfloat16 if cuda else None
     step, version = int(state["step"]), int(state["policy_version"])
     # Versions published after that checkpoint (weight-only exports, checkpoint_every > 1) named weights
     # the crash lost: continue above them, so one version number never names two sets of weights.
@@ -177,30 +173,18 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                     log.write({"event": "skip", "step": step, "skipped": plan.skipped})
                 continue
 
-            # 2. normalize over the whole step, pack into micro-batches, take this rank's share
-            samples = assign_weights(samples, cfg.loss_norm)
-            micro = _micro_batches(samples, cfg)
-            mine = shard(micro, world, rank)
-
-            # 3. forward/backward with gradient accumulation, clip, AdamW
-            lr_scale = saturation_scale(reward_mean, cfg.lr_saturation, cfg.lr_saturation_floor)
-            lr = lr_at(step, cfg) * lr_scale
-            for g in optimizer.param_groups:
-                g["lr"] = lr
-            # gradients sum over ranks (parallel.py): the weights are normalized over the whole step already
-            sums = accumulate_gradients(model, mine, loss_cfg, cfg.temperature, ref_model, device, autocast)
-            sums["tokens_fed"] = float(sum(mb.num_tokens for mb in mine))
-            sums = _all_reduce(sums, distributed, device)
-            # A step without signal (every advantage 0, e.g. all-zero-variance groups) leaves the weights
-            # bit-identical: AdamW would still move them on its moments (see optim.skip_update_reason).
-            # It still counts as a step and publishes a new policy version (same weights), so on-policy
-            # rollouts waiting for version step+1 go on.
-            grad_norm, no_update = apply_update(model, optimizer, samples, cfg.grad_clip)
+            # 2. the step (step.train_step): loss weights over the whole step, micro-batches, this rank's
+            # share, lr x saturation, forward/backward, clip, AdamW. A step without signal (every advantage 0,
+            # e.g. all-zero-variance groups) leaves the weights bit-identical; it still counts as a step and
+            # publishes a new policy version (same weights), so on-policy rollouts waiting for step+1 go on.
+            out = train_step(model, optimizer, samples, cfg, reward_mean=reward_mean, step=step, placement=placement,
+                             ref_model=ref_model)
+            sums, micro, no_update = out.sums, out.micro, out.no_update
             step += 1
             version += 1
             dt = time.perf_counter() - t0
 
-            # 4. rank 0 logs (before the checkpoint: see metrics.py); every rank writes its part of the
+            # 3. rank 0 logs (before the checkpoint: see metrics.py); every rank writes its part of the
             # checkpoint or export; rank 0 publishes and syncs the engines
             if master:
                 rewards = [t.reward for c in plan.chosen for t in c.group.trajectories]
@@ -210,7 +194,8 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 if no_update is not None:
                     counters.update({f"no_update_{no_update}": 1})
                 metrics = {
-                    **summarize(sums), "grad_norm": float(grad_norm), "lr": lr, "lr_scale": lr_scale, "policy_version": version,
+                    **summarize(sums), "grad_norm": float(out.grad_norm), "lr": out.lr, "lr_scale": out.lr_scale,
+                    "policy_version": version,
                     "reward_mean": reward_mean, "reward_std": _std(rewards),
                     "adv_mean": _mean(advs), "adv_std": _std(advs), "adv_min": min(advs), "adv_max": max(advs),
                     "groups": len(plan.chosen), "skipped": len(plan.skipped), "trajectories": len(rewards),
@@ -334,17 +319,6 @@ def _samples(plan: StepPlan, cfg: TrainConfig, log: RunLog | None = None) -> tup
     return samples, cut
 
 
-def _micro_batches(samples: list[Sample], cfg: TrainConfig) -> list[MicroBatch]:
-    """Packed rows of ``row_len`` (automatic: one row per micro-batch for polar_varlen and flash varlen,
-    whose cost does not depend on rows; the longest sequence for sdpa/eager's dense masks; see
-    packing.py), or padded rows."""
-    if cfg.packing == "padded":
-        return pad_by_length(samples, cfg.token_budget)
-    dense = cfg.attn_implementation in ("sdpa", "eager")
-    row_len = cfg.row_len or (min(max(s.length for s in samples), cfg.token_budget) if dense else 0)
-    return pack(samples, cfg.token_budget, row_len, share_prefix=cfg.share_prefix)
-
-
 def _broadcast(obj: Any, distributed: bool = True) -> Any:
     """rank 0's ``obj`` on every rank."""
     if not (distributed and dist.is_initialized()):
@@ -379,16 +353,6 @@ def _broadcast_step(payload: Any, distributed: bool) -> Any:
         got = _broadcast(payload, distributed)
         if not (isinstance(got, str) and got == _HEARTBEAT):
             return got
-
-
-def _all_reduce(sums: dict[str, float], distributed: bool, device: torch.device) -> dict[str, float]:
-    """Sum stat sums over ranks (fixed key order so every rank packs the same tensor)."""
-    if not distributed:
-        return sums
-    keys = sorted(sums)
-    t = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
 
 
 def _mean(xs: list[float]) -> float:

@@ -190,18 +190,34 @@ class RunLog:
         return [s.reward for s in self.steps]
 
 
+def grpo_update(model, optimizer, batch: list, reward_mean: float, tcfg) -> tuple[list, float, bool]:
+    """One optimizer step on a step's samples, as ``rl_run`` takes it (and a replay of its recording): the
+    trainer's step (``trainer.step.train_step``) with ``tcfg``'s settings and this loop's packing, a
+    group's shared prompt fed once (``share_prefix``) in micro-batches of 1 << 14 tokens, clipped at 1.
+    ``tcfg``'s schedule is read at step 0 (the loop's TrainConfig is constant, without warmup).
+    Returns the weighted samples, the lr and whether the step had signal."""
+    from dataclasses import replace
+
+    from trainer.step import train_step
+
+    cfg = replace(tcfg, token_budget=1 << 14, share_prefix=True, grad_clip=1.0)
+    out = train_step(model, optimizer, batch, cfg, reward_mean=reward_mean)
+    return out.samples, out.lr, out.no_update != "no_signal"
+
+
 def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: LearningConfig, *, system: str,
-           tools: list[dict], on_step=None, shape: Shape | None = None) -> tuple[RunLog, torch.nn.Module]:
-    """On-policy GRPO on ``problems`` with the trainer's packing, loss, optimizer and no-signal rule."""
+           tools: list[dict], on_step=None, shape: Shape | None = None, on_groups=None) -> tuple[RunLog, torch.nn.Module]:
+    """On-policy GRPO on ``problems`` with the trainer's packing, loss, optimizer and no-signal rule.
+
+    ``on_groups(step, groups)`` sees each step's groups before it trains on them (a recording for a
+    replay): per problem its prompt ids, completions, their logprobs, rewards and advantages."""
     from transformers import AutoTokenizer
 
     from streams.advantages import compute_advantages
-    from trainer.config import TrainConfig
     from trainer.attention import load_model
-    from trainer.loss import LossConfig
-    from trainer.optim import apply_update, has_signal, param_groups, saturation_scale
-    from trainer.packing import assign_weights, pack, sample_from_trace
-    from trainer.step import accumulate_gradients
+    from trainer.config import TrainConfig
+    from trainer.optim import build_optimizer
+    from trainer.packing import sample_from_trace
 
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
@@ -213,13 +229,13 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: Lear
     train_attn = model.config._attn_implementation
     tcfg = TrainConfig(lr=cfg.lr, weight_decay=0.0, loss_norm=cfg.loss_norm, temperature=cfg.temperature,
                        **({} if cfg.lr_saturation is None else {"lr_saturation": cfg.lr_saturation}))
-    optimizer = torch.optim.AdamW(param_groups(model, tcfg.weight_decay), lr=tcfg.lr)
+    optimizer = build_optimizer(model, tcfg)
     log = RunLog()
     prompt_of, score = task_io(tok, system, tools, shape)
     for step in range(cfg.steps):
         model.eval()
         model.set_attn_implementation("sdpa")
-        batch, rewards = [], []
+        batch, rewards, groups = [], [], []
         drawn = list(problems) if cfg.all_problems else [rng.choice(list(problems)) for _ in range(cfg.tasks_per_step)]
         prompts = [prompt_of(q) for q, _ in drawn]
         sampled = sample_many(model, tok, prompts, cfg.samples, cfg.max_new_tokens, cfg.temperature, gen)
@@ -233,18 +249,14 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: Lear
                 if s is not None:
                     batch.append(s)
             rewards += rs
+            groups.append({"prompt": prompt, "completions": comps, "logprobs": lps, "rewards": rs, "advantages": advs})
+        if on_groups is not None:
+            on_groups(step, groups)
         model.train()
         model.set_attn_implementation(train_attn)
         mean_reward = sum(rewards) / len(rewards)
-        lr = tcfg.lr * saturation_scale(mean_reward, tcfg.lr_saturation, tcfg.lr_saturation_floor)
-        for g in optimizer.param_groups:
-            g["lr"] = lr
         before = [p.detach().clone() for p in model.parameters()]
-        batch = assign_weights(batch, cfg.loss_norm)
-        signal = has_signal(batch)
-        if signal:  # without signal the gradient is zero: skip the forward too
-            accumulate_gradients(model, pack(batch, 1 << 14, share_prefix=True), LossConfig(), cfg.temperature)
-        apply_update(model, optimizer, batch, grad_clip=1.0)
+        batch, lr, signal = grpo_update(model, optimizer, batch, mean_reward, tcfg)
         moved = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
         entry = StepLog(step, mean_reward, signal, moved, sum(len(s.trained) for s in batch), lr)
         log.steps.append(entry)

@@ -21,26 +21,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # torchrun runs this file as a script
 
-from tests.trainer.fsdp_step import LOSS, micro_batches, samples  # noqa: E402
+from tests.trainer.fsdp_step import CFG, samples  # noqa: E402
 
 LR = 1e-3
 
 
 def one_step(model, optimizer, vocab: int, placement, seed: int) -> float:
-    """One optimizer step on seed's samples; its loss (summed over ranks), before the update."""
-    import torch.distributed as dist
+    """One optimizer step (the trainer's: step.train_step) on seed's samples; its loss (summed over
+    ranks), before the update."""
+    from dataclasses import replace
 
-    from trainer.optim import apply_update
-    from trainer.step import accumulate_gradients
+    from trainer.step import train_step
 
     every = samples("per_request", "token_mean", vocab, seed)
-    sums = accumulate_gradients(model, micro_batches(every, placement.world, placement.rank), LOSS, 1.0, None,
-                                placement.device)
-    loss = torch.tensor([sums["loss"]], dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(loss)
-    apply_update(model, optimizer, every, 1.0)
-    return float(loss)
+    # reward 0: no saturation scaling (the samples carry advantages only)
+    return train_step(model, optimizer, every, replace(CFG, lr=LR), reward_mean=0.0, placement=placement).sums["loss"]
 
 
 def die_after_own_shard() -> None:

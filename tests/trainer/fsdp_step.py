@@ -17,11 +17,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # torchrun runs this file as a script
 
-from trainer.loss import LossConfig  # noqa: E402
+from trainer.config import TrainConfig  # noqa: E402
 from trainer.packing import assign_weights, pack, sample_from_trace, shard  # noqa: E402
-from trainer.step import accumulate_gradients  # noqa: E402
+from trainer.step import accumulate_gradients, loss_config  # noqa: E402
 
-LOSS = LossConfig(clip_low=0.2, clip_high=0.28, tis_cap=2.0)
+# The trainer's settings for these steps (micro-batches of 64 tokens: several per rank)
+CFG = TrainConfig(clip_low=0.2, clip_high=0.28, tis_cap=2.0, token_budget=64, weight_decay=0.0)
+LOSS = loss_config(CFG)
 
 
 def samples(builder: str, loss_norm: str, vocab: int, seed: int = 0) -> list:
@@ -48,7 +50,7 @@ def samples(builder: str, loss_norm: str, vocab: int, seed: int = 0) -> list:
 
 
 def micro_batches(all_samples: list, world: int = 1, rank: int = 0) -> list:
-    return shard(pack(all_samples, 64), world, rank)
+    return shard(pack(all_samples, CFG.token_budget), world, rank)
 
 
 CASES = (("per_request", "token_mean"), ("prefix_merging", "token_mean"), ("per_request", "seq_mean"))
@@ -86,14 +88,15 @@ def main(model_dir: str, out: str) -> None:
         results[f"{builder}/{loss_norm}"] = {"grads": grads, "norm": norm, "sums": dict(zip(keys, total.tolist())),
                                              "strategy": placement.strategy}
     # one update, then the export: the trained weights as an HF directory, and the logits they give here
+    from dataclasses import replace
+
     from infra.settings import Settings
     from trainer.export import export_hf
-    from trainer.optim import apply_update
+    from trainer.step import train_step
 
     every = samples("per_request", "token_mean", vocab)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    accumulate_gradients(model, micro_batches(every, placement.world, placement.rank), LOSS, 1.0, None, placement.device)
-    apply_update(model, optimizer, every, 1.0)
+    train_step(model, optimizer, every, replace(CFG, lr=1e-2), reward_mean=0.0, placement=placement)
     export = Path(out).with_name("export")
     results["export_files"] = export_hf(model, f"file://{export}", model_dir, Settings())
     results["export_dir"] = str(export)

@@ -6,10 +6,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.plugins.trainer import make_group
+from trainer.config import TrainConfig
 from trainer.loss import LossConfig
-from trainer.optim import apply_update, param_groups, skip_update_reason
+from trainer.optim import param_groups, skip_update_reason
 from trainer.packing import assign_weights, pack, samples_from_group
-from trainer.step import accumulate_gradients
+from trainer.step import accumulate_gradients, train_step
 
 
 def _weights(model):
@@ -17,11 +18,12 @@ def _weights(model):
 
 
 def _step(model, opt, rewards):
-    """One trainer step exactly as train.py runs it: weights, pack, forward/backward, apply_update."""
+    """One trainer step, the trainer's own (step.train_step): weights, pack, forward/backward, clip, AdamW or
+    a skip. Returns the weighted samples and (gradient norm, skip reason)."""
     group = make_group("g", [[11, 12, 13], [21, 22]], rewards, logprob=-5.0)
-    samples = assign_weights(samples_from_group(group, 1024)[0], "token_mean")
-    accumulate_gradients(model, pack(samples, 1024), LossConfig())
-    return samples, apply_update(model, opt, samples, grad_clip=1.0)
+    cfg = TrainConfig(lr=1e-3, weight_decay=0.1, token_budget=1024, lr_saturation=1.0)  # the rate of opt, always
+    out = train_step(model, opt, samples_from_group(group, 1024)[0], cfg, reward_mean=sum(rewards) / len(rewards))
+    return out.samples, (out.grad_norm, out.no_update)
 
 
 def test_a_step_without_signal_leaves_the_weights_bit_identical(trainer_model_dir):

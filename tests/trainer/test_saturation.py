@@ -2,7 +2,7 @@
 
 import pytest
 
-from polarstream.report import worst_fall
+from polarstream.driver.report import worst_fall
 from trainer.metrics import health_warnings
 from trainer.optim import saturation_scale
 

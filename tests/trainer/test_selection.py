@@ -6,7 +6,8 @@ from tests.plugins.trainer import make_group
 from trainer.config import ConfigError, TrainConfig
 from trainer.kafka_io import Polled
 from trainer.metrics import effective_steps
-from trainer.selection import SeenIds, group_version, lr_at, plan_step, staleness_weight
+from trainer.optim import lr_at
+from trainer.selection import SeenIds, group_version, plan_step, staleness_weight
 
 
 def test_config_rejects_unknown_keys_and_bad_values():

@@ -1,4 +1,5 @@
-"""One real optimizer step on a tiny model moves logprobs the way the advantages say."""
+"""One real optimizer step on a tiny model moves logprobs the way the advantages say; the trainer's step
+(``train_step``) trains at the scheduled, saturation-scaled rate."""
 
 import pytest
 import torch
@@ -7,7 +8,8 @@ from transformers import AutoModelForCausalLM
 from tests.plugins.trainer import make_group
 from trainer.loss import LossConfig, microbatch_logprobs
 from trainer.packing import assign_weights, pack, samples_from_group
-from trainer.step import accumulate_gradients
+from trainer.config import TrainConfig
+from trainer.step import accumulate_gradients, train_step
 
 
 def _sequence_logprob(model, sample):
@@ -78,3 +80,28 @@ def test_kl_to_reference_grows_after_a_step(trainer_model_dir):
     opt.zero_grad()
     second = accumulate_gradients(model, micro, LossConfig(kl_coef=0.1), ref_model=ref)
     assert first["ref_kl"] == pytest.approx(0.0, abs=1e-7) and second["ref_kl"] > 1e-4
+
+
+def test_train_step_trains_at_the_scheduled_saturated_rate(trainer_model_dir):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(trainer_model_dir, attn_implementation="sdpa")
+    group = make_group("g", [[11, 12, 13], [21, 22], [31, 32, 33, 34]], [1.0, 1.0, 0.0], logprob=-5.0)
+    cfg = TrainConfig(lr=1e-3, warmup_steps=3, lr_saturation=0.5, token_budget=11, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=123.0)  # every group's rate is the step's
+    before = [p.detach().clone() for p in model.parameters()]
+    out = train_step(model, opt, samples_from_group(group, 1024)[0], cfg, reward_mean=0.75, step=1)
+    assert out.lr_scale == pytest.approx(0.5)  # reward 0.75, knee 0.5: half the rate
+    assert out.lr == pytest.approx(1e-3 * 2 / 4 * 0.5)  # step 1 of 3 warmup steps
+    assert all(g["lr"] == out.lr for g in opt.param_groups)
+    assert out.no_update is None and out.grad_norm > 0
+    assert len(out.micro) == 2 and out.sums["tokens"] == 9  # inputs of 7 | 6 + 5 tokens
+    assert out.sums["tokens_fed"] == sum(mb.num_tokens for mb in out.micro)
+    assert sum(s.weight * len(s.trained) for s in out.samples) == pytest.approx(1.0)  # token_mean over the step
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())
+
+    flat = make_group("f", [[11, 12], [21]], [1.0, 1.0])  # no signal: no update, yet the step's stats
+    before = [p.detach().clone() for p in model.parameters()]
+    out = train_step(model, opt, samples_from_group(flat, 1024)[0], cfg, reward_mean=1.0, step=2)
+    assert out.no_update == "no_signal" and out.sums["tokens"] == 3
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
