@@ -71,6 +71,7 @@ def build_once(final: Path, build: Callable[[Path], object]) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         try:
             build(tmp)
+            shutil.rmtree(final, ignore_errors=True)  # unmarked: left by a builder of an older layout, never whole
             os.rename(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
