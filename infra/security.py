@@ -42,21 +42,10 @@ class SecurityFiles:
 
     root: Path
 
-    @property
-    def ca(self) -> Path:
-        return self.root / "ca.pem"
-
-    @property
-    def ca_key(self) -> Path:
-        return self.root / "ca.key"
-
-    @property
-    def broker(self) -> Path:
-        return self.root / "broker.pem"
-
-    @property
-    def credentials(self) -> Path:
-        return self.root / "credentials.yaml"
+    ca = property(lambda self: self.root / "ca.pem")
+    ca_key = property(lambda self: self.root / "ca.key")
+    broker = property(lambda self: self.root / "broker.pem")
+    credentials = property(lambda self: self.root / "credentials.yaml")
 
 
 def security_files(settings: Settings) -> SecurityFiles:
