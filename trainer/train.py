@@ -43,7 +43,7 @@ from .packing import Sample, samples_from_group
 from .parallel import build_model, place
 from .selection import SeenIds, StepPlan, plan_step
 from .step import train_step
-from .weight_sync import Gateway, WeightSyncError, engine_from_spec, sync_weights
+from .weight_sync import Gateway, WeightSyncError, already_served, engine_from_spec, sync_weights
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +125,13 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         # An engine started after the crash serves the model it was started with: hand every engine the
         # weights this run resumes from, under the version that names them (one still up reloads them).
         try:
-            sync_weights(engines, info.url, int(state["policy_version"]), gateway)
-            synced = int(state["policy_version"])
-            log.write({"event": "resync", "step": step, "policy_version": synced})
+            resumed = int(state["policy_version"])
+            if already_served(engines, resumed, gateway):  # alive through our restart: reloading would only pause them
+                log.write({"event": "resync", "step": step, "policy_version": resumed, "skipped": "already served"})
+            else:
+                sync_weights(engines, info.url, resumed, gateway)
+                log.write({"event": "resync", "step": step, "policy_version": resumed})
+            synced = resumed
         except WeightSyncError as e:  # the first step's sync tries again
             log.write({"event": "sync_error", "step": step, "policy_version": int(state["policy_version"]), "error": str(e)})
 

@@ -32,6 +32,7 @@ class Engine(Protocol):
     def pause(self) -> None: ...
     def load(self, url: str, version: int) -> None: ...
     def resume(self) -> None: ...
+    def served_version(self) -> int | None: ...
 
 
 def _post(client: httpx.Client, base: str, path: str, **kw) -> httpx.Response:
@@ -73,6 +74,10 @@ class PolarEngine(_HttpEngine):
     def load(self, url: str, version: int) -> None:
         self._call("/update_weights", json={"checkpoint_url": url, "version": version})
 
+    def served_version(self) -> int | None:
+        """The version of the weights it serves (None when it does not answer)."""
+        return _get_int(self.client, f"{self.base_url.rstrip('/')}/policy_version", "policy_version")
+
 
 @dataclass
 class VllmEngine(_HttpEngine):
@@ -88,6 +93,9 @@ class VllmEngine(_HttpEngine):
                                             "timeout": self.timeout_s})
         self._call("/reset_prefix_cache")  # the prefix cache holds KV computed by the old weights
         self._call("/update_weight_version", json={"new_version": str(version)})
+
+    def served_version(self) -> int | None:
+        return None  # not read back here: a resumed trainer always hands vLLM its weights again
 
 
 def engine_from_spec(spec: str) -> Engine:
@@ -122,6 +130,24 @@ class Gateway:
 
     def resume(self) -> None:
         self._post("/admin/resume")
+
+    def stamped_version(self) -> int | None:
+        return _get_int(self.client, f"{self.base_url.rstrip('/')}/admin/policy_version", "version",
+                        headers={"authorization": f"Bearer {self.admin_token}"})
+
+
+def _get_int(client: httpx.Client, url: str, key: str, **kw) -> int | None:
+    try:
+        r = client.get(url, timeout=10, **kw)
+        return int(r.json()[key]) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+
+
+def already_served(engines: list[Engine], version: int, gateway: Gateway | None = None) -> bool:
+    """Every engine serves ``version`` and the gateway stamps it: a resumed trainer has nothing to hand them
+    (an engine restarted since, or one that cannot say, serves something else and is synced again)."""
+    return all(e.served_version() == version for e in engines) and (gateway is None or gateway.stamped_version() == version)
 
 
 def sync_weights(engines: list[Engine], url: str, version: int, gateway: Gateway | None = None) -> None:

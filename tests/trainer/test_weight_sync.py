@@ -52,6 +52,20 @@ def test_training_step_reaches_the_engine_and_the_gateway(polar_settings, tiny_m
     assert logprob == pytest.approx(expected, abs=1e-4)
     assert abs(expected - before) > 1e-4  # and they are new weights
 
+    # A trainer resumed while the engine and the gateway still serve its version leaves them alone; once
+    # one of them serves another (the gateway's stamp set back here, as a restarted gateway's would be),
+    # the next resume hands them the checkpoint again.
+    def resyncs() -> list[dict]:
+        lines = (tmp_path / "run" / "train.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r.get("event") == "resync"]
+
+    train(cfg, polar_settings)
+    assert resyncs() == [{"event": "resync", "step": 1, "policy_version": 1, "skipped": "already served"}]
+    httpx.post(f"{gateway.url}/admin/policy_version", json={"version": 0},
+               headers={"authorization": f"Bearer {polar_settings.admin_token}"}).raise_for_status()
+    train(cfg, polar_settings)
+    assert resyncs()[-1] == {"event": "resync", "step": 1, "policy_version": 1} and gateway.gw.policy_version == 1
+
 
 class _Recorder(BaseHTTPRequestHandler):
     calls: list = []
