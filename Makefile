@@ -49,7 +49,9 @@ demo: venv system
 
 # The suite runs on three pytest-xdist workers, each with its own Kafka broker and S3 server: in one
 # process the 2-core machine sat 58% idle (tests wait on brokers, subprocesses and timeouts) and took
-# 23.2 min; three workers took 12.1 (issue 47's note). TEST_WORKERS=0 runs it in one process.
+# 23.2 min; three workers took 12.1 (issue 47's note). With an empty model cache (.ci/run), three took 924 s of
+# pytest and four 1031 s (issue 60's note: more JVMs and warm-start builds on the same 2 cores). TEST_WORKERS=0
+# runs it in one process.
 TEST_WORKERS ?= 3
 test: venv system harnesses datasets-peer
 	$(PY) -m pytest -q -ra --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist load)

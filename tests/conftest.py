@@ -14,7 +14,9 @@ pytest_plugins = sorted(
 # (a long test dealt out last leaves the other workers idle while one finishes it). Not --dist loadfile:
 # it keys tests by node id, and schemathesis' five tests share one (tests/fuzz), so four never ran.
 HEAVY_FIRST = (
-    "demo/test_learning.py", "infra/test_chaos.py", "demo/test_cli_demo.py", "demo/test_run_resume.py", "bench/test_bench_shape.py",
+    "demo/test_cli_demo.py", "demo/test_learning.py", "infra/test_chaos.py", "demo/test_run_resume.py", "bench/test_bench_shape.py",
+    "demo/test_run_harbor.py", "driver/test_preset.py", "engine/test_models.py", "demo/test_run_split.py",
+    "trainer/test_fsdp_resume.py",
     "security/test_mirror_cli.py", "rollout/test_cluster.py", "demo/test_demo.py", "streams/test_kill.py",
     "harnesses/test_all_clis.py", "node/test_node_inprocess.py", "streams/test_worker.py", "infra/test_cli.py",
     "fuzz/test_gateway_fuzz.py", "mirror/test_multi_dc.py", "harnesses/test_slow_engine.py", "security/test_secure_e2e.py",
