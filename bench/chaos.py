@@ -324,8 +324,8 @@ class Pipeline:
         self.trained_at = self.trained_at or time.monotonic()
         if self.checkpoint_step() < self.last_step():
             return False
-        # how long the last step's checkpoint landed after its log line: the window the audit once read in
-        self.checkpoint_lag_s = self.checkpoint_lag_s if self.checkpoint_lag_s is not None else round(time.monotonic() - self.trained_at, 2)
+        if self.checkpoint_lag_s is None:  # how long the last checkpoint landed after its step's log line
+            self.checkpoint_lag_s = round(time.monotonic() - self.trained_at, 2)
         return True
 
 
@@ -498,7 +498,7 @@ def audit(pipe: Pipeline) -> dict:
         # and the group messages past its offsets (a duplicate there was consumed and skipped, never saved)
         "checkpoint_step": info.step if info else None, "last_step": pipe.last_step(), "checkpoint_lag_s": pipe.checkpoint_lag_s,
         "group_messages_past_checkpoint": [{"partition": m.partition, "offset": m.offset, "trained": decode(m.value, TrainingGroup).event_id in trained}
-                                           for m in raw_groups if m.offset >= int(consumed.get(str(m.partition), consumed.get(m.partition, 0)))],
+                                           for m in raw_groups if m.offset >= int(consumed.get(str(m.partition), 0))],  # JSON keys
         "hashes": hashes,
         # where each task that was not trained got to: the first thing to read when a run misses its deadline
         "untrained": [{"task": t, "groups_on_topic": len(by_task.get(t, ())),

@@ -62,9 +62,13 @@ def _warm(settings: dict) -> Path:
     key = hashlib.sha256(repr((sorted(settings.items()), PROBLEMS, SYSTEM, TOOLS, base.name, THREADS)).encode() + source).hexdigest()[:12]
 
     def build(out: Path) -> None:
+        caller = torch.get_num_threads()  # the caller's runs keep theirs, whichever worker builds this
         torch.set_num_threads(THREADS)
-        # The demo's rule: the tool path is shown now and then, and never which path is rewarded.
-        warm_start(base, out, PROBLEMS, system=SYSTEM, tools=TOOLS, progress=False, **settings)
+        try:
+            # The demo's rule: the tool path is shown now and then, and never which path is rewarded.
+            warm_start(base, out, PROBLEMS, system=SYSTEM, tools=TOOLS, progress=False, **settings)
+        finally:
+            torch.set_num_threads(caller)
         (out / "polarstream.json").write_text(json.dumps({"warm_start": settings}))  # build_once's mark
 
     return build_once(CACHE_DIR / "models" / f"test-learning-warm-{key}", build)
