@@ -17,6 +17,10 @@ Three kinds (``EvaluatorSpec.kind``):
   is ``/logs/verifier/reward.txt`` (one number) or ``reward.json`` (its ``reward``, else the mean of
   its numbers) when the verifier writes one, clamped to [0, 1]; otherwise 1.0 when it exits 0.
 
+In a session's container (an image task, ``runtime.persistent``) there is no copy: the verifier runs in
+the container's final state, as Harbor's does and as published verifiers expect; ``files`` and
+``python`` read the workspace copied out of it.
+
 Outcomes: a verifier timeout is recorded (metric ``verifier_timeout``) with reward 0.0: the agent left a
 workspace that does not verify in time. A broken evaluator (bad spec, crash, unparsable output) is an
 infrastructure failure: ``error`` is set and the session is masked, never scored 0.
@@ -107,7 +111,8 @@ async def run_harbor(spec: EvaluatorSpec, copy: Path, home: Path, scratch: Path,
     except ValueError as e:
         return EvalResult(None, error=f"evaluator.tests: {e}")
     res = await _verify(runtime, ExecSpec(
-        argv=["/bin/bash", "-c", spec.command or "bash /tests/test.sh"], env=command_env(runtime, home), workspace=copy,
+        argv=["/bin/bash", "-c", spec.command or "bash /tests/test.sh"], env={**command_env(runtime, home), **spec.env},
+        workspace=copy,
         home=home, limits=Limits(timeout_s=spec.timeout_s), network=spec.network, log_path=log_path,
         mount=task.workspace.mount or "/app", mounts={"/tests": tests, "/logs/verifier": logs}))
     if isinstance(res, EvalResult):
@@ -203,8 +208,13 @@ async def evaluate(spec: EvaluatorSpec, workspace: Path, scratch: Path, task: Ta
     if spec.kind == "none":
         return EvalResult(None, detail="no evaluator")
     try:
-        copy = fresh_copy(workspace, scratch / "eval-workspace")
-    except OSError as e:
+        if not getattr(runtime, "persistent", False):
+            copy = fresh_copy(workspace, scratch / "eval-workspace")
+        elif spec.kind in ("files", "python"):
+            copy = await runtime.export_workspace(scratch / "eval-workspace")
+        else:
+            copy = workspace  # unused: the verifier runs in the container's own workspace
+    except (OSError, RuntimeUnavailable) as e:
         return EvalResult(None, error=f"cannot copy the workspace for evaluation: {e}")
     home = scratch / "eval-home"
     home.mkdir(parents=True, exist_ok=True)

@@ -5,12 +5,13 @@
   optional ``ref``), ``test_cmd`` (exit 0 = solved), optional ``id``, ``setup_cmd`` and ``timeout``
   (the agent's seconds). A row becomes a task whose evaluator runs ``test_cmd`` in the final workspace.
 - **Harbor / Terminal-Bench task directories**: ``instruction.md``, ``task.toml``, ``tests/test.sh``,
-  optional ``solution/solve.sh``, and the workspace as a directory (``workspace/``, or ``[metadata]
-  workspace = "PATH"`` relative to the task). A directory holding one task, or holding task directories.
-  No Docker: the workspace is shown at the task's working dir (``[metadata] workdir``, else the last
-  ``WORKDIR`` of ``environment/Dockerfile``, else /app), ``tests/`` at /tests and a writable
-  /logs/verifier to the verifier (``gateway/evaluators.py``, kind ``harbor``). A task that needs an
-  image built, and gives no workspace, is refused in one line that names it.
+  optional ``solution/solve.sh``, and ``environment/Dockerfile`` (or ``[environment] docker_image``). A
+  directory holding one task, or holding task directories. As published, the task runs in a container
+  of its own image (workspace kind ``image``: the image's WORKDIR, /app by default), with the
+  ``[environment]`` limits; the context travels inline when it is small text, else by its path. A task
+  may instead give its workspace as a directory (``workspace/``, or ``[metadata] workspace = "PATH"``):
+  then it runs under bwrap with no image. Either way the verifier sees ``tests/`` at /tests and a
+  writable /logs/verifier (``gateway/evaluators.py``, kind ``harbor``).
 
 Every problem is a ``TaskSourceError`` of one line that names the file (and line) or directory.
 """
@@ -27,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas import EvaluatorSpec, TaskRequest, Timeouts, WorkspaceSpec
+from schemas import EnvironmentSpec, EvaluatorSpec, TaskRequest, Timeouts, WorkspaceSpec
 
 
 class TaskSourceError(ValueError):
@@ -86,18 +87,22 @@ def harbor_task(task_dir: Path, **defaults: Any) -> TaskRequest:
         raise TaskSourceError(f"{where}: no tests/test.sh (the verifier Harbor runs)")
     if env.get("gpus"):
         raise TaskSourceError(f"{where}: needs {env['gpus']} GPU(s) ([environment] gpus); polarstream's sandbox has none")
-    workspace = _harbor_workspace(task_dir, meta, env)
+    workspace = _harbor_workspace(task_dir, meta)
+    environment = None if workspace else _harbor_environment(task_dir, env)
     name = str((conf.get("task") or {}).get("name") or task_dir.name)
     try:
         return TaskRequest.model_validate({
             **defaults,
             "task_id": re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or task_dir.name,
             "instruction": (task_dir / "instruction.md").read_text(),
-            "workspace": WorkspaceSpec(kind="dir" if workspace else "empty", source=str(workspace or ""),
+            "workspace": WorkspaceSpec(kind="dir" if workspace else "image" if environment else "empty",
+                                       source=str(workspace or ""),
                                        mount=str(meta.get("workdir") or _dockerfile_workdir(task_dir) or "/app")),
+            "environment": environment,
             "evaluator": EvaluatorSpec(kind="harbor", command="bash /tests/test.sh", tests=_text_tree(task_dir / "tests"),
                                        timeout_s=float(verifier.get("timeout_sec") or 600.0),
-                                       network="host" if verifier.get("network_mode") == "public" else "none"),
+                                       network="host" if verifier.get("network_mode") == "public" else "none",
+                                       env={str(k): str(v) for k, v in (verifier.get("env") or {}).items()}),
             "timeouts": Timeouts(**({"agent_s": float(agent["timeout_sec"])} if agent.get("timeout_sec") else {})),
             "metadata": {**defaults.get("metadata", {}), "source": "harbor", "task_dir": where,
                          **({"solution": str(task_dir / "solution")} if (task_dir / "solution").is_dir() else {})},
@@ -106,7 +111,8 @@ def harbor_task(task_dir: Path, **defaults: Any) -> TaskRequest:
         raise TaskSourceError(f"{where}: {_first_error(e)}") from None
 
 
-def _harbor_workspace(task_dir: Path, meta: dict, env: dict) -> Path | None:
+def _harbor_workspace(task_dir: Path, meta: dict) -> Path | None:
+    """The task's workspace directory, when it gives one (our layout; a published task has none)."""
     given = meta.get("workspace")
     if given:
         ws = (task_dir / str(given)).resolve()
@@ -115,12 +121,43 @@ def _harbor_workspace(task_dir: Path, meta: dict, env: dict) -> Path | None:
         return ws
     if (task_dir / "workspace").is_dir():
         return task_dir / "workspace"
-    dockerfile = task_dir / "environment" / "Dockerfile"
-    if dockerfile.is_file() or env.get("docker_image"):
-        needs = f"the image {env['docker_image']!r}" if env.get("docker_image") else "an image built from environment/Dockerfile"
-        raise TaskSourceError(f"{task_dir}: needs {needs} and gives no prebuilt workspace (add workspace/ or "
-                              f"[metadata] workspace = \"PATH\"); polarstream runs tasks without Docker")
     return None
+
+
+INLINE_CONTEXT_BYTES = 256 * 1024  # a larger or binary build context travels by its path instead
+
+
+def _harbor_environment(task_dir: Path, env: dict) -> EnvironmentSpec | None:
+    """``environment/`` and ``[environment]`` as an EnvironmentSpec (None: the task has no image)."""
+    context_dir = task_dir / "environment"
+    image = str(env.get("docker_image") or "")
+    if not image and not (context_dir / "Dockerfile").is_file():
+        return None
+    context: dict[str, str] = {}
+    if not image:
+        files = [p for p in sorted(context_dir.rglob("*")) if p.is_file()]
+        if sum(p.stat().st_size for p in files) <= INLINE_CONTEXT_BYTES:
+            try:
+                context = {str(p.relative_to(context_dir)): p.read_text() for p in files}
+            except UnicodeDecodeError:
+                context = {}
+    memory = env.get("memory_mb")
+    if memory is None and isinstance(env.get("memory"), str):  # Terminal-Bench's older "2G" spelling
+        memory = _megabytes(env["memory"], task_dir)
+    try:
+        return EnvironmentSpec(
+            image=image, context=context, context_dir="" if (image or context) else str(context_dir),
+            cpus=env.get("cpus"), memory_mb=memory, storage_mb=env.get("storage_mb"),
+            build_timeout_s=float(env.get("build_timeout_sec") or 600.0), allow_internet=bool(env.get("allow_internet", False)))
+    except (ValidationError, ValueError) as e:
+        raise TaskSourceError(f"{task_dir}: [environment] {_first_error(e)}") from None
+
+
+def _megabytes(text: str, task_dir: Path) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.I)
+    if not m:
+        raise TaskSourceError(f"{task_dir}: [environment] memory = {text!r} is not a size like '2G'")
+    return int(float(m.group(1)) * {"": 1 / 2**20, "K": 1 / 1024, "M": 1, "G": 1024, "T": 2**20}[m.group(2).upper()])
 
 
 def _dockerfile_workdir(task_dir: Path) -> str:

@@ -12,6 +12,7 @@ from .records import (
     CallRecorded,
     ChainInfo,
     EngineSampling,
+    EnvironmentSpec,
     EvaluatorSpec,
     HarnessSpec,
     PolicyVersion,
@@ -34,7 +35,7 @@ from .records import (
 )
 
 __all__ = [
-    "CallOutput", "CallRecorded", "ChainInfo", "DeltaError", "EngineSampling", "EvaluatorSpec", "HarnessSpec",
+    "CallOutput", "CallRecorded", "ChainInfo", "DeltaError", "EngineSampling", "EnvironmentSpec", "EvaluatorSpec", "HarnessSpec",
     "Parts", "PolicyVersion", "PromptDelta", "RECORD_BY_TOPIC", "RECORD_TYPES", "Record", "RecordDecodeError",
     "RecordTooLarge", "SCHEMA_VERSION", "SessionAssigned", "SessionEvent", "TaskRequest", "Timeouts",
     "Timings", "ToolCallOut", "Trace", "TrainingGroup", "Trajectory", "Usage", "WorkspaceSpec", "decode",

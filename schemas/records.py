@@ -69,13 +69,40 @@ class Record(_Model):
 class WorkspaceSpec(_Model):
     """Where a session's workspace comes from."""
 
-    kind: Literal["empty", "dir", "git", "archive", "files"] = "empty"
+    # "image": the workspace is what the task's container image holds at ``mount`` (its WORKDIR); there
+    # is no host directory, and the task must carry an ``environment``.
+    kind: Literal["empty", "dir", "git", "archive", "files", "image"] = "empty"
     source: str = ""  # directory path, git URL, or archive path/URL
     ref: str = ""  # git ref
     files: dict[str, str] = Field(default_factory=dict)  # kind == "files": relative path -> content
     # Where the sandbox shows the workspace, as the task expects it (a Harbor task's WORKDIR, e.g. /app);
     # "" = the runtime's own place (/workspace under bwrap). Only a sandboxing runtime can honour it.
     mount: str = Field("", pattern=r"^(/[A-Za-z0-9._-]+)*$")
+
+
+class EnvironmentSpec(_Model):
+    """The container a task runs in (Harbor's ``environment/`` and ``[environment]``): an image built
+    from a Dockerfile, or a prebuilt one, plus the limits ``task.toml`` asks for."""
+
+    image: str = ""  # prebuilt image (task.toml docker_image); else built from the context
+    # The build context (Dockerfile at "Dockerfile"), relative path -> text, so a task travels whole
+    # through Kafka; a context with binary or large files is named by a directory the nodes can read.
+    context: dict[str, str] = Field(default_factory=dict)
+    context_dir: str = ""
+    cpus: float | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, gt=0)
+    storage_mb: int | None = Field(None, gt=0)
+    gpus: int = Field(0, ge=0)
+    build_timeout_s: float = Field(600.0, gt=0)
+    allow_internet: bool = False  # no network but the gateway unless the task says so
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "EnvironmentSpec":
+        if not (self.image or self.context or self.context_dir):
+            raise ValueError("environment: needs an image, or a build context with a Dockerfile")
+        if self.context and "Dockerfile" not in self.context:
+            raise ValueError("environment.context: no Dockerfile in it")
+        return self
 
 
 class HarnessSpec(_Model):
@@ -91,6 +118,7 @@ class EvaluatorSpec(_Model):
     # the reward is /logs/verifier/reward.txt or reward.json when the verifier writes one, else its exit code
     tests: dict[str, str] = Field(default_factory=dict)
     network: Literal["none", "host"] = "none"  # kind == harbor: the verifier's network (task.toml network_mode)
+    env: dict[str, str] = Field(default_factory=dict)  # kind == harbor: the verifier's environment ([verifier] env)
     expected_files: dict[str, str] = Field(default_factory=dict)  # kind == files: path -> exact content
     callable: str = ""  # kind == python: "module:function", called with (workspace_path, task)
     timeout_s: float = 60.0
@@ -108,6 +136,7 @@ class TaskRequest(Record):
     group_id: str = ""  # defaults to task_id; one group per task submission
     instruction: str
     workspace: WorkspaceSpec = Field(default_factory=WorkspaceSpec)
+    environment: EnvironmentSpec | None = None  # a container image the task runs in (workspace kind "image")
     prepare: list[str] = Field(default_factory=list)  # shell commands run during INIT
     harness: HarnessSpec = Field(default_factory=HarnessSpec)
     evaluator: EvaluatorSpec = Field(default_factory=EvaluatorSpec)
@@ -130,6 +159,8 @@ class TaskRequest(Record):
             self.group_id = self.task_id
         if self.min_valid > self.num_samples:
             raise ValueError(f"min_valid ({self.min_valid}) exceeds num_samples ({self.num_samples})")
+        if self.workspace.kind == "image" and self.environment is None:
+            raise ValueError("workspace: kind 'image' needs the task's environment (its Dockerfile or image)")
         return self
 
     def key(self) -> str:

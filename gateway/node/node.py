@@ -83,7 +83,8 @@ class Node:
             await asyncio.sleep(0.05)
         sock_path = self._sock_dir / "gateway.sock"
         self._relay = await serve_unix_to_tcp(str(sock_path), "127.0.0.1", self.gateway_port)
-        runtime = make_runtime(self.cfg.runtime, sock_path, self.cfg.image)
+        runtime = make_runtime(self.cfg.runtime, sock_path, self.cfg.image, owner=str(self.cfg.work_dir.resolve()))
+        await self._clean_predecessor(runtime)
         self.publisher = Publisher(self.settings, client_id=f"polar-node-{self.cfg.node_id}")
         self.pipeline = Pipeline(self.cfg, runtime, self.gateway_port, self._publish_event, self.settle_calls)
         metrics.watch(self.pipeline)  # served on the gateway's /metrics: one process, one registry
@@ -93,6 +94,19 @@ class Node:
         self._tasks += [asyncio.ensure_future(self.intake.run()), asyncio.ensure_future(self.watcher.run())]
         log.info("node %s: gateway on %s:%d, runtime %s, %d run slots + READY %d", self.cfg.node_id,
                  self.cfg.gateway_host, self.gateway_port, self.cfg.runtime, self.cfg.run_workers, self.cfg.ready_target)
+
+    async def _clean_predecessor(self, runtime) -> None:
+        """Remove what a node that died with this work dir left: its containers and session directories
+        (their sessions are re-run from Kafka, once, by whichever node owns their partitions now)."""
+        containers = getattr(runtime, "containers", runtime)
+        removed = await containers.cleanup() if hasattr(containers, "cleanup") else 0
+        sessions = self.cfg.work_dir / "sessions"
+        left = sorted(sessions.iterdir()) if sessions.is_dir() and not self.cfg.keep_workdirs else []
+        for d in left:
+            shutil.rmtree(d, ignore_errors=True)
+        if removed or left:
+            log.warning("node %s: removed %d container(s) and %d session dir(s) left by an earlier node in %s",
+                        self.cfg.node_id, removed, len(left), self.cfg.work_dir)
 
     async def _publish_event(self, event):
         # A harness's output tail or an evaluator's message can quote a credential: scrub like the calls.

@@ -8,11 +8,12 @@ solution does not score 1 has a broken verifier or solution. ``polarstream tasks
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.evaluators import EvalResult, evaluate
-from gateway.runtimes import ExecSpec, Limits, Runtime, RuntimeUnavailable, command_env
+from gateway.runtimes import ExecSpec, ImageBuildError, Limits, Runtime, RuntimeUnavailable, command_env
 from schemas import TaskRequest
 
 from .workspace import WorkspaceError, materialize, prepare
@@ -23,6 +24,7 @@ class OracleResult:
     task_id: str
     untouched: EvalResult
     solved: EvalResult | None  # None: the task has no solution/solve.sh
+    seconds: dict[str, float] = field(default_factory=dict)  # build (its image) and run (both scorings)
 
     @property
     def ok(self) -> bool:
@@ -32,18 +34,37 @@ class OracleResult:
 
 async def check_task(task: TaskRequest, runtime: Runtime, scratch: Path) -> OracleResult:
     """Evaluate ``task``'s workspace as INIT leaves it, then again after its ``solution/solve.sh``."""
-    untouched = await _score(task, runtime, scratch / "untouched", None)
+    seconds = {"build": 0.0, "run": 0.0}
+    untouched = await _score(task, runtime, scratch / "untouched", None, seconds)
     solution = Path(task.metadata["solution"]) / "solve.sh" if task.metadata.get("solution") else None
-    solved = await _score(task, runtime, scratch / "solved", solution) if solution and solution.is_file() else None
-    return OracleResult(task.task_id, untouched, solved)
+    solved = await _score(task, runtime, scratch / "solved", solution, seconds) if solution and solution.is_file() else None
+    return OracleResult(task.task_id, untouched, solved, seconds)
 
 
-async def _score(task: TaskRequest, runtime: Runtime, scratch: Path, solve_sh: Path | None) -> EvalResult:
+async def _score(task: TaskRequest, runtime: Runtime, scratch: Path, solve_sh: Path | None, seconds: dict) -> EvalResult:
+    """Score one fresh sandbox of ``task`` (after its solution, when given); the sandbox is removed after."""
     shutil.rmtree(scratch, ignore_errors=True)
     workspace, home = scratch / "workspace", scratch / "home"
     home.mkdir(parents=True)
+    t0 = time.monotonic()
     try:
-        await materialize(task.workspace, workspace)
+        box = await runtime.open(task, scratch, log_path=scratch / "build.log")
+    except (RuntimeUnavailable, ImageBuildError) as e:
+        return EvalResult(None, error=f"init: {e}")
+    seconds["build"] += getattr(box, "build_s", 0.0)
+    t1 = time.monotonic() - getattr(box, "build_s", 0.0)
+    try:
+        return await _score_in(task, box, scratch, workspace, home, solve_sh)
+    finally:
+        await box.close()
+        seconds["run"] += time.monotonic() - max(t0, t1)
+
+
+async def _score_in(task: TaskRequest, runtime: Runtime, scratch: Path, workspace: Path, home: Path,
+                    solve_sh: Path | None) -> EvalResult:
+    try:
+        if task.workspace.kind != "image":
+            await materialize(task.workspace, workspace)
         await prepare(task.prepare, workspace, home, runtime, attempts=1, timeout_s=task.timeouts.init_s,
                       mount=task.workspace.mount)
     except WorkspaceError as e:

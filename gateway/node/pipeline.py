@@ -150,7 +150,7 @@ class Pipeline:
             if job.abandoned:  # the partition's new owner re-runs it; a finished event here would race it
                 await self._emit(session_event(job, "harness_exited", tag="abandoned", status="infra_error",
                                                detail=f"{self.cfg.node_id}: {job.cancel_reason}"))
-                teardown(job, self.cfg.keep_workdirs)
+                await teardown(job, self.cfg.keep_workdirs)
                 return
             if ran:
                 await self._emit(session_event(job, "harness_exited", status=job.status or "ok",
@@ -173,7 +173,7 @@ class Pipeline:
                                            metrics=dict(job.metrics), num_calls=job.num_calls or 0,
                                            detail=f"{self.cfg.node_id}: {job.detail[-900:]}"))
             self.finished[job.status or "?"] += 1
-            teardown(job, self.cfg.keep_workdirs)
+            await teardown(job, self.cfg.keep_workdirs)
         finally:
             release()
             self.jobs.pop(job.run_id, None)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from gateway import harnesses
 from gateway.evaluators import evaluate
-from gateway.runtimes import ExecSpec, Limits, Runtime, RuntimeUnavailable
+from gateway.harnesses.install import prefix
+from gateway.runtimes import ExecSpec, ImageBuildError, Limits, Runtime, RuntimeUnavailable
 from schemas import SessionAssigned, SessionEvent, derived_event_id
 from schemas.records import SessionStatus
 
@@ -48,6 +49,7 @@ class Job:
     cancel_reason: str = ""
     abandoned: bool = False  # its partition moved to another node, which re-runs it: publish no outcome
     root: Path | None = None
+    sandbox: Runtime | None = None  # where this session's programs run (its container, for an image task)
     status: SessionStatus | None = None
     reward: float | None = None
     detail: str = ""
@@ -100,21 +102,38 @@ async def init_stage(job: Job, cfg: NodeConfig, runtime: Runtime) -> bool:
     for name in ("workspace", "home", "logs", "eval"):
         job.dir(name).mkdir(parents=True)
     t0 = time.monotonic()
+    env = job.task.environment
+    limit = job.task.timeouts.init_s + (env.build_timeout_s if env is not None else 0.0)  # a build has its own limit
     try:
-        await asyncio.wait_for(_init(job, cfg, runtime), timeout=job.task.timeouts.init_s)
+        await asyncio.wait_for(_init(job, cfg, runtime), timeout=limit)
     except asyncio.TimeoutError:
-        job.end("infra_error", f"INIT exceeded {job.task.timeouts.init_s}s")
+        job.end("infra_error", f"INIT exceeded {limit:g}s")
     except WorkspaceError as e:
         job.end("infra_error", str(e))
     job.metrics["init_s"] = time.monotonic() - t0
     return job.status is None
 
 
+def exposed_paths(job: Job, cfg: NodeConfig) -> tuple[list[Path], bool]:
+    """Host paths the session's harness needs read-only (an npm CLI's tree), and whether it needs node."""
+    name = job.task.harness.name
+    if name in harnesses.NPM_HARNESSES:
+        return [prefix(name, cfg.cache_dir)], True
+    return [], False
+
+
 async def _init(job: Job, cfg: NodeConfig, runtime: Runtime) -> None:
-    await materialize(job.task.workspace, job.dir("workspace"))
+    ro_paths, node = exposed_paths(job, cfg)
+    try:
+        job.sandbox = await runtime.open(job.task, job.root, ro_paths, node, log_path=job.dir("logs") / "build.log")
+    except (RuntimeUnavailable, ImageBuildError) as e:
+        raise WorkspaceError(str(e)) from None
+    job.metrics["image_build_s"] = getattr(job.sandbox, "build_s", 0.0)
+    if job.task.workspace.kind != "image":
+        await materialize(job.task.workspace, job.dir("workspace"))
     if job.task.prepare:
         job.metrics["prepare_retries"] = await prepare(
-            job.task.prepare, job.dir("workspace"), job.dir("home"), runtime, attempts=cfg.prepare_attempts,
+            job.task.prepare, job.dir("workspace"), job.dir("home"), job.sandbox, attempts=cfg.prepare_attempts,
             timeout_s=job.task.timeouts.init_s, log_path=job.dir("logs") / "prepare.log", mount=job.task.workspace.mount)
 
 
@@ -148,6 +167,7 @@ async def run_stage(job: Job, cfg: NodeConfig, runtime: Runtime, gateway_port: i
                     settle_calls: Callable[[str], Awaitable[int | None]]) -> None:
     """Run the harness until it exits, the agent timeout passes or the session is cancelled."""
     t0 = time.monotonic()
+    runtime = job.sandbox or runtime
     try:
         _, spec = harness_launch(job, cfg, runtime, gateway_port)
     except (harnesses.HarnessConfigError, harnesses.HarnessNotInstalled) as e:
@@ -173,6 +193,9 @@ async def run_stage(job: Job, cfg: NodeConfig, runtime: Runtime, gateway_port: i
             if res.timed_out:
                 # The calls captured so far stay in Kafka; the sample trains with reward 0 by default.
                 job.end("timeout", f"agent timeout after {job.task.timeouts.agent_s}s", reward=0.0)
+            elif res.returncode != 0 and await _out_of_memory(runtime):
+                job.end("failed", f"harness killed: out of memory (memory_mb={job.task.environment.memory_mb})")
+                job.metrics["oom_killed"] = 1.0
             elif res.returncode != 0:
                 job.end("failed", f"harness exited with code {res.returncode}: {res.output_tail[-300:]}")
     job.metrics["run_s"] = time.monotonic() - t0
@@ -189,7 +212,8 @@ async def postrun_stage(job: Job, cfg: NodeConfig, runtime: Runtime) -> None:
         return
     t0 = time.monotonic()
     spec = job.task.evaluator
-    res = await evaluate(spec, job.dir("workspace"), job.dir("eval"), job.task, runtime, job.dir("logs") / "eval.log")
+    res = await evaluate(spec, job.dir("workspace"), job.dir("eval"), job.task, job.sandbox or runtime,
+                         job.dir("logs") / "eval.log")
     job.metrics["eval_s"] = time.monotonic() - t0
     job.metrics.update(res.metrics)
     if res.error:
@@ -198,7 +222,15 @@ async def postrun_stage(job: Job, cfg: NodeConfig, runtime: Runtime) -> None:
         job.end("ok", res.detail, reward=res.reward)
 
 
-def teardown(job: Job, keep: bool) -> None:
-    """Delete the session's directories (a harness can't leave state for the next session)."""
+async def _out_of_memory(sandbox: Runtime) -> bool:
+    """Whether the container's memory limit killed a process (only a container can tell)."""
+    check = getattr(sandbox, "oom_killed", None)
+    return bool(check) and await check()
+
+
+async def teardown(job: Job, keep: bool) -> None:
+    """Remove the session's container and directories (a harness can't leave state for the next session)."""
+    if job.sandbox is not None:
+        await job.sandbox.close()
     if job.root is not None and not keep:
         shutil.rmtree(job.root, ignore_errors=True)

@@ -65,10 +65,20 @@ class RuntimeUnavailable(RuntimeError):
 
 
 class Runtime(Protocol):
-    """A way to run programs. Implementations: subprocess, bwrap, docker, apptainer."""
+    """A way to run programs. Implementations: subprocess, bwrap, apptainer (each its own sandbox) and
+    podman/docker, whose ``open`` gives each session a container of its own (podman.py)."""
 
     name: str
     python: str  # a python interpreter path valid inside the runtime
+    persistent: bool  # True: runs share one container's state (a session's), not a host directory
+
+    async def open(self, task, root: Path, ro_paths: list[Path] = (), node_binary: bool = False,
+                   log_path: Path | None = None) -> "Runtime":
+        """The sandbox one session runs in (a container for an image task; the runtime itself for the
+        others). RuntimeUnavailable or images.ImageBuildError when it cannot be made."""
+
+    async def close(self) -> None:
+        """Remove what ``open`` made (nothing for a runtime that is its own sandbox)."""
 
     def workspace_view(self, spec_workspace: Path, mount: str = "") -> str:
         """The workspace path as the program sees it (``mount``: where the task wants it)."""
@@ -84,6 +94,20 @@ class Runtime(Protocol):
 
     async def run(self, spec: ExecSpec) -> ExecResult:
         """Run ``spec`` to completion or until its wall-clock limit."""
+
+
+class HostSandbox:
+    """Mixin of the runtimes whose runs are independent programs over a host workspace directory: a
+    session's sandbox is the runtime itself."""
+
+    persistent = False
+
+    async def open(self, task, root: Path, ro_paths: list[Path] = (), node_binary: bool = False,
+                   log_path: Path | None = None) -> "HostSandbox":
+        return self
+
+    async def close(self) -> None:
+        return None
 
 
 def sandbox_port(gateway_port: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .base import ExecResult, ExecSpec, RuntimeUnavailable, prlimit_argv, run_process, sandbox_port
+from .base import HostSandbox, ExecResult, ExecSpec, RuntimeUnavailable, prlimit_argv, run_process, sandbox_port
 
 WORKSPACE = "/workspace"
 HOME = "/home/agent"
@@ -40,7 +40,7 @@ def system_binds(root: Path = Path("/")) -> list[str]:
     return args
 
 
-class BwrapRuntime:
+class BwrapRuntime(HostSandbox):
     name = "bwrap"
 
     def __init__(self, sock_path: Path | None = None, *, bwrap: str | None = None, python: str | None = None):

@@ -9,10 +9,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .base import ExecResult, ExecSpec, RuntimeUnavailable, prlimit_argv, run_process
+from .base import HostSandbox, ExecResult, ExecSpec, RuntimeUnavailable, prlimit_argv, run_process
 
 
-class SubprocessRuntime:
+class SubprocessRuntime(HostSandbox):
     name = "subprocess"
 
     def __init__(self, python: str | None = None):

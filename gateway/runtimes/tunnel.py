@@ -7,6 +7,10 @@ into the sandbox; inside, this file runs as the sandbox's first process (``pytho
 connection to the socket, starts the harness and exits with its status. So the harness dials an
 ordinary ``http://127.0.0.1:PORT`` and every other address stays unreachable.
 
+A container task's image may have no python, so there the node runs this file itself, on the host, in
+the container's network namespace only (``--netns /proc/PID/ns/net``, no program: it relays until
+killed, and dies with the node): it sees the host's socket path and the container's loopback.
+
 Standard library only: it runs under the sandbox's system python, without the project installed.
 """
 
@@ -54,9 +58,32 @@ async def serve_unix_to_tcp(sock_path: str, host: str, port: int) -> asyncio.Abs
     return server
 
 
+def enter_netns(path: str) -> None:
+    """Move this process into the network namespace at ``path`` (before any socket is made), and have
+    the kernel kill it when its parent (the node) dies, so no relay outlives the session's owner."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), f"setns {path}: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
+
+
 async def _supervise(listen: str, sock_path: str, argv: list[str]) -> int:
     host, _, port = listen.rpartition(":")
     server = await serve_tcp_to_unix(host or "127.0.0.1", int(port), sock_path)
+    if not argv:  # relay only: until SIGTERM
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        print("ready", flush=True)
+        await stop.wait()
+        server.close()
+        return 0
     proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -70,11 +97,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--listen", required=True, help="host:port to listen on inside the sandbox")
     ap.add_argument("--unix", required=True, help="unix socket that reaches the gateway")
+    ap.add_argument("--netns", default="", help="enter this network namespace first (a container's)")
     ap.add_argument("argv", nargs=argparse.REMAINDER, help="-- program and arguments")
     ns = ap.parse_args()
     argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
-    if not argv:
+    if not argv and not ns.netns:
         ap.error("no program given after --")
+    if ns.netns:
+        enter_netns(ns.netns)
     try:
         return asyncio.run(_supervise(ns.listen, ns.unix, argv))
     except FileNotFoundError as e:

@@ -103,7 +103,7 @@ class Env:
             return str(r / "bad.json"), str(r / "bad.json")
         if kind == "not_a_task_dir":  # a directory with no instruction.md in it or below it
             return str(r / "empty"), str(r / "empty")
-        if kind == "docker_task":  # a Harbor task that needs an image built and gives no workspace
+        if kind == "docker_task":  # a Harbor task whose image asks for a GPU
             return str(r / "docker-task"), str(r / "docker-task")
         if kind == "no_model":
             return str(r / "empty"), str(r / "empty")
@@ -128,6 +128,7 @@ def env():
     (root / "docker-task" / "instruction.md").write_text("Fix it.\n")
     (root / "docker-task" / "tests" / "test.sh").write_text("exit 0\n")
     (root / "docker-task" / "environment" / "Dockerfile").write_text("FROM python:3.13\nWORKDIR /app\n")
+    (root / "docker-task" / "task.toml").write_text("[environment]\ngpus = 1\n")
     (root / "bad.yaml").write_text("turns: [1,\n")
     (root / "bad.json").write_text('{"calls": \n')
     (root / "tasks.jsonl").write_text(json.dumps({"task_id": "t1", "instruction": "do it", "num_samples": 1, "min_valid": 1}) + "\n")
@@ -222,7 +223,7 @@ def test_a_bad_experiment_file_is_one_line_naming_the_field(tmp_path, body, word
     assert r.exit_code == 1 and r.stderr.startswith("error: ") and len(r.stderr.splitlines()) == 1
 
 
-def test_an_empty_split_and_a_task_that_needs_docker_stop_the_run_before_anything_starts(tmp_path, monkeypatch):
+def test_an_empty_split_and_a_task_that_needs_a_gpu_stop_the_run_before_anything_starts(tmp_path, monkeypatch):
     monkeypatch.setattr("infra.stack.Stack.up", lambda *a: (_ for _ in ()).throw(AssertionError("started the stack")))
     (tmp_path / "empty.jsonl").write_text("\n")
     docker = tmp_path / "docker-task"
@@ -231,7 +232,8 @@ def test_an_empty_split_and_a_task_that_needs_docker_stop_the_run_before_anythin
     (docker / "instruction.md").write_text("x\n")
     (docker / "tests" / "test.sh").write_text("exit 0\n")
     (docker / "environment" / "Dockerfile").write_text("FROM x\n")
-    for train, words in (("empty.jsonl", "no tasks in it"), ("docker-task", "needs an image built from environment/Dockerfile")):
+    (docker / "task.toml").write_text("[environment]\ngpus = 2\n")
+    for train, words in (("empty.jsonl", "no tasks in it"), ("docker-task", "needs 2 GPU(s)")):
         f = tmp_path / "exp.yaml"
         f.write_text(yaml.safe_dump({"model": str(tmp_path), "train": train, "eval": ""}))
         r = CliRunner().invoke(app, ["run", str(f), "--run-dir", str(tmp_path / "run")])

@@ -57,6 +57,25 @@ def test_the_dockerfile_workdir_is_used_when_a_workspace_is_given(tmp_path):
     assert t.workspace.mount == "/work" and t.evaluator.network == "none"
 
 
+def test_a_published_task_runs_in_its_own_image_with_its_limits(tmp_path):
+    d = harbor(tmp_path, dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\nCOPY data.txt /app/\n", workspace=False,
+               toml='[environment]\ncpus = 1.5\nmemory_mb = 512\nbuild_timeout_sec = 90\nallow_internet = true\n'
+                    '[verifier]\nenv = { MODE = "strict", N = 3 }\n')
+    (d / "environment" / "data.txt").write_text("42\n")
+    (t,) = load_tasks(d)
+    env = t.environment
+    assert t.workspace.kind == "image" and t.workspace.mount == "/app" and t.evaluator.env == {"MODE": "strict", "N": "3"}
+    assert env.context == {"Dockerfile": "FROM debian:bookworm-slim\nWORKDIR /app\nCOPY data.txt /app/\n", "data.txt": "42\n"}
+    assert (env.cpus, env.memory_mb, env.build_timeout_s, env.allow_internet, env.context_dir) == (1.5, 512, 90.0, True, "")
+    (binary,) = load_tasks(harbor(tmp_path, "bin", dockerfile="FROM x\n", workspace=False))
+    (tmp_path / "bin" / "environment" / "blob").write_bytes(b"\xff\xfe")
+    (binary,) = load_tasks(tmp_path / "bin")  # a binary file: the context goes by its path
+    assert binary.environment.context == {} and binary.environment.context_dir == str(tmp_path / "bin" / "environment")
+    (pre,) = load_tasks(harbor(tmp_path, "pre", toml='[environment]\ndocker_image = "org/img:1"\nmemory = "2G"\n', workspace=False))
+    assert (pre.workspace.kind, pre.environment.image, pre.environment.memory_mb, pre.environment.allow_internet) == (
+        "image", "org/img:1", 2048, False)
+
+
 def test_a_metadata_workspace_path_is_resolved_against_the_task(tmp_path):
     d = harbor(tmp_path, toml='[metadata]\nworkspace = "../seed"\n', workspace=False)
     (tmp_path / "seed").mkdir()
@@ -65,8 +84,8 @@ def test_a_metadata_workspace_path_is_resolved_against_the_task(tmp_path):
 
 
 @pytest.mark.parametrize("make, words", [
-    (lambda p: harbor(p, dockerfile="FROM python:3.13\n", workspace=False), "needs an image built from environment/Dockerfile"),
-    (lambda p: harbor(p, toml='[environment]\ndocker_image = "org/img:1"\n', workspace=False), "needs the image 'org/img:1'"),
+    (lambda p: harbor(p, dockerfile="FROM x\n", toml='[environment]\nmemory = "lots"\n', workspace=False), "not a size"),
+    (lambda p: harbor(p, dockerfile="FROM x\n", toml='[environment]\ncpus = -1\n', workspace=False), "cpus"),
     (lambda p: harbor(p, toml="[environment]\ngpus = 1\n"), "needs 1 GPU(s)"),
     (lambda p: harbor(p, toml="[task\n"), "not valid TOML"),
     (lambda p: harbor(p, toml='[metadata]\nworkspace = "nowhere"\n', workspace=False), "is not a directory"),

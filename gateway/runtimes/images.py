@@ -1,0 +1,242 @@
+"""Task images: built once per build context (its hash), cached by the container engine, shared by every
+session and node of a machine; and offline stand-ins for the Debian bases Dockerfiles name.
+
+    tag = await ensure_image(env, engine)      # "localhost/polar-task:<hash>", built or found
+
+A build runs under one machine-wide lock per hash (``fcntl`` on a file in the cache dir), so two nodes
+asking for the same image build it once. A build that fails or overruns ``build_timeout_s`` raises
+``ImageBuildError`` naming the failing ``STEP n/m`` line: a task error, never a reward.
+
+Where no registry answers, ``FROM debian:bookworm-slim`` (or ``python:3.12-slim-bookworm``...) is met by a
+base built from Debian's packages with mmdebstrap (``build_base``); the image is labelled as a stand-in
+and ``polarstream images base NAME`` says so when it makes one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from schemas import EnvironmentSpec
+
+TAG_REPO = "localhost/polar-task"
+STANDIN_LABEL = "io.polarstream.standin"
+
+
+class ImageBuildError(RuntimeError):
+    """A task's image could not be built or found; the message is one line naming the step."""
+
+
+def engine_argv(engine: str) -> list[str]:
+    """The engine's CLI with the OCI runtime that works here: podman's default (crun) cannot run in a
+    cgroup-v1/v2 hybrid host, runc can (shared/docs/containers.md); docker chooses its own."""
+    exe = shutil.which(engine) or engine
+    if Path(exe).name == "podman":
+        runtime = os.environ.get("POLAR_OCI_RUNTIME") or ("runc" if shutil.which("runc") else "")
+        return [exe, *(["--runtime", runtime] if runtime else [])]
+    return [exe]
+
+
+def context_files(env: EnvironmentSpec) -> dict[str, bytes]:
+    """The build context as relative path -> bytes (inline text, or read from ``context_dir``)."""
+    if env.context:
+        return {rel: text.encode() for rel, text in env.context.items()}
+    root = Path(env.context_dir)
+    if not (root / "Dockerfile").is_file():
+        raise ImageBuildError(f"environment: no Dockerfile in {root}")
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def context_hash(files: dict[str, bytes]) -> str:
+    """Content hash of a build context: same files, same image, on any node."""
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(rel.encode() + b"\0" + hashlib.sha256(files[rel]).digest())
+    return h.hexdigest()[:20]
+
+
+def from_images(dockerfile: str) -> list[str]:
+    """The external images a Dockerfile builds on (``FROM x [AS y]``; later stages naming ``y`` skipped)."""
+    stages, bases = set(), []
+    for m in re.finditer(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", dockerfile, re.M | re.I):
+        image, alias = m.group(1), m.group(2)
+        if image.lower() not in stages and image.lower() != "scratch" and "$" not in image:
+            bases.append(image)
+        if alias:
+            stages.add(alias.lower())
+    return bases
+
+
+def failing_step(output: str) -> str:
+    """The last ``STEP n/m: ...`` line of a build's output (podman and buildah print one per step)."""
+    steps = re.findall(r"^(?:\[\d/\d\] )?STEP (\d+/\d+): (.*)$", output, re.M)
+    return f"STEP {steps[-1][0]}: {steps[-1][1][:160]}" if steps else "before its first step"
+
+
+# ------------------------------------------------------------------------------ offline Debian bases
+
+
+def standin_recipe(name: str) -> tuple[str, list[str]] | None:
+    """(Debian suite, extra packages) to stand in for ``name``, or None when it is not a Debian base we
+    can make: ``debian:<suite>[-slim]`` and ``python:<version>[-slim]-<suite>`` (with Debian's python3)."""
+    bare = name.split("/")[-1]
+    repo, _, tag = bare.partition(":")
+    suites = ("bookworm", "trixie", "bullseye")
+    if repo == "debian":
+        suite = (tag or "bookworm").removesuffix("-slim")
+        return (suite, []) if suite in suites else None
+    if repo == "python":
+        suite = next((s for s in suites if tag.endswith(s)), "bookworm" if tag in ("", "3", "slim") else "")
+        return (suite, ["python3-pip", "python3-venv"]) if suite else None
+    return None
+
+
+def qualified(name: str) -> str:
+    """``debian:bookworm-slim`` as a Dockerfile's short name resolves it: docker.io/library/..."""
+    if "/" not in name.split(":")[0]:
+        name = f"docker.io/library/{name}"
+    elif name.count("/") == 1 and "." not in name.split("/")[0]:
+        name = f"docker.io/{name}"
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+
+async def _run(argv: list[str], timeout_s: float | None = None, log: Path | None = None) -> tuple[int | None, str]:
+    """Run a command; (exit code, or None on timeout; its combined output, also when it timed out)."""
+    with tempfile.TemporaryFile() as out:
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                                                    stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+            rc = proc.returncode
+        except (asyncio.TimeoutError, asyncio.CancelledError) as e:
+            try:
+                os.killpg(proc.pid, 9)  # the engine's client and whatever build step it started
+            except ProcessLookupError:
+                pass
+            await proc.wait()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            rc = None
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    if log is not None:
+        with open(log, "a") as f:
+            f.write(text)
+    return rc, text
+
+
+async def image_exists(engine: str, name: str) -> bool:
+    rc, _ = await _run([*engine_argv(engine), "image", "exists" if "podman" in engine else "inspect", name])
+    return rc == 0
+
+
+async def build_base(name: str, engine: str = "podman", *, log: Path | None = None) -> str:
+    """Build a Debian stand-in for ``name`` with mmdebstrap and import it under that name; its tag."""
+    recipe = standin_recipe(name)
+    if recipe is None:
+        raise ImageBuildError(f"{name}: no offline stand-in for it (only debian:<suite> and python:<ver>-<suite>)")
+    if not shutil.which("mmdebstrap"):
+        raise ImageBuildError(f"{name}: cannot build an offline stand-in: mmdebstrap is not installed")
+    suite, extra = recipe
+    tag = qualified(name)
+    # python3 for the node's tunnel-free tooling and Harbor verifiers; bash, procps and ca-certificates
+    # as the real slim images have them; libstdc++ comes with apt (the harness's Node needs it).
+    packages = ",".join(["python3", "ca-certificates", "procps", *extra])
+    with tempfile.TemporaryDirectory(prefix="polar-base-") as tmp:
+        tar = Path(tmp) / "rootfs.tar"
+        rc, out = await _run(["mmdebstrap", "--quiet", "--variant=minbase", f"--include={packages}", suite, str(tar)], 900, log)
+        if rc != 0:
+            raise ImageBuildError(f"{name}: mmdebstrap {suite} failed: {out.strip()[-200:]}")
+        changes = ["--change", "CMD [\"bash\"]", "--change", f"LABEL {STANDIN_LABEL}=debian-{suite}-minbase"]
+        rc, out = await _run([*engine_argv(engine), "import", *changes, str(tar), tag], 300, log)
+        if rc != 0:
+            raise ImageBuildError(f"{name}: importing the stand-in failed: {out.strip()[-200:]}")
+    return tag
+
+
+# ----------------------------------------------------------------------------------- task images
+
+
+class _MachineLock:
+    """An exclusive lock on a file, held across processes (nodes) of one machine."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+
+    async def __aenter__(self):
+        self.f = open(self.path, "a")
+        while True:
+            try:
+                fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                await asyncio.sleep(0.2)
+
+    async def __aexit__(self, *exc):
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get("POLAR_CACHE_DIR") or Path.home() / ".cache" / "polarstream") / "images"
+
+
+async def ensure_base(name: str, engine: str, log: Path | None = None) -> str:
+    """``name`` present locally: found, pulled, or (no registry) built as a Debian stand-in."""
+    if await image_exists(engine, name) or await image_exists(engine, qualified(name)):
+        return name
+    async with _MachineLock(lock_dir() / f"base-{hashlib.sha256(name.encode()).hexdigest()[:16]}.lock"):
+        if await image_exists(engine, qualified(name)):
+            return name
+        rc, out = await _run([*engine_argv(engine), "pull", "-q", name], 600, log)
+        if rc == 0:
+            return name
+        if standin_recipe(name) is None:
+            raise ImageBuildError(f"cannot pull {name} ({out.strip().splitlines()[-1][:160] if out.strip() else 'timed out'})"
+                                  " and no offline stand-in exists for it")
+        await build_base(name, engine, log=log)
+        return name
+
+
+async def ensure_image(env: EnvironmentSpec, engine: str = "podman", *, log: Path | None = None) -> tuple[str, float]:
+    """The image a task runs in, built when its context's image is not there yet; (tag, build seconds)."""
+    if env.image:
+        return await ensure_base(env.image, engine, log), 0.0
+    files = context_files(env)
+    tag = f"{TAG_REPO}:{context_hash(files)}"
+    if await image_exists(engine, tag):
+        return tag, 0.0
+    t0 = time.monotonic()
+    async with _MachineLock(lock_dir() / f"{tag.rsplit(':', 1)[1]}.lock"):
+        if await image_exists(engine, tag):  # another node built it while we waited
+            return tag, time.monotonic() - t0
+        dockerfile = files["Dockerfile"].decode(errors="replace")
+        for base in from_images(dockerfile):
+            await ensure_base(base, engine, log)
+        with tempfile.TemporaryDirectory(prefix="polar-ctx-") as tmp:
+            for rel, data in files.items():
+                path = Path(tmp) / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            remaining = env.build_timeout_s - (time.monotonic() - t0)
+            rc, out = await _run([*engine_argv(engine), "build", "--network", "host", "--label", "io.polarstream.task-image=1",
+                                  "-t", tag, tmp], max(remaining, 1.0), log)
+        if rc is None:
+            raise ImageBuildError(f"image build exceeded build_timeout_sec={env.build_timeout_s:g} at {failing_step(out)}")
+        if rc != 0:
+            raise ImageBuildError(f"image build failed at {failing_step(out)}: {_last_error(out)}")
+    return tag, time.monotonic() - t0
+
+
+def _last_error(output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.lower().startswith(("error", "e:"))]
+    return (errors[-1] if errors else lines[-1] if lines else "no output")[:200]

@@ -1,0 +1,271 @@
+"""The ``podman`` runtime (``docker`` is the same CLI): each session in a container of its task's image.
+
+One container per session, as Harbor runs a trial: created at INIT from the task's image (built once per
+Dockerfile content, images.py) and removed at teardown. Prepare commands, the harness, a task's solution
+and the verifier all ``exec`` into it, so the verifier sees the agent's final state.
+
+Inside: the workspace is the image's WORKDIR (``WorkspaceSpec.mount``, /app by default); a workspace
+task without an image runs in the node's ``--image`` with its directory bound at /workspace. HOME is
+/home/agent, bound from the session's home (the harness's config files). An npm CLI comes in read-only
+from the node: its install tree at its host path and the host's ``node`` at /usr/local/bin/node (no
+layer to build per image and version; the image needs glibc and libstdc++, as Debian's and Ubuntu's have).
+
+Network: ``none``, or the engine's bridge when the task's ``allow_internet`` is set (never the host's,
+whose loopback holds Kafka and the storage server). The gateway comes in through tunnel.py, which the
+node runs on the host inside the container's network namespace for the length of a harness run: the
+image needs no python for it, and the verifier runs after it is gone.
+
+Limits: ``memory_mb`` (swap included), ``cpus``, a pids cap and open files; a run past its deadline
+kills the container (the session ends there in any case). Each container is labelled with its owner
+(the node's work dir), so a restarted node removes what its predecessor left (``cleanup``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from schemas import TaskRequest
+
+from .base import ExecResult, ExecSpec, RuntimeUnavailable, _tail, sandbox_port
+from .bwrap import HOME, TUNNEL, WORKSPACE
+from .images import ImageBuildError, engine_argv, ensure_image
+
+OWNER_LABEL = "io.polarstream.owner"
+SESSION_LABEL = "io.polarstream.session"
+NODE_BIN = "/usr/local/bin/node"
+# PID 1 of a session container: waits, and exits at once on the engine's stop (any image has /bin/sh).
+IDLE = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
+
+
+def _hard(limit: int, want: int) -> int:
+    hard = resource.getrlimit(limit)[1]
+    return want if hard == resource.RLIM_INFINITY else min(want, hard)
+
+
+class ContainerRuntime:
+    """Opens a container sandbox per session (``open``); a container runtime runs nothing by itself."""
+
+    persistent = False
+
+    def __init__(self, sock_path: Path | None = None, *, engine: str = "podman", image: str = "", owner: str = "",
+                 pids_limit: int = 1024):
+        self.name = engine
+        self.engine, self.sock_path, self.image, self.pids_limit = engine, sock_path, image, pids_limit
+        self.owner = owner or "polarstream"
+        self.python = "python3"
+
+    def unavailable(self) -> str:
+        """Why this runtime cannot run here ("" when it can)."""
+        return "" if shutil.which(self.engine) else (
+            f"{self.engine} is not installed (Debian: apt-get install podman runc; `make system` does it)")
+
+    async def open(self, task: TaskRequest, root: Path, ro_paths: list[Path] = (), node_binary: bool = False,
+                   log_path: Path | None = None) -> "ContainerSandbox":
+        """Build or find the task's image and start its session container; RuntimeUnavailable (the
+        engine is missing, a limit cannot be enforced) or ImageBuildError (a task error) otherwise."""
+        if why := self.unavailable():
+            raise RuntimeUnavailable(why)
+        env = task.environment
+        if env is not None and env.gpus:
+            raise RuntimeUnavailable(f"task {task.task_id} asks for {env.gpus} GPU(s); this node's containers have none")
+        if env is not None and env.storage_mb:
+            raise RuntimeUnavailable(f"task {task.task_id}: storage_mb={env.storage_mb} cannot be enforced by {self.engine} "
+                                     "on this storage (overlay without project quotas); remove it from task.toml")
+        t0 = time.monotonic()
+        if env is not None:
+            image, built_s = await ensure_image(env, self.engine, log=log_path)
+        elif self.image:
+            image, built_s = self.image, 0.0
+        else:
+            raise RuntimeUnavailable(f"{self.engine}: task {task.task_id} has no image and the node was given no --image")
+        home = root / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        name = "polar-" + hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+        workdir = task.workspace.mount or (WORKSPACE if env is None else "")
+        argv = ["run", "-d", "--name", name, "--label", f"{OWNER_LABEL}={self.owner}",
+                "--label", f"{SESSION_LABEL}={root.name}", "--hostname", "polar-sandbox",
+                "--network", "bridge" if env is not None and env.allow_internet else "none",
+                "--ulimit", f"nofile={_hard(resource.RLIMIT_NOFILE, 4096)}:{_hard(resource.RLIMIT_NOFILE, 4096)}",
+                "--ulimit", f"nproc={_hard(resource.RLIMIT_NPROC, 4096)}:{_hard(resource.RLIMIT_NPROC, 4096)}",
+                "--pids-limit", str(self.pids_limit), "-v", f"{home}:{HOME}", "-e", f"HOME={HOME}"]
+        if env is not None and env.memory_mb:
+            argv += ["--memory", f"{env.memory_mb}m", "--memory-swap", f"{env.memory_mb}m"]
+        if env is not None and env.cpus:
+            argv += ["--cpus", f"{env.cpus:g}"]
+        if env is None:
+            (root / "workspace").mkdir(parents=True, exist_ok=True)
+            argv += ["-v", f"{root / 'workspace'}:{workdir}"]
+        for p in ro_paths:
+            argv += ["-v", f"{p}:{p}:ro"]
+        if node_binary:
+            node = shutil.which("node")
+            if node is None:
+                raise RuntimeUnavailable("the harness needs node on the host to bring into the container")
+            argv += ["-v", f"{os.path.realpath(node)}:{NODE_BIN}:ro"]
+        await _engine(self.engine, "rm", "-f", name)  # a leftover of an earlier attempt with this root
+        rc, out = await _engine(self.engine, *argv, "--entrypoint", IDLE[0], image, *IDLE[1:])
+        if rc != 0:
+            raise RuntimeUnavailable(f"{self.engine}: cannot start the session container: {out.strip()[-300:]}")
+        box = ContainerSandbox(self, name, image, workdir, root, built_s)
+        if workdir:
+            await _engine(self.engine, "exec", name, "mkdir", "-p", workdir)
+        rc, out = await _engine(self.engine, "inspect", "--format", "{{.Config.WorkingDir}}\n{{range .Config.Env}}{{println .}}{{end}}", name)
+        lines = out.splitlines() if rc == 0 else []
+        box.workdir = workdir or (lines[0].strip() if lines else "") or "/"
+        box.image_path = next((ln[5:] for ln in lines[1:] if ln.startswith("PATH=")), "")
+        box.open_s = time.monotonic() - t0
+        return box
+
+    async def cleanup(self) -> int:
+        """Remove every container this owner left (a node that died); how many."""
+        if self.unavailable():
+            return 0
+        rc, out = await _engine(self.engine, "ps", "-a", "-q", "--filter", f"label={OWNER_LABEL}={self.owner}")
+        ids = out.split() if rc == 0 else []
+        if ids:
+            await _engine(self.engine, "rm", "-f", "-t", "0", *ids)
+        return len(ids)
+
+
+class ContainerSandbox:
+    """One session's container: a Runtime whose runs ``exec`` into it, in its current state."""
+
+    persistent = True
+    python = "python3"
+
+    def __init__(self, runtime: ContainerRuntime, name: str, image: str, workdir: str, root: Path, build_s: float):
+        self.runtime, self.cname, self.image, self.workdir, self.root = runtime, name, image, workdir, root
+        self.name = runtime.name
+        self.build_s, self.open_s = build_s, 0.0
+        self.dead = ""  # why the container is gone (a timeout killed it)
+        self.image_path = ""  # the image's own PATH (a venv's bin, say), kept behind the one a run sets
+
+    def workspace_view(self, spec_workspace: Path, mount: str = "") -> str:
+        return mount or self.workdir
+
+    def home_view(self, spec_home: Path) -> str:
+        return HOME
+
+    def gateway_url(self, gateway_port: int) -> str:
+        return f"http://127.0.0.1:{sandbox_port(gateway_port)}"
+
+    def command(self, spec: ExecSpec) -> list[str]:
+        """``<engine> exec`` of ``spec`` in this session's container (pure)."""
+        args = [*engine_argv(self.runtime.engine), "exec", "-w", spec.mount or self.workdir]
+        env = dict(spec.env)
+        if "PATH" in env and self.image_path:
+            parts = env["PATH"].split(":")
+            env["PATH"] = ":".join(parts + [p for p in self.image_path.split(":") if p not in parts])
+        for k, v in sorted(env.items()):
+            args += ["-e", f"{k}={v}"]
+        return [*args, self.cname, *spec.argv]
+
+    async def run(self, spec: ExecSpec) -> ExecResult:
+        """Run ``spec`` in the container: ``mounts`` copied in first and back after (the container
+        outlives them); the gateway tunnel up for a ``network="gateway"`` run only."""
+        if self.dead:
+            raise RuntimeUnavailable(f"{self.runtime.engine}: the session container is gone ({self.dead})")
+        for seen_at, host in spec.mounts.items():
+            await self._copy_in(host, seen_at)
+        tunnel = await self._tunnel(spec) if spec.network == "gateway" else None
+        log = open(spec.log_path, "ab") if spec.log_path else open(os.devnull, "wb")
+        t0 = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(*self.command(spec), stdin=asyncio.subprocess.DEVNULL, stdout=log,
+                                                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        timed_out = False
+        try:
+            await asyncio.wait_for(proc.wait(), spec.limits.timeout_s)
+        except asyncio.TimeoutError:
+            timed_out = True
+        except asyncio.CancelledError:
+            await self._kill("cancelled")
+            await proc.wait()
+            raise
+        finally:
+            log.close()
+            if tunnel is not None:
+                tunnel.terminate()
+                await tunnel.wait()
+        if timed_out:
+            await self._kill(f"a run passed its {spec.limits.timeout_s:g}s limit")  # kills every process of the run
+            await proc.wait()
+        rc = None if timed_out else proc.returncode
+        if not timed_out:
+            for seen_at, host in spec.mounts.items():
+                await self._copy_out(seen_at, host)
+        return ExecResult(rc, timed_out, time.monotonic() - t0, _tail(spec.log_path))
+
+    async def oom_killed(self) -> bool:
+        """Whether the kernel killed a process of this container for its memory limit (cgroup v1 or v2)."""
+        rc, out = await _engine(self.runtime.engine, "exec", self.cname, "/bin/sh", "-c",
+                                "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null")
+        return any(line.split()[:1] == ["oom_kill"] and line.split()[1] != "0" for line in out.splitlines() if line.strip())
+
+    async def export_workspace(self, dest: Path) -> Path:
+        """Copy the container's workspace out to ``dest`` (for evaluators that read files on the host)."""
+        dest.mkdir(parents=True, exist_ok=True)
+        rc, out = await _engine(self.runtime.engine, "cp", f"{self.cname}:{self.workdir}/.", str(dest))
+        if rc != 0:
+            raise RuntimeUnavailable(f"cannot copy the workspace out of the container: {out.strip()[-200:]}")
+        return dest
+
+    async def close(self) -> None:
+        """Remove the container (its writable layer with it)."""
+        await _engine(self.runtime.engine, "rm", "-f", "-t", "0", self.cname)
+        self.dead = self.dead or "closed"
+
+    async def _kill(self, why: str) -> None:
+        self.dead = why
+        await _engine(self.runtime.engine, "rm", "-f", "-t", "0", self.cname)
+
+    async def _copy_in(self, host: Path, seen_at: str) -> None:
+        await _engine(self.runtime.engine, "exec", self.cname, "mkdir", "-p", seen_at)
+        rc, out = await _engine(self.runtime.engine, "cp", f"{host}/.", f"{self.cname}:{seen_at}")
+        if rc != 0:
+            raise RuntimeUnavailable(f"cannot copy {seen_at} into the container: {out.strip()[-200:]}")
+
+    async def _copy_out(self, seen_at: str, host: Path) -> None:
+        await _engine(self.runtime.engine, "cp", f"{self.cname}:{seen_at}/.", str(host))
+
+    async def _tunnel(self, spec: ExecSpec) -> asyncio.subprocess.Process:
+        """The relay from the container's loopback to the node's gateway socket, run on the host."""
+        rt = self.runtime
+        if rt.sock_path is None or spec.gateway_port is None:
+            raise RuntimeUnavailable(f"{rt.engine}: network='gateway' needs the node's gateway socket and port")
+        rc, out = await _engine(rt.engine, "inspect", "--format", "{{.State.Pid}}", self.cname)
+        pid = out.strip()
+        if rc != 0 or not pid.isdigit() or pid == "0":
+            raise RuntimeUnavailable(f"{rt.engine}: the session container is not running ({out.strip()[-200:]})")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", str(TUNNEL), "--netns", f"/proc/{pid}/ns/net", "--unix", str(rt.sock_path),
+            "--listen", f"127.0.0.1:{sandbox_port(spec.gateway_port)}", stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL)
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        if line.strip() != b"ready":
+            proc.kill()
+            rest = line + (await proc.stdout.read())
+            raise RuntimeUnavailable(f"gateway tunnel into the container failed: {rest.decode(errors='replace').strip()[-300:]}")
+        return proc
+
+
+async def _engine(engine: str, *args: str, timeout_s: float = 120.0) -> tuple[int | None, str]:
+    """One engine command; (exit code or None on timeout, combined output)."""
+    proc = await asyncio.create_subprocess_exec(*engine_argv(engine), *args, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return None, f"{engine} {args[0]} timed out"
+    return proc.returncode, out.decode(errors="replace")
+
+
+__all__ = ["ContainerRuntime", "ContainerSandbox", "ImageBuildError"]
