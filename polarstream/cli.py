@@ -20,7 +20,7 @@ import typer
 from typer.core import TyperGroup
 
 # The order of --help: how a user meets the commands. Commands not listed follow, as registered.
-ORDER = ("demo", "run", "infra", "engine", "models", "gateway", "gateway-key", "node", "harness", "rollout", "tasks", "submit",
+ORDER = ("demo", "run", "infra", "engine", "models", "gateway", "gateway-key", "node", "harness", "rollout", "tasks", "images", "submit",
          "status", "cancel", "streams", "train", "replay", "eval", "export", "cat", "forget", "ui")
 
 
@@ -63,6 +63,7 @@ _COMPONENTS = (
     "trainer.cli",
     "producers.cli",
     "polarstream.tools_cli",
+    "polarstream.images_cli",
     "polarstream.tools.forget",
     "polarstream.demo_cli",
     "polarstream.viewer.cli",

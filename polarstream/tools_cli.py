@@ -236,41 +236,93 @@ def tasks_command(
     tasks_file: Annotated[Path, typer.Argument(help="tasks: JSON lines (TaskRequest or flat rows), .parquet, or Harbor task dirs")],
     check: Annotated[bool, typer.Option("--check", help="score each task's untouched workspace (must be 0) and its "
                                                         "solution/solve.sh applied (must be 1) in the sandbox")] = False,
-    runtime: Annotated[str, typer.Option(help="sandbox for --check: bwrap (Harbor tasks need one), docker, apptainer")] = "bwrap",
+    runtime: Annotated[str, typer.Option(help="sandbox for --check: auto (a container of the task's image for a task with "
+                                              "environment/Dockerfile, else bwrap), bwrap, podman, docker, apptainer")] = "auto",
+    jobs: Annotated[int, typer.Option(min=1, help="tasks --check runs at once (image builds and runs overlap)")] = 2,
 ) -> None:
-    """List the tasks a source holds, as polarstream reads them; --check runs each task's oracle."""
+    """List the tasks a source holds, as polarstream reads them; --check runs each task's oracle.
+
+    In a directory of Harbor tasks each task is read on its own: one that cannot run here (it asks for a
+    GPU, its task.toml is malformed) is refused in its own line and the others are listed or checked."""
     import asyncio
     import tempfile
 
-    from producers.tasks import TaskSourceError, load_tasks
-
-    try:
-        tasks = load_tasks(tasks_file)
-    except TaskSourceError as e:
-        raise _fail(str(e)) from None
+    tasks, refused = _read_tasks(tasks_file)
+    width = max([len(t.task_id) for t in tasks] + [len(name) for name, _ in refused] + [24]) + 2
     if not check:
         for t in tasks:
             ws = t.workspace.kind + (f" {t.workspace.source}" if t.workspace.source else "")
-            typer.echo(f"{t.task_id:<34} workspace {ws}{f' at {t.workspace.mount}' if t.workspace.mount else ''}  "
+            typer.echo(f"{t.task_id:<{width}}workspace {ws}{f' at {t.workspace.mount}' if t.workspace.mount else ''}  "
                        f"evaluator {t.evaluator.kind}{'  solution' if t.metadata.get('solution') else ''}")
+        for name, why in refused:
+            typer.echo(f"{name:<{width}}refused: {why}")
+        if refused:
+            raise _fail(f"{len(refused)} of {len(tasks) + len(refused)} tasks refused")
         return
     from gateway.node.oracle import check_task
     from gateway.runtimes import make_runtime
 
-    rt = make_runtime(runtime)
-    bad = 0
+    try:
+        rt = make_runtime(runtime)
+    except ValueError as e:
+        raise _fail(str(e)) from None
+    typer.echo(f"{'task':<{width}}{'solution':<10}{'untouched':<11}{'build s':>8}{'run s':>8}  verdict")
+    for name, why in refused:
+        typer.echo(f"{name:<{width}}refused: {why}")
 
     def show(r) -> str:
-        return f"{r.reward:g}" if r.reward is not None else f"error ({r.error[:120]})"
+        return f"{r.reward:g}" if r.reward is not None else "error"
+
+    async def check_all(tmp: Path) -> int:
+        gate = asyncio.Semaphore(jobs)
+
+        async def one(i: int, t):
+            async with gate:
+                return await check_task(t, rt, tmp / str(i))
+
+        runs = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(tasks)]
+        bad = 0
+        for t, run in zip(tasks, runs):  # printed in the source's order, each as soon as it and those before are done
+            res = await run
+            bad += not res.ok
+            secs = f"{res.seconds.get('build', 0.0):>8.1f}{res.seconds.get('run', 0.0):>8.1f}"
+            if res.error:  # the task could not start (its image does not build, its prepare fails): one line
+                typer.echo(f"{t.task_id:<{width}}FAILED: {_one_line(res.error.removeprefix('init: '))}")
+                continue
+            solved = show(res.solved) if res.solved is not None else "none"
+            verdict = "ok" if res.ok else "FAILED" + "".join(
+                f"; {what}: {_one_line(r.error)[:160]}" for what, r in (("untouched", res.untouched), ("solution", res.solved))
+                if r is not None and r.error)
+            typer.echo(f"{t.task_id:<{width}}{solved:<10}{show(res.untouched):<11}{secs}  {verdict}")
+        return bad
 
     with tempfile.TemporaryDirectory(prefix="polar-oracle-") as tmp:
-        for i, t in enumerate(tasks):
-            res = asyncio.run(check_task(t, rt, Path(tmp) / str(i)))
-            bad += not res.ok
-            solved = show(res.solved) if res.solved is not None else "no solution"
-            typer.echo(f"{t.task_id:<34} untouched {show(res.untouched):<8} solved {solved:<8} {'ok' if res.ok else 'FAILED'}")
+        bad = asyncio.run(check_all(Path(tmp))) + len(refused)
     if bad:
-        raise _fail(f"{bad} of {len(tasks)} tasks failed their check (untouched must score 0, the solution 1)")
+        raise _fail(f"{bad} of {len(tasks) + len(refused)} tasks failed their check (untouched must score 0, the solution 1)")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _read_tasks(source: Path):
+    """(tasks, [(name, why refused)]): a directory of Harbor tasks read task by task, anything else whole
+    (a source that holds no usable task at all is one ``error:`` line, as before)."""
+    from producers.tasks import TaskSourceError, harbor_dirs, harbor_task, load_tasks
+
+    try:
+        if not source.is_dir() or len(dirs := harbor_dirs(source)) == 1:
+            return load_tasks(source), []
+    except TaskSourceError as e:
+        raise _fail(str(e)) from None
+    tasks, refused = [], []
+    for d in dirs:
+        try:
+            tasks.append(harbor_task(d))
+        except TaskSourceError as e:
+            refused.append((d.name, str(e).removeprefix(f"{d.resolve()}: ")))
+    return tasks, refused
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.evaluators import EvalResult, evaluate
-from gateway.runtimes import ExecSpec, ImageBuildError, Limits, Runtime, RuntimeUnavailable, command_env
+from gateway.runtimes import AutoRuntime, ContainerRuntime, ExecSpec, ImageBuildError, Limits, Runtime, RuntimeUnavailable, command_env
 from schemas import TaskRequest
 
 from .workspace import WorkspaceError, materialize, prepare
@@ -31,12 +31,21 @@ class OracleResult:
         """The untouched workspace scores 0 and the solution (where there is one) scores 1."""
         return self.untouched.reward == 0.0 and (self.solved is None or self.solved.reward == 1.0)
 
+    @property
+    def error(self) -> str:
+        """Why the task could not start at all (its image does not build, its prepare fails), else "";
+        then the solution was not tried: it would meet the same failure."""
+        err = self.untouched.error or ""
+        return err if err.startswith("init:") else ""
+
 
 async def check_task(task: TaskRequest, runtime: Runtime, scratch: Path) -> OracleResult:
     """Evaluate ``task``'s workspace as INIT leaves it, then again after its ``solution/solve.sh``."""
     seconds = {"build": 0.0, "run": 0.0}
     untouched = await _score(task, runtime, scratch / "untouched", None, seconds)
     solution = Path(task.metadata["solution"]) / "solve.sh" if task.metadata.get("solution") else None
+    if (untouched.error or "").startswith("init:"):  # no sandbox for this task: the solution cannot have one either
+        return OracleResult(task.task_id, untouched, None, seconds)
     solved = await _score(task, runtime, scratch / "solved", solution, seconds) if solution and solution.is_file() else None
     return OracleResult(task.task_id, untouched, solved, seconds)
 
@@ -47,17 +56,21 @@ async def _score(task: TaskRequest, runtime: Runtime, scratch: Path, solve_sh: P
     workspace, home = scratch / "workspace", scratch / "home"
     home.mkdir(parents=True)
     t0 = time.monotonic()
+    if task.environment is not None and not isinstance(runtime, (AutoRuntime, ContainerRuntime)):
+        return EvalResult(None, error=f"init: the task brings an image (environment/Dockerfile); runtime "
+                                      f"{getattr(runtime, 'name', '?')} runs none: use runtime auto or podman")
     try:
         box = await runtime.open(task, scratch, log_path=scratch / "build.log")
     except (RuntimeUnavailable, ImageBuildError) as e:
+        seconds["build"] += time.monotonic() - t0  # a failed build's time (near 0 when nothing was built)
         return EvalResult(None, error=f"init: {e}")
-    seconds["build"] += getattr(box, "build_s", 0.0)
-    t1 = time.monotonic() - getattr(box, "build_s", 0.0)
+    built_s = getattr(box, "build_s", 0.0)
+    seconds["build"] += built_s
     try:
         return await _score_in(task, box, scratch, workspace, home, solve_sh)
     finally:
         await box.close()
-        seconds["run"] += time.monotonic() - max(t0, t1)
+        seconds["run"] += time.monotonic() - t0 - built_s  # opening the sandbox, the runs, closing it
 
 
 async def _score_in(task: TaskRequest, runtime: Runtime, scratch: Path, workspace: Path, home: Path,

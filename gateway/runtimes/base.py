@@ -104,6 +104,8 @@ class HostSandbox:
 
     async def open(self, task, root: Path, ro_paths: list[Path] = (), node_binary: bool = False,
                    log_path: Path | None = None) -> "HostSandbox":
+        if getattr(task, "environment", None) is not None:  # its workspace is in an image we cannot run
+            raise RuntimeUnavailable(f"task {task.task_id} brings an image; runtime {self.name} runs none (use auto or podman)")
         return self
 
     async def close(self) -> None:

@@ -94,7 +94,9 @@ def standin_recipe(name: str) -> tuple[str, list[str]] | None:
         return (suite, []) if suite in suites else None
     if repo == "python":
         suite = next((s for s in suites if tag.endswith(s)), "bookworm" if tag in ("", "3", "slim") else "")
-        return (suite, ["python3-pip", "python3-venv"]) if suite else None
+        # python-is-python3: the registry's python images answer to ``python`` as well (Dockerfiles and
+        # verifiers call it), and ``pip`` installs system-wide there (PIP_BREAK_SYSTEM_PACKAGES below)
+        return (suite, ["python3-pip", "python3-venv", "python-is-python3"]) if suite else None
     return None
 
 
@@ -155,6 +157,8 @@ async def build_base(name: str, engine: str = "podman", *, log: Path | None = No
         if rc != 0:
             raise ImageBuildError(f"{name}: mmdebstrap {suite} failed: {out.strip()[-200:]}")
         changes = ["--change", "CMD [\"bash\"]", "--change", f"LABEL {STANDIN_LABEL}=debian-{suite}-minbase"]
+        if "python3-pip" in extra:  # Debian marks its python externally managed; the python images do not
+            changes += ["--change", "ENV PIP_BREAK_SYSTEM_PACKAGES=1"]
         rc, out = await _run([*engine_argv(engine), "import", *changes, str(tar), tag], 300, log)
         if rc != 0:
             raise ImageBuildError(f"{name}: importing the stand-in failed: {out.strip()[-200:]}")
@@ -239,4 +243,5 @@ async def ensure_image(env: EnvironmentSpec, engine: str = "podman", *, log: Pat
 def _last_error(output: str) -> str:
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.lower().startswith(("error", "e:"))]
-    return (errors[-1] if errors else lines[-1] if lines else "no output")[:200]
+    last = errors[-1] if errors else lines[-1] if lines else "no output"
+    return re.sub(r'^Error: building at STEP "[^"]*": ', "", last)[:200]  # the step is named already

@@ -36,6 +36,7 @@ KINDS = {
     "script": ("missing", "malformed_yaml"),
     "chat_template": ("missing",),
     "tasks_file": ("missing", "malformed_json", "not_a_task_dir", "docker_task"),
+    "image_name": ("no_standin",),
     "from_offsets": ("missing", "malformed_json"),
     "out": ("under_file",),
     "run_dir": ("under_file",),
@@ -105,6 +106,8 @@ class Env:
             return str(r / "empty"), str(r / "empty")
         if kind == "docker_task":  # a Harbor task whose image asks for a GPU
             return str(r / "docker-task"), str(r / "docker-task")
+        if kind == "no_standin":  # a base image ``images base`` cannot stand in for
+            return "quay.io/acme/tool:1", "quay.io/acme/tool:1"
         if kind == "no_model":
             return str(r / "empty"), str(r / "empty")
         if kind == "busy_port":
