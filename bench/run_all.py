@@ -86,7 +86,7 @@ STDERR_TAIL = 3000  # characters of a failed benchmark's stderr kept in the resu
 BUDGET_S = {"broker_loss": (90, 180), "publisher": (35, 120), "engine": (30, 90), "gateway": (110, 330), "streams": (55, 260),
             "trainer": (70, 330), "rollout": (60, 220), "mirror": (40, 150), "script_window": (50, 150),
             "fuzz": (30, 150), "harness_sessions": (240, 480), "chaos": (240, 1200), "driver": (420, 1800),
-            "fsdp": (300, 900)}
+            "fsdp": (300, 900), "weight_sync": (150, 420)}
 DEFAULT_BUDGET_S = (30, 60)  # a new benchmark must claim its time in BUDGET_S
 # Extra arguments in a full run. fuzz's default 10,000 requests per API is a 22-minute soak (docs/fuzzing.md),
 # a correctness run of its own, not a speed figure: inside make bench it runs a shape-keeping 600.

@@ -13,6 +13,7 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
@@ -21,6 +22,8 @@ from infra.settings import Settings
 
 from .protocol import ChatRequest, CompletionRequest, EngineError, parse
 from .serving import Engine
+from .transfer import (InitInfo, Receiver, TransferError, UpdateInfo, compare_checksums, default_timeout_s, install,
+                       is_broadcast_update, model_checksums, parse_info)
 from .weights import WeightsError, apply_state, check_state, read_checkpoint
 
 log = logging.getLogger("polarstream.engine")
@@ -61,6 +64,7 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
     """The FastAPI app serving ``engine``."""
     settings = settings or Settings()
     weights_lock = asyncio.Lock()  # one weight update at a time
+    receiver = Receiver(engine.lm.model)  # in-memory weight transfer (engine/transfer.py)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -72,10 +76,15 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="polarstream engine", lifespan=lifespan)
     app.state.engine = engine
+    app.state.receiver = receiver
 
     @app.exception_handler(EngineError)
     async def _engine_error(request: Request, e: EngineError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(TransferError)
+    async def _transfer_error(request: Request, e: TransferError) -> JSONResponse:
+        return JSONResponse(EngineError(e.status, str(e)).body(), status_code=e.status)
 
     @app.middleware("http")
     async def _policy_header(request: Request, call_next):
@@ -175,6 +184,8 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
         drain, the weights are copied in, and serving resumes (unless it was paused before).
         """
         body = await _json(request)
+        if is_broadcast_update(body):  # vLLM's weight-transfer protocol: tensors by broadcast, not a URL
+            return await receive_weights(body["update_info"])
         if isinstance(body, dict) and isinstance(body.get("update_info"), dict):  # vLLM's RL route wraps it
             body = body["update_info"]
         req = parse(UpdateWeights, body)
@@ -195,5 +206,114 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
                     engine.batcher.resume()
         log.info("serving policy version %d from %s", version, req.checkpoint_url)
         return {"status": "ok", "policy_version": version, "tensors": len(state), "seconds": round(time.monotonic() - t0, 3)}
+
+    # ---------------------------------------------------------------- in-memory weight transfer
+    # vLLM's RLHF dev routes (vllm/entrypoints/serve/dev/rlhf/api_router.py), gloo backend: engine/transfer.py.
+    # Every blocking step runs in a thread under an asyncio deadline; on a deadline the receiver aborts
+    # (staging dropped, group destroyed), which also ends the thread's collective.
+
+    async def bounded(fn, deadline_s: float, what: str):
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(fn), deadline_s)
+        except TimeoutError:
+            receiver.abort(f"{what}: no answer within {deadline_s:.1f} s")
+            raise TransferError(504, f"{what}: deadline of {deadline_s:.1f} s passed; the transfer was aborted "
+                                     f"and the engine serves policy version {engine.policy_version}") from None
+
+    @app.post("/init_weight_transfer_engine")
+    async def init_weight_transfer_engine(request: Request) -> dict[str, Any]:
+        """Join the trainer's weight-transfer group: ``{"init_info": {master_address, master_port,
+        rank_offset, world_size}}`` (the rendezvous waits for every rank, up to the transfer deadline)."""
+        body = await _json(request)
+        if not isinstance(body, dict) or body.get("init_info") is None:
+            raise EngineError(400, "Missing 'init_info' in request body", "init_info")
+        info = parse_info(InitInfo, body["init_info"])
+        timeout_s = default_timeout_s()
+        out = await bounded(lambda: receiver.init(info, timeout_s), timeout_s + 5, "init_weight_transfer_engine")
+        return {"message": "Weight transfer initialized", **out}
+
+    @app.post("/start_weight_update")
+    async def start_weight_update() -> dict[str, Any]:
+        receiver.start()
+        return {"message": "Weight update started"}
+
+    async def receive_weights(raw: Any) -> dict[str, Any]:
+        info = parse_info(UpdateInfo, raw)
+        g = receiver._group
+        per = g.timeout_s if g else default_timeout_s()
+        n = len(info.names) if not info.packed else max(1, -(-sum(info.nbytes()) // info.packed_buffer_size_bytes))
+        out = await bounded(lambda: receiver.receive(info), per * (n + 1) + 5, "update_weights")
+        return {"message": "Weights updated", **out}
+
+    @app.post("/finish_weight_update")
+    async def finish_weight_update(request: Request) -> dict[str, Any]:
+        """Swap the staged tensors in between two batches and serve them as ``weight_version`` (an integer
+        string; none or another string: current + 1). A paused engine stays paused (its /pause mode holds)."""
+        body = await _json(request) if await request.body() else {}
+        raw = body.get("weight_version") if isinstance(body, dict) else None
+        t0 = time.monotonic()
+        async with weights_lock:
+            staged = receiver.take_staged()
+            try:
+                version = int(raw) if raw is not None else engine.policy_version + 1
+            except (TypeError, ValueError):
+                version = engine.policy_version + 1
+            was_paused = engine.batcher.paused
+            t_pause = time.monotonic()
+            if not was_paused:
+                await asyncio.to_thread(engine.batcher.pause, "wait")
+            try:
+                await asyncio.to_thread(engine.batcher.swap_weights, lambda m: install(m, staged), version)
+            finally:
+                if not was_paused:
+                    engine.batcher.resume()
+            pause_s = time.monotonic() - t_pause
+        receiver.stats["last_pause_s"] = round(pause_s, 4)
+        receiver.stats["last_update_s"] = time.time()
+        log.info("serving policy version %d from a weight transfer (%d tensors)", version, len(staged))
+        return {"message": "Weight update finished", "policy_version": version, "tensors": len(staged),
+                "pause_s": round(pause_s, 4), "seconds": round(time.monotonic() - t0, 4)}
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request) -> dict[str, Any]:
+        body = await _json(request)
+        new = body.get("new_version") if isinstance(body, dict) else None
+        try:
+            engine.batcher.policy_version = int(new)
+        except (TypeError, ValueError):
+            raise EngineError(400, f"new_version must be an integer string here, got {new!r}", "new_version") from None
+        return {"success": True, "new_version": str(new)}
+
+    @app.get("/weight_info")
+    async def weight_info() -> dict[str, Any]:
+        """vLLM's ``{"weight_version"}``, plus ours: the integer version and the transfer state."""
+        return {"weight_version": str(engine.policy_version), "policy_version": engine.policy_version,
+                "transfer": receiver.describe()}
+
+    @app.post("/weight_checker")
+    async def weight_checker(request: Request) -> dict[str, Any]:
+        """``{"action": "checksum"}`` -> ``{"checksums": {name: sha256}}``; ``{"action": "compare", "baseline":
+        {name: sha256}}`` -> ``{"match", "mismatches"}`` over the baseline's names; ``{"action": "reset"}``
+        randomizes the served weights (for testing a transfer)."""
+        body = await _json(request)
+        action = body.get("action") if isinstance(body, dict) else None
+        if action not in ("checksum", "reset", "compare"):
+            raise EngineError(400, f"action must be one of checksum|reset|compare, got {action!r}", "action")
+        baseline = body.get("baseline")
+        if action == "compare" and not isinstance(baseline, dict):
+            raise EngineError(400, "action='compare' requires a 'baseline' object", "baseline")
+        async with weights_lock:
+            if action == "reset":
+                def reset(m):
+                    with torch.no_grad():
+                        for t in m.state_dict().values():
+                            t.copy_(torch.rand_like(t, dtype=torch.float32).to(t.dtype) if t.is_floating_point() else t)
+                await asyncio.to_thread(engine.batcher.swap_weights, reset, engine.policy_version)
+                return {"status": "reset"}
+            sums = await asyncio.to_thread(model_checksums, engine.lm.model)
+        if action == "checksum":
+            return {"checksums": sums}
+        match, mismatches = compare_checksums(baseline, sums)
+        return {"match": match, "mismatches": mismatches}
 
     return app

@@ -28,6 +28,9 @@ def train_command(
     storage_url: Annotated[str, typer.Option(help="checkpoint root (file:// or s3://); default: settings")] = "",
     run_dir: Annotated[str, typer.Option(help="JSONL log and TensorBoard directory")] = "",
     metrics_port: Annotated[int, typer.Option(help="serve Prometheus /metrics on this port (0: off; docs/operations.md)")] = 0,
+    weight_transfer: Annotated[str, typer.Option(help="storage: engines load the checkpoint URL; broadcast: "
+                                                      "in memory (vLLM's weight-transfer routes); auto: broadcast "
+                                                      "where GET /weight_info answers, else storage")] = "storage",
     strategy: Annotated[str, typer.Option(help="auto: FSDP2 under torchrun with several processes, else one plain "
                                                "model; fsdp: FSDP2 in one process too")] = "auto",
     config: Annotated[str, typer.Option(help="YAML settings file (infra settings, see infra/settings.py)")] = "",
@@ -44,7 +47,7 @@ def train_command(
         "model": model, "groups_per_step": groups_per_step, "max_steps": max_steps, "lr": lr,
         "token_budget": token_budget, "checkpoint_every": checkpoint_every, "sync_every": sync_every,
         "engines": engine or [], "gateway": gateway, "idle_timeout_s": idle_timeout, "run_dir": run_dir,
-        "metrics_port": metrics_port, "strategy": strategy,
+        "metrics_port": metrics_port, "strategy": strategy, "weight_transfer": weight_transfer,
     }
     for item in set_ or []:
         key, sep, value = item.partition("=")

@@ -86,6 +86,15 @@ class TrainConfig:
     # stuck on an old policy would make every later step more off-policy (0: never stop)
     engines: list[str] = field(default_factory=list)  # "polar=http://host:port" or "vllm=http://host:port"
     gateway: str = ""  # gateway base URL whose /admin/policy_version is stamped after a sync
+    weight_transfer: Literal["storage", "broadcast", "auto"] = "storage"  # how weights reach the engines:
+    # storage: each loads the checkpoint URL; broadcast: in memory over vLLM's weight-transfer routes (gloo for
+    # our engine; trainer/broadcast.py); auto: broadcast to every engine that answers GET /weight_info, storage
+    # for the others. An engine that fails a broadcast is marked stale and loads from storage at the next sync.
+    weight_transfer_timeout_s: float = 60.0  # deadline of every collective and group rendezvous of a broadcast
+    weight_transfer_buffer_mb: int = 64  # packed broadcast buffer size (vLLM's packed_buffer_size_bytes)
+    weight_transfer_address: str = ""  # address the engines reach the trainer at ('' : derived per engine URL)
+    weight_transfer_verify: bool = False  # after each broadcast, /weight_checker compare against the trainer's
+    # sha256 of every tensor sent (costs a hash pass on both sides)
     model_name: str = "policy"  # PolicyVersion.model
     # -- logging --
     entropy_floor: float = 0.01  # warn (one line, and in train.jsonl) when the trained tokens' mean entropy
@@ -133,6 +142,8 @@ class TrainConfig:
             (0 <= self.metrics_port <= 65535, "metrics_port", "must be a port number (0: off)"),
             (0 < self.stale_weight <= 1, "stale_weight", "must be in (0, 1]"),
             (self.dist_timeout_s > 0, "dist_timeout_s", "must be > 0"),
+            (self.weight_transfer_timeout_s > 0, "weight_transfer_timeout_s", "must be > 0"),
+            (self.weight_transfer_buffer_mb >= 1, "weight_transfer_buffer_mb", "must be >= 1"),
             (0 < self.heartbeat_s < self.dist_timeout_s, "heartbeat_s", "must be in (0, dist_timeout_s)"),
         ]
         for ok, key, why in checks:

@@ -43,6 +43,7 @@ from .packing import Sample, samples_from_group
 from .parallel import build_model, place
 from .selection import SeenIds, StepPlan, plan_step
 from .step import train_step
+from .broadcast import WeightTransfer, named_tensors, tensor_meta
 from .weight_sync import Gateway, WeightSyncError, already_served, engine_from_spec, sync_weights
 
 logger = logging.getLogger(__name__)
@@ -103,12 +104,16 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
 
     # -- rank 0: the group source, the run log, the publisher, the engines --------------------------
     stop = _StopFlag()
+    broadcasting = cfg.weight_transfer != "storage" and bool(cfg.engines) and bool(cfg.sync_every)
     source = publisher = log = sinks = None
     if master:
         seen = SeenIds(state.get("seen", []))
         source = GroupSource(settings, cfg.consumer_group, offsets_from_json(state.get("offsets", {})), cfg.start_from)
         publisher = Publisher(settings, client_id="polar-trainer") if cfg.sync_every else None
         engines = [engine_from_spec(s) for s in cfg.engines]
+        transfer = (WeightTransfer(engines, cfg.weight_transfer, cfg.weight_transfer_timeout_s,
+                                   cfg.weight_transfer_buffer_mb << 20, master_address=cfg.weight_transfer_address,
+                                   verify=cfg.weight_transfer_verify) if broadcasting else None)
         gateway = Gateway(cfg.gateway, settings.admin_token) if cfg.gateway else None
         log = RunLog(run_dir / "train.jsonl")
         log.write({"event": "start", "step": step, "policy_version": version, "world_size": world,
@@ -226,13 +231,45 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             if url is None:  # between checkpoints engines get a weights-only export
                 url = checkpoint.export_weights(checkpoint.weights_dir(root, version), model, model_dir, settings,
                                                 {"policy_version": version, "step": step})
-            error = None
+            error = failed = None
+            transferring = False
+            t_sync = time.perf_counter()
             if master:
                 record = PolicyVersion(model=cfg.model_name, version=version, checkpoint_url=url, step=step,
                                        metrics={k: float(v) for k, v in metrics.items()})
                 try:  # a failure here leaves training and its checkpoint intact; the next sync catches up
                     publisher.publish_sync(record)
-                    sync_weights(engines, url, version, gateway)
+                    if transfer is not None:  # in memory (trainer/broadcast.py): groups, start, update_info
+                        transferring = transfer.prepare(tensor_meta(model))
+                except (PublishError, WeightSyncError) as e:
+                    failed = e
+            if broadcasting and _broadcast(transferring, distributed):
+                # every rank gathers each tensor in turn (FSDP2), rank 0 broadcasts them to the engines
+                tensors = named_tensors(model)
+                if master:
+                    try:
+                        transfer.send(tensors)
+                    except WeightSyncError as e:
+                        failed = failed or e
+                else:
+                    for _ in tensors:
+                        pass
+            if master:
+                try:
+                    if failed is not None:
+                        raise failed
+                    if transfer is not None:
+                        report = transfer.finish(url, version, gateway)
+                        if transfer.verify:
+                            report["verified"] = transfer.verify_engines()
+                        log.write({"event": "sync", "step": step, "policy_version": version, "mode": cfg.weight_transfer,
+                                   "sync_s": round(time.perf_counter() - t_sync, 4),
+                                   **{k: report.get(k) for k in ("broadcast", "storage", "stale", "errors", "bytes_sent",
+                                                                 "engine_pause_s", "verified") if report.get(k)}})
+                    else:
+                        sync_weights(engines, url, version, gateway)
+                        log.write({"event": "sync", "step": step, "policy_version": version, "mode": "storage",
+                                   "sync_s": round(time.perf_counter() - t_sync, 4)})
                     synced, sync_failures = version, 0
                     checkpoint.write_engine_version(root, version, settings)
                     record_sync(True, 0)

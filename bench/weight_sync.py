@@ -1,0 +1,204 @@
+"""Weight sync to running engines: in-memory broadcast (trainer/broadcast.py) against storage (issue 63).
+
+    .venv/bin/python bench/weight_sync.py [--quick] [--rounds R]
+
+For the tiny model and a ~54M-parameter Qwen3-shaped one (bench/fsdp.py's ``FSDP_MODEL``, tied head), with 1
+and 2 engines (``polarstream engine`` processes), in interleaved rounds (broadcast, storage, broadcast, ...):
+
+- ``broadcast``: ``WeightTransfer.sync`` (group formed once before the rounds, as in a run): start,
+  update_info, packed gloo broadcasts (64 MiB buffers), finish.
+- ``storage``: what a sync costs through storage: the HF export the engines read (``export_hf`` to a
+  ``file://`` directory) and ``sync_weights`` (pause, ``/update_weights`` with the URL, resume).
+  ``storage_load_only`` beside it is ``sync_weights`` alone (a step that checkpoints anyway pays the export).
+
+Each pass perturbs the weights first, so every sync moves new values. Top-level keys:
+``sync_s_broadcast_54m``, ``sync_s_storage_54m`` (median seconds, 1 engine), ``sync_broadcast_vs_storage_54m``
+(their ratio, goal <= 0.5), ``sync_broadcast_vs_storage_load_only_54m``, ``sync_bytes_moved`` (bytes per
+sync, 54M, 1 engine: broadcast sent; storage written + read), and the engine pause per sync
+(``engine_pause_s_*``: broadcast: the swap alone, as the engine reports it; storage: pause to resume).
+Prints one JSON object on stdout; progress on stderr.
+"""
+
+from __future__ import annotations
+
+MEASURES = ("trainer/broadcast.py", "trainer/weight_sync.py", "engine/transfer.py", "engine/app.py",
+            "engine/weights.py", "trainer/export.py", "bench/weight_sync.py")
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._rounds import interleaved, load_avg  # noqa: E402
+from bench.fsdp import FSDP_MODEL  # noqa: E402
+
+
+def log(msg: str) -> None:
+    print(f"[weight_sync] {msg}", file=sys.stderr, flush=True)
+
+
+def build_54m(out: Path, tokenizer_from: Path) -> Path:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(Qwen3Config(**FSDP_MODEL)).save_pretrained(out)
+    for f in tokenizer_from.iterdir():  # the engine needs a tokenizer; the sync does not use it
+        if f.is_file() and (f.name.startswith("tokenizer") or f.name.endswith((".jinja", "vocab.json", "merges.txt"))
+                            or f.name == "special_tokens_map.json"):
+            shutil.copy2(f, out / f.name)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_engine(model_dir: Path) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "polarstream", "engine", "--model", str(model_dir), "--port", str(port)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"engine on {model_dir} did not start")
+        time.sleep(0.2)
+
+
+def case(model_dir: Path, n_engines: int, rounds: int, tmp: Path) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from infra.settings import Settings
+    from trainer.broadcast import WeightTransfer
+    from trainer.export import export_hf
+    from trainer.weight_sync import PolarEngine, sync_weights
+
+    procs = [start_engine(model_dir) for _ in range(n_engines)]
+    try:
+        engines = [PolarEngine(url) for _, url in procs]
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        params = sum(p.numel() for p in model.parameters())
+        wt = WeightTransfer(engines, "broadcast", timeout_s=120, buffer_bytes=64 << 20)
+        settings = Settings()
+        version = [0]
+
+        def nudge():
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1e-4)
+            version[0] += 1
+            return version[0]
+
+        wt.sync(model, None, nudge())  # forms the groups (once per run, as the trainer does)
+        last: dict = {}
+
+        def broadcast() -> dict:
+            v = nudge()
+            t0 = time.perf_counter()
+            report = wt.sync(model, None, v)
+            s = time.perf_counter() - t0
+            assert sorted(report["broadcast"]) == sorted(e.base_url for e in engines), report
+            pause = max(report.get("engine_pause_s", {}).values())
+            last["broadcast"] = report
+            return {"sync_s": s, "engine_pause_s": pause, "bytes": report["bytes_sent"]}
+
+        def storage() -> dict:
+            v = nudge()
+            out = tmp / f"export-{v}"
+            t0 = time.perf_counter()
+            written = export_hf(model, f"file://{out}", model_dir, settings)
+            t1 = time.perf_counter()
+            sync_weights(engines, f"file://{out}", v)
+            t2 = time.perf_counter()
+            shutil.rmtree(out, ignore_errors=True)
+            weights = sum(b for f, b in written.items() if f.endswith(".safetensors"))
+            return {"sync_s": t2 - t0, "load_only_s": t2 - t1, "export_s": t1 - t0, "engine_pause_s": t2 - t1,
+                    "bytes": weights * (1 + n_engines)}
+
+        res = interleaved({"broadcast": broadcast, "storage": storage}, rounds=rounds, progress=False,
+                          cpu_pids=lambda: [p.pid for p, _ in procs])
+        wt.close()
+        med = lambda name, key: statistics.median(p[key] for p in res["targets"][name]["passes"])  # noqa: E731
+        mn = lambda name, key: min(p[key] for p in res["targets"][name]["passes"])  # noqa: E731
+        return {"params": params, "engines": n_engines, "rounds": rounds, "load_avg": res["load_avg"],
+                "broadcast_s": {"min": mn("broadcast", "sync_s"), "median": med("broadcast", "sync_s")},
+                "storage_s": {"min": mn("storage", "sync_s"), "median": med("storage", "sync_s")},
+                "storage_load_only_s": {"min": mn("storage", "load_only_s"), "median": med("storage", "load_only_s")},
+                "storage_export_s": med("storage", "export_s"),
+                "engine_pause_s": {"broadcast": med("broadcast", "engine_pause_s"),
+                                   "storage": med("storage", "engine_pause_s")},
+                "bytes": {"broadcast": res["targets"]["broadcast"]["passes"][-1]["bytes"],
+                          "storage": res["targets"]["storage"]["passes"][-1]["bytes"]},
+                "ratio_median": med("broadcast", "sync_s") / med("storage", "sync_s"),
+                "ratio_load_only_median": med("broadcast", "sync_s") / med("storage", "load_only_s"),
+                "broadcast_buffers": last["broadcast"]["buffers"]}
+    finally:
+        for p, _ in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="2 rounds; 54M with 1 engine only")
+    ap.add_argument("--rounds", type=int, default=0)
+    args = ap.parse_args()
+    rounds = args.rounds or (2 if args.quick else 4)
+    torch.set_num_threads(1)
+    from infra.models import ensure_model
+
+    tiny = Path(ensure_model("tiny"))
+    out: dict = {"load_avg_before": load_avg(), "cases": {}}
+    with tempfile.TemporaryDirectory(prefix="polar-wsync-bench-") as t:
+        tmp = Path(t)
+        big = build_54m(tmp / "m54", tiny)
+        plan = [("tiny", tiny, 1), ("tiny", tiny, 2), ("54m", big, 1)] + ([] if args.quick else [("54m", big, 2)])
+        for name, d, n in plan:
+            log(f"{name}, {n} engine(s), {rounds} rounds")
+            out["cases"][f"{name}_{n}"] = case(d, n, rounds, tmp)
+    c = out["cases"]["54m_1"]
+    out.update({
+        "sync_s_broadcast_54m": round(c["broadcast_s"]["median"], 4),
+        "sync_s_storage_54m": round(c["storage_s"]["median"], 4),
+        "sync_s_storage_load_only_54m": round(c["storage_load_only_s"]["median"], 4),
+        "sync_broadcast_vs_storage_54m": round(c["ratio_median"], 3),
+        "sync_broadcast_vs_storage_load_only_54m": round(c["ratio_load_only_median"], 3),
+        "sync_bytes_moved": c["bytes"],
+        "engine_pause_s_broadcast_54m": round(c["engine_pause_s"]["broadcast"], 4),
+        "engine_pause_s_storage_54m": round(c["engine_pause_s"]["storage"], 4),
+        "load_avg_after": load_avg(),
+    })
+    out["comparisons"] = [
+        {"area": "Weight sync", "metric": f"sync seconds, {k.replace('_', ' model, ')} engine(s)", "ours": round(v["broadcast_s"]["median"], 4),
+         "anchor": round(v["storage_s"]["median"], 4), "anchor_name": "storage (export + load)", "unit": "s",
+         "higher_is_better": False} for k, v in out["cases"].items()]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,339 @@
+"""In-memory weight transfer: the engine's side of vLLM's RLHF weight-transfer protocol, on gloo.
+
+vLLM's dev routes (vllm/entrypoints/serve/dev/rlhf/api_router.py) with the NCCL backend's bodies
+(vllm/distributed/weight_transfer/nccl_engine.py, packed_tensor.py), spoken over a CPU ``gloo`` group:
+
+- ``POST /init_weight_transfer_engine {"init_info": {master_address, master_port, rank_offset, world_size}}``:
+  join the trainer's group (a torch TCPStore served by the trainer, rank 0; this engine is rank
+  ``rank_offset``). A group formed again replaces the old one.
+- ``POST /start_weight_update``: open an empty staging state dict.
+- ``POST /update_weights {"update_info": {names, dtype_names, shapes, packed, packed_buffer_size_bytes,
+  packed_num_buffers}}``: receive the listed tensors by broadcast from rank 0 into the staging dict (never
+  into the served model). Packed: tensors are concatenated in order and cut into buffers exactly as vLLM's
+  ``packed_nccl_broadcast_consumer`` does (a buffer closes once it holds more than the buffer size); not
+  packed: one broadcast per tensor. May be called several times between start and finish.
+- ``POST /finish_weight_update {"weight_version": "..."}``: copy the staged tensors into the model between
+  two batches (``Batcher.swap_weights``) and serve them under that version.
+
+Never a hang: the group's gloo timeout is the deadline of every collective (``POLAR_WEIGHT_TRANSFER_TIMEOUT_S``,
+default 60 s), and the routes wrap the blocking work in asyncio deadlines derived from it. On a deadline, a
+dead peer or any error the staging dict is dropped, the group is destroyed (a peer still sending sees its
+connection close) and the engine goes on serving the weights and version it had.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+import math
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+log = logging.getLogger("polarstream.engine.transfer")
+
+DEFAULT_PACKED_BUFFER_SIZE_BYTES = 1024 * 1024 * 1024  # vLLM's defaults (packed_tensor.py)
+DEFAULT_PACKED_NUM_BUFFERS = 2
+
+
+def default_timeout_s() -> float:
+    """The deadline of every collective and of the group's rendezvous, seconds."""
+    return float(os.environ.get("POLAR_WEIGHT_TRANSFER_TIMEOUT_S", "60"))
+
+
+class TransferError(Exception):
+    """A refused or failed transfer call; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class InitInfo:
+    """vLLM's ``NCCLWeightTransferInitInfo``."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+
+
+@dataclass
+class UpdateInfo:
+    """vLLM's ``NCCLWeightTransferUpdateInfo``."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    packed: bool = False
+    packed_buffer_size_bytes: int = DEFAULT_PACKED_BUFFER_SIZE_BYTES
+    packed_num_buffers: int = DEFAULT_PACKED_NUM_BUFFERS
+
+    def __post_init__(self) -> None:
+        if len(self.dtype_names) != len(self.names) or len(self.shapes) != len(self.names):
+            raise ValueError(f"names, dtype_names and shapes differ in length: {len(self.names)}, "
+                             f"{len(self.dtype_names)}, {len(self.shapes)}")
+        if self.packed_buffer_size_bytes <= 0 or self.packed_num_buffers <= 0:
+            raise ValueError("packed_buffer_size_bytes and packed_num_buffers must be > 0")
+        for d in self.dtype_names:
+            if not isinstance(getattr(torch, str(d), None), torch.dtype):
+                raise ValueError(f"unknown dtype name {d!r}")
+
+    @property
+    def dtypes(self) -> list[torch.dtype]:
+        return [getattr(torch, d) for d in self.dtype_names]
+
+    def nbytes(self) -> list[int]:
+        return [math.prod(s) * dt.itemsize for s, dt in zip(self.shapes, self.dtypes)]
+
+
+def parse_info(cls, raw: Any):
+    """``cls(**raw)`` as vLLM builds it (unknown keys refused); TransferError 400 naming the problem."""
+    if not isinstance(raw, dict):
+        raise TransferError(400, f"{cls.__name__}: expected an object, got {type(raw).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise TransferError(400, f"{cls.__name__}: unknown fields {unknown}; known: {sorted(known)}")
+    try:
+        return cls(**raw)
+    except (TypeError, ValueError) as e:
+        raise TransferError(400, f"{cls.__name__}: {e}") from None
+
+
+def is_broadcast_update(body: Any) -> bool:
+    """A ``/update_weights`` body of the transfer protocol (as against our storage body with a URL)."""
+    return isinstance(body, dict) and isinstance(body.get("update_info"), dict) and "names" in body["update_info"]
+
+
+def packed_chunks(sizes: list[int], buffer_size_bytes: int) -> list[list[int]]:
+    """Tensor indexes per packed buffer, cut as vLLM cuts them: a buffer takes tensors until it holds more
+    than ``buffer_size_bytes`` (so a buffer may exceed it by its last tensor)."""
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        current.append(i)
+        total += n
+        if total > buffer_size_bytes:
+            chunks.append(current)
+            current, total = [], 0
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def unpack(buf: torch.Tensor, names: list[str], shapes: list[list[int]], dtypes: list[torch.dtype],
+           sizes: list[int]) -> list[tuple[str, torch.Tensor]]:
+    """vLLM's ``unpack_tensor``: views of ``buf`` (copied only where a view would be misaligned)."""
+    out = []
+    for name, shape, dtype, piece in zip(names, shapes, dtypes, buf.split(sizes)):
+        if piece.storage_offset() % dtype.itemsize:
+            piece = piece.clone()
+        out.append((name, piece.view(dtype).view(*shape)))
+    return out
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """SHA-256 of a tensor's bytes, as vLLM's weight checker computes it."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return hashlib.sha256(memoryview(flat.view(torch.uint8).numpy())).hexdigest()
+
+
+def model_checksums(model: torch.nn.Module) -> dict[str, str]:
+    return {name: tensor_sha256(t) for name, t in model.state_dict().items()}
+
+
+def compare_checksums(baseline: dict[str, str], current: dict[str, str]) -> tuple[bool, list[str]]:
+    """(all match, names whose digest differs or that the engine lacks), over the baseline's names."""
+    mismatches = sorted(n for n, h in baseline.items() if current.get(n) != h)
+    return not mismatches, mismatches
+
+
+@dataclass
+class _Group:
+    pg: Any
+    store: Any
+    rank: int
+    world_size: int
+    timeout_s: float
+    session: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    created: float = field(default_factory=time.time)
+
+
+class Receiver:
+    """The engine's transfer state: at most one group, at most one staging dict. Thread-safe; every
+    blocking call runs in a worker thread (the routes put deadlines around them)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self._lock = threading.RLock()
+        self._group: _Group | None = None
+        self._staging: dict[str, torch.Tensor] | None = None
+        self._receiving = False
+        self._gen = 0  # bumped by every abort and init: a rendezvous that ends after an abort is discarded
+        self.stats = {"groups_formed": 0, "updates": 0, "aborted": 0, "buffers": 0, "bytes": 0, "last_error": None,
+                      "last_update_s": None, "last_pause_s": None}
+
+    # ------------------------------------------------------------------ state
+    def describe(self) -> dict[str, Any]:
+        g = self._group
+        return {"backend": "gloo", "session": g.session if g else None, "rank": g.rank if g else None,
+                "world_size": g.world_size if g else None, "updating": self._staging is not None,
+                "receiving": self._receiving, "staged": len(self._staging or {}), **self.stats}
+
+    @property
+    def has_group(self) -> bool:
+        return self._group is not None
+
+    def abort(self, reason: str) -> None:
+        """Drop the staging dict and destroy the group (the served weights are untouched)."""
+        with self._lock:
+            g, self._group, self._staging = self._group, None, None
+            self._gen += 1
+            self.stats["aborted"] += 1
+            self.stats["last_error"] = reason
+        if g is not None:
+            log.warning("weight transfer aborted (%s): staged weights dropped, group %s destroyed", reason, g.session)
+            _destroy(g)
+
+    # ------------------------------------------------------------------ protocol steps
+    def init(self, info: InitInfo, timeout_s: float | None = None) -> dict[str, Any]:
+        """Join the trainer's group as rank ``rank_offset`` (blocking: the rendezvous waits for every rank,
+        at most ``timeout_s``)."""
+        from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+        if not 0 < info.rank_offset < info.world_size:
+            raise TransferError(400, f"rank_offset {info.rank_offset} must be in [1, world_size={info.world_size})"
+                                     " (the trainer is rank 0)")
+        timeout_s = timeout_s or default_timeout_s()
+        with self._lock:
+            old, self._group, self._staging = self._group, None, None
+            self._gen += 1
+            gen = self._gen
+        if old is not None:
+            _destroy(old)
+        td = datetime.timedelta(seconds=timeout_s)
+        try:
+            store = TCPStore(info.master_address, int(info.master_port), info.world_size, False, timeout=td)
+            pg = ProcessGroupGloo(PrefixStore("polar-weight-transfer", store), info.rank_offset, info.world_size, td)
+        except Exception as e:  # noqa: BLE001 - gloo/TCPStore raise RuntimeError, DistStoreError, ...
+            self.stats["last_error"] = f"init: {e}"
+            raise TransferError(504 if "imeout" in str(e) else 502, f"cannot join the weight-transfer group at "
+                                f"{info.master_address}:{info.master_port}: {str(e)[:300]}") from None
+        group = _Group(pg, store, info.rank_offset, info.world_size, timeout_s)
+        with self._lock:
+            if gen != self._gen:  # aborted (a route deadline) or replaced while the rendezvous ran
+                _destroy(group)
+                raise TransferError(504, "the weight-transfer group was aborted while it formed")
+            self._group = group
+            self.stats["groups_formed"] += 1
+        log.info("joined weight-transfer group %s as rank %d of %d", group.session, group.rank, group.world_size)
+        return {"session": group.session, "rank": group.rank}
+
+    def start(self) -> None:
+        with self._lock:
+            if self._group is None:
+                raise TransferError(409, "no weight-transfer group: call /init_weight_transfer_engine first")
+            self._staging = {}
+
+    def receive(self, info: UpdateInfo) -> dict[str, Any]:
+        """Receive ``info``'s tensors into the staging dict (blocking; each collective has the group's
+        deadline). On any failure: abort (staging dropped, group destroyed) and raise TransferError."""
+        with self._lock:
+            g, staging = self._group, self._staging
+            if g is None:
+                raise TransferError(409, "no weight-transfer group: call /init_weight_transfer_engine first")
+            if staging is None:
+                raise TransferError(409, "no weight update open: call /start_weight_update first")
+            if self._receiving:
+                raise TransferError(409, "a transfer is already being received")
+            self._receiving = True
+        t0, nbytes, buffers = time.monotonic(), 0, 0
+        try:
+            self._check(info)
+            dtypes, sizes = info.dtypes, info.nbytes()
+            timeout = datetime.timedelta(seconds=g.timeout_s)
+            got: list[tuple[str, torch.Tensor]] = []
+            if info.packed:
+                for idx in packed_chunks(sizes, info.packed_buffer_size_bytes):
+                    buf = torch.empty(sum(sizes[i] for i in idx), dtype=torch.uint8)
+                    g.pg.broadcast(buf, 0, timeout).wait()
+                    got += unpack(buf, [info.names[i] for i in idx], [info.shapes[i] for i in idx],
+                                  [dtypes[i] for i in idx], [sizes[i] for i in idx])
+                    buffers += 1
+                    nbytes += buf.numel()
+                    self.stats["buffers"] += 1
+            else:
+                for name, shape, dtype in zip(info.names, info.shapes, dtypes):
+                    t = torch.empty(shape, dtype=dtype)
+                    g.pg.broadcast(t, 0, timeout).wait()
+                    got.append((name, t))
+                    buffers += 1
+                    nbytes += t.numel() * t.element_size()
+                    self.stats["buffers"] += 1
+        except TransferError as e:
+            self.abort(str(e))
+            raise
+        except Exception as e:  # noqa: BLE001 - a gloo timeout or a closed connection
+            self.abort(f"receive: {e}")
+            raise TransferError(504 if "imed out" in str(e) else 502,
+                                f"weight transfer failed after {buffers} buffers: {str(e)[:300]}") from None
+        finally:
+            self._receiving = False
+        with self._lock:
+            if self._group is not g or self._staging is not staging:  # aborted meanwhile (a route's deadline)
+                raise TransferError(504, "weight transfer aborted while receiving")
+            staging.update(got)
+            self.stats["bytes"] += nbytes
+        return {"tensors": len(got), "bytes": nbytes, "buffers": buffers, "seconds": round(time.monotonic() - t0, 4)}
+
+    def take_staged(self) -> dict[str, torch.Tensor]:
+        """The staged tensors, closing the update (a finish without an open update is refused)."""
+        with self._lock:
+            if self._staging is None:
+                raise TransferError(409, "no weight update open (never started, or aborted: see /weight_info)")
+            if self._receiving:
+                raise TransferError(409, "tensors are still being received")
+            staged, self._staging = self._staging, None
+            self.stats["updates"] += 1
+        return staged
+
+    def _check(self, info: UpdateInfo) -> None:
+        own = self.model.state_dict()
+        for name, shape in zip(info.names, info.shapes):
+            if name not in own:
+                raise TransferError(400, f"update_info names a tensor the model lacks: {name!r}")
+            if tuple(own[name].shape) != tuple(shape):
+                raise TransferError(400, f"{name}: shape {tuple(shape)} != model shape {tuple(own[name].shape)}")
+
+
+def install(model: torch.nn.Module, staged: dict[str, torch.Tensor]) -> None:
+    """Put the staged tensors into the model: a parameter of the same dtype, device and shape takes the
+    received tensor as its storage (no copy: the swap is a pointer change), anything else is copied in."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    own = model.state_dict()
+    with torch.no_grad():
+        for name, t in staged.items():
+            p = params.get(name)
+            if p is not None and p.dtype == t.dtype and p.device == t.device and p.shape == t.shape:
+                p.data = t
+            else:
+                own[name].copy_(t)
+
+
+def _destroy(g: _Group) -> None:
+    """Abort the group's pending work and let it go (a peer still in a collective sees the connection close)."""
+    try:
+        g.pg.abort()
+    except Exception:  # noqa: BLE001 - older torch without abort, or already broken
+        pass
+    g.pg = None
+    g.store = None

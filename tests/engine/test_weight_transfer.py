@@ -1,0 +1,184 @@
+"""In-memory weight transfer (engine/transfer.py, trainer/broadcast.py): vLLM's routes and bodies on gloo,
+verified bit for bit, and a trainer killed mid-broadcast leaves the engine serving what it served."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine.transfer import InitInfo, UpdateInfo, packed_chunks, tensor_sha256
+from trainer.broadcast import WeightTransfer, named_tensors
+from trainer.weight_sync import PolarEngine
+
+ROOT = Path(__file__).parents[2]
+# vLLM's field names (vllm/distributed/weight_transfer/nccl_engine.py: NCCLWeightTransferInitInfo,
+# NCCLWeightTransferUpdateInfo), written out here so a rename on our side fails this test
+VLLM_INIT_INFO = {"master_address", "master_port", "rank_offset", "world_size"}
+VLLM_UPDATE_INFO = {"names", "dtype_names", "shapes", "packed", "packed_buffer_size_bytes", "packed_num_buffers"}
+
+
+def perturbed(model_dir, seed: int, scale: float = 0.05):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return model.eval()
+
+
+def completion_logprob(url, prompt):
+    r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 1.0,
+                                                  "seed": 7, "logprobs": 0, "return_token_ids": True}, timeout=60)
+    r.raise_for_status()
+    choice = r.json()["choices"][0]
+    return choice["token_ids"][0], choice["logprobs"]["token_logprobs"][0]
+
+
+def checksums(url):
+    r = httpx.post(f"{url}/weight_checker", json={"action": "checksum"}, timeout=60)
+    r.raise_for_status()
+    return r.json()["checksums"]
+
+
+def test_protocol_fields_are_vllms():
+    assert {f.name for f in dataclasses.fields(InitInfo)} == VLLM_INIT_INFO
+    assert {f.name for f in dataclasses.fields(UpdateInfo)} == VLLM_UPDATE_INFO
+    # vLLM's packed cut: a buffer closes once it holds MORE than the buffer size
+    assert packed_chunks([4, 4, 4, 4, 10], 8) == [[0, 1, 2], [3, 4]]
+    assert packed_chunks([4], 100) == [[0]]
+
+
+def test_broadcast_is_bit_exact_and_sampling_follows(engine_server, tiny_model_dir, monkeypatch):
+    url = engine_server.url
+    sent: list[tuple[str, dict | None]] = []
+    real_post = WeightTransfer._post
+
+    def recording(self, e, path, timeout=None, **kw):
+        sent.append((path, kw.get("json")))
+        return real_post(self, e, path, timeout, **kw)
+
+    monkeypatch.setattr(WeightTransfer, "_post", recording)
+    before = checksums(url)
+    model = perturbed(tiny_model_dir, 1)
+    wt = WeightTransfer([PolarEngine(url)], "broadcast", timeout_s=20, buffer_bytes=1 << 20, verify=True)
+    try:
+        report = wt.sync(model, None, 3)
+        assert report["broadcast"] == [url] and not report["stale"] and not report["errors"]
+        assert report["buffers"] > 1  # packed into several fixed-size buffers
+        # every tensor's sha256 on the engine equals the trainer's
+        ours = {n: tensor_sha256(t) for n, t in named_tensors(model)}
+        served = checksums(url)
+        assert all(served[n] == h for n, h in ours.items()) and set(ours) <= set(served)
+        assert served != before
+        assert wt.verify_engines() == {url: True}
+        r = httpx.post(f"{url}/weight_checker", json={"action": "compare", "baseline": before}, timeout=60).json()
+        assert r["match"] is False and r["mismatches"]
+        # the next sampled logprob is the trainer's model's
+        prompt = [5, 6, 7, 8, 9]
+        token, logprob = completion_logprob(url, prompt)
+        with torch.no_grad():
+            expected = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)[token].item()
+        assert logprob == pytest.approx(expected, abs=1e-5)
+        info = httpx.get(f"{url}/weight_info").json()
+        assert info["weight_version"] == "3" and info["policy_version"] == 3
+        # vLLM's RL use: reset, transfer again, compare with the baseline; the group is formed once
+        assert httpx.post(f"{url}/weight_checker", json={"action": "reset"}).json() == {"status": "reset"}
+        wt.sync(model, None, 4)
+        assert httpx.post(f"{url}/weight_checker", json={"action": "compare", "baseline": ours}).json()["match"]
+        assert httpx.get(f"{url}/weight_info").json()["transfer"]["groups_formed"] == 1
+    finally:
+        wt.close()
+    # the bodies are vLLM's
+    paths = [p for p, _ in sent]
+    assert paths[:4] == ["/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update"]
+    bodies = dict(sent[:4])
+    assert set(bodies["/init_weight_transfer_engine"]) == {"init_info"}
+    assert set(bodies["/init_weight_transfer_engine"]["init_info"]) == VLLM_INIT_INFO
+    assert set(bodies["/update_weights"]) == {"update_info"}
+    assert set(bodies["/update_weights"]["update_info"]) == VLLM_UPDATE_INFO
+    assert bodies["/update_weights"]["update_info"]["dtype_names"][0] == "float32"
+    assert bodies["/finish_weight_update"] == {"weight_version": "3"}
+    assert bodies["/start_weight_update"] is None
+
+
+def test_refusals_change_nothing(engine_server):
+    url = engine_server.url
+    with httpx.Client(base_url=url, timeout=30) as c:
+        before = checksums(url)
+        assert c.post("/start_weight_update").status_code == 409  # no group
+        assert c.post("/finish_weight_update", json={"weight_version": "9"}).status_code == 409
+        r = c.post("/init_weight_transfer_engine", json={"init_info": {"master_address": "127.0.0.1"}})
+        assert r.status_code == 400
+        r = c.post("/init_weight_transfer_engine", json={"init_info": {**dict.fromkeys(VLLM_INIT_INFO, 1), "bogus": 1}})
+        assert r.status_code == 400 and "bogus" in r.text
+        r = c.post("/update_weights", json={"update_info": {"names": ["x"], "dtype_names": ["float32"], "shapes": [[1]]}})
+        assert r.status_code == 409  # no group
+        r = c.post("/weight_checker", json={"action": "nope"})
+        assert r.status_code == 400
+        assert c.get("/policy_version").json()["policy_version"] == 0 and checksums(url) == before
+
+
+TRAINER = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {root!r})
+    from transformers import AutoModelForCausalLM
+    from trainer.broadcast import WeightTransfer
+    from trainer.weight_sync import PolarEngine
+    model = AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    wt = WeightTransfer([PolarEngine({url!r})], "broadcast", timeout_s=30, buffer_bytes=64 << 10, throttle_s=0.05)
+    wt.sync(model, None, 7)
+    print("finished", flush=True)
+""")
+
+
+def wait_for(pred, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_trainer_killed_mid_broadcast_leaves_the_engine_serving_its_weights(engine_server, tiny_model_dir):
+    url = engine_server.url
+    before = checksums(url)
+    token_before = completion_logprob(url, [5, 6, 7])
+    script = TRAINER.format(root=str(ROOT), model=str(tiny_model_dir), url=url)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: httpx.get(f"{url}/weight_info").json()["transfer"]["receiving"]
+                 and httpx.get(f"{url}/weight_info").json()["transfer"]["buffers"] > 2, 60, "the engine receiving")
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    t0 = time.monotonic()
+    info = wait_for(lambda: (lambda i: i if not i["transfer"]["receiving"] and i["transfer"]["session"] is None else None)(
+        httpx.get(f"{url}/weight_info").json()), 10, "the engine to drop the transfer")
+    assert time.monotonic() - t0 < 10  # a dead peer is seen at once, not at the deadline
+    assert info["policy_version"] == 0 and info["transfer"]["staged"] == 0 and info["transfer"]["last_error"]
+    assert checksums(url) == before
+    assert completion_logprob(url, [5, 6, 7]) == token_before  # serving, the same weights
+    assert httpx.post(f"{url}/finish_weight_update", json={"weight_version": "7"}).status_code == 409  # nothing staged
+    # a restarted trainer forms the group again and syncs the engine
+    model = perturbed(tiny_model_dir, 2)
+    wt = WeightTransfer([PolarEngine(url)], "broadcast", timeout_s=20, buffer_bytes=1 << 20, verify=True)
+    try:
+        assert wt.sync(model, None, 7)["broadcast"] == [url]
+        assert wt.verify_engines() == {url: True}
+    finally:
+        wt.close()
+    assert httpx.get(f"{url}/policy_version").json()["policy_version"] == 7

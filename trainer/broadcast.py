@@ -1,0 +1,456 @@
+"""Weights to the engines in memory: the trainer's side of vLLM's weight-transfer protocol.
+
+The trainer is rank 0 of one small group per engine (world size 2: trainer + engine at ``rank_offset`` 1),
+so an engine that dies or stalls breaks only its own group. Per sync (``prepare`` -> ``send`` -> ``finish``):
+
+1. ``prepare`` (rank 0): pick each engine's path (``broadcast``; ``storage``; ``auto`` = broadcast for every
+   engine that answers ``GET /weight_info``, storage for the others; an engine marked stale always goes by
+   storage once). Form the group of any engine without one (``POST /init_weight_transfer_engine``), open the
+   update (``POST /start_weight_update``; an engine that answers 409 lost its group, e.g. restarted: the
+   group is formed again), then post ``POST /update_weights {"update_info": {names, dtype_names, shapes,
+   packed, packed_buffer_size_bytes, packed_num_buffers}}`` in a thread per engine (it returns once the
+   engine holds every tensor).
+2. ``send`` (every trainer rank iterates the tensors, one at a time: under FSDP2 each is a ``full_tensor``
+   gather; rank 0 alone packs them into buffers, cut as vLLM's packed producer cuts them, and broadcasts
+   each buffer to every live group, packing the next while the last is in flight).
+3. ``finish`` (rank 0): hold the gateway (``/admin/pause``), ``POST /finish_weight_update {"weight_version"}``
+   on every engine whose tensors all arrived (it swaps them in between batches), load the storage engines
+   from the checkpoint URL (paused, as ``sync_weights`` does), stamp the version on the gateway, resume.
+   The engines keep serving while tensors arrive: the pause they see is the swap alone.
+
+Never a hang: every collective waits at most ``timeout_s`` (gloo's own timeout on each broadcast), every
+HTTP call has a timeout. An engine that fails anywhere is marked stale, its group destroyed; the others
+finish; the next sync loads it from storage at that step's version (whenever it answers again), and the one
+after forms its group again. A sync raises WeightSyncError only when no engine got the new weights.
+
+vLLM (``vllm=URL`` engines): when ``vllm`` is importable and CUDA is there, the group is vLLM's own
+(``NCCLWeightTransferEngine.trainer_init``: a StatelessProcessGroup + PyNccl) and the same packed buffers
+go through its communicator; otherwise vLLM engines take the storage path. That branch has not run here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+import torch
+
+from engine.transfer import packed_chunks, tensor_sha256
+
+from .weight_sync import Gateway, PolarEngine, VllmEngine, WeightSyncError
+
+logger = logging.getLogger(__name__)
+
+MODES = ("storage", "broadcast", "auto")
+
+
+def named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The exported tensors (HF names, tied head left out), one at a time; under FSDP2 each is gathered
+    on every rank (a collective: every rank must iterate all of them, in this order)."""
+    from .export import exported_tensors
+
+    for name, t in exported_tensors(model).items():
+        full = t.full_tensor() if hasattr(t, "full_tensor") else t
+        yield name, full.detach()
+
+
+def tensor_meta(model: torch.nn.Module) -> list[tuple[str, torch.dtype, list[int]]]:
+    """(name, dtype, global shape) of every exported tensor, without gathering anything."""
+    from .export import exported_tensors
+
+    return [(n, t.dtype, list(t.shape)) for n, t in exported_tensors(model).items()]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _reach_address(url: str) -> str:
+    """The address of this host as the engine at ``url`` reaches it."""
+    host = urlparse(url).hostname or "127.0.0.1"
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))  # no packet is sent: this only picks the route
+        return s.getsockname()[0]
+
+
+@dataclass
+class _Link:
+    """rank 0's end of one engine's group."""
+
+    engine: Any
+    pg: Any = None
+    store: Any = None
+    kind: str = "gloo"  # or "nccl" (vLLM's communicator)
+    formed: float = field(default_factory=time.time)
+
+    def broadcast(self, buf: torch.Tensor, timeout: datetime.timedelta):
+        if self.kind == "gloo":
+            return self.pg.broadcast(buf, 0, timeout)
+        self.pg.broadcast(buf.cuda(non_blocking=True), src=0)  # pragma: no cover - vLLM on a GPU host
+        torch.cuda.current_stream().synchronize()  # pragma: no cover
+        return None
+
+    def close(self) -> None:
+        if self.pg is not None and self.kind == "gloo":
+            try:
+                self.pg.abort()
+            except Exception:  # noqa: BLE001
+                pass
+        self.pg = self.store = None
+
+
+@dataclass
+class _Pending:
+    """One engine's transfer in flight: its ``/update_weights`` call runs in ``thread``."""
+
+    link: _Link
+    thread: threading.Thread | None = None
+    error: str | None = None
+    reply: dict | None = None
+    dead: bool = False
+
+
+class WeightTransfer:
+    """Broadcast (or storage, per engine) weight sync with deadlines; see the module docstring."""
+
+    def __init__(self, engines: list, mode: str = "broadcast", timeout_s: float = 60.0,
+                 buffer_bytes: int = 64 << 20, num_buffers: int = 2, master_address: str = "",
+                 verify: bool = False, throttle_s: float = 0.0):
+        if mode not in MODES:
+            raise ValueError(f"weight transfer mode must be one of {MODES}, got {mode!r}")
+        self.engines, self.mode, self.timeout_s = list(engines), mode, float(timeout_s)
+        self.buffer_bytes, self.num_buffers = int(buffer_bytes), int(num_buffers)
+        self.master_address, self.verify, self.throttle_s = master_address, verify, throttle_s
+        self.stale: set[str] = set()  # engine URLs to load from storage at the next sync
+        self.links: dict[str, _Link] = {}
+        self.client = httpx.Client(timeout=self.timeout_s)
+        self._pending: dict[str, _Pending] = {}
+        self._storage: list = []
+        self._meta: list[tuple[str, torch.dtype, list[int]]] = []
+        self.checksums: dict[str, str] = {}  # the sent tensors' sha256 (verify=True)
+        self.last: dict[str, Any] = {}  # the last sync's report
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _key(e) -> str:
+        return e.base_url.rstrip("/")
+
+    def _post(self, e, path: str, timeout: float | None = None, **kw) -> dict:
+        url = f"{self._key(e)}{path}"
+        try:
+            r = self.client.post(url, timeout=timeout or self.timeout_s, **kw)
+        except httpx.HTTPError as err:
+            raise WeightSyncError(f"{url}: {type(err).__name__}: {err}") from err
+        if r.status_code >= 400:
+            raise WeightSyncError(f"{url}: HTTP {r.status_code}: {r.text[:300]}")
+        try:
+            return r.json()
+        except ValueError:
+            return {}
+
+    def _answers_weight_info(self, e) -> bool:
+        try:
+            return self.client.get(f"{self._key(e)}/weight_info", timeout=min(self.timeout_s, 10)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _can_broadcast(self, e) -> bool:
+        if isinstance(e, VllmEngine):
+            return _vllm_available()
+        return isinstance(e, PolarEngine)
+
+    def mark_stale(self, e, why: str) -> None:
+        key = self._key(e)
+        self.stale.add(key)
+        link = self.links.pop(key, None)
+        if link is not None:
+            link.close()
+        logger.warning("engine %s is stale (%s): it loads from storage at the next sync", key, why)
+
+    # ------------------------------------------------------------------ group
+    def _form(self, e) -> _Link:
+        """Form ``e``'s group (trainer rank 0, engine rank 1); WeightSyncError within the deadline."""
+        from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+        address = self.master_address or _reach_address(e.base_url)
+        if isinstance(e, VllmEngine):  # pragma: no cover - needs vllm and a GPU
+            return self._form_vllm(e, address)
+        td = datetime.timedelta(seconds=self.timeout_s)
+        store = TCPStore(address, 0, 2, True, timeout=td, wait_for_workers=False)
+        body = {"init_info": {"master_address": address, "master_port": store.port, "rank_offset": 1, "world_size": 2}}
+        box: dict[str, Any] = {}
+
+        def call():
+            try:
+                box["reply"] = self._post(e, "/init_weight_transfer_engine", timeout=self.timeout_s + 10, json=body)
+            except WeightSyncError as err:
+                box["error"] = str(err)
+
+        t = threading.Thread(target=call, daemon=True, name="polar-transfer-init")
+        t.start()
+        try:
+            pg = ProcessGroupGloo(PrefixStore("polar-weight-transfer", store), 0, 2, td)
+        except Exception as err:  # noqa: BLE001 - the engine never joined within the deadline
+            t.join(timeout=5)
+            raise WeightSyncError(f"{self._key(e)}: the weight-transfer group did not form within {self.timeout_s:.0f} s: "
+                                  f"{box.get('error') or str(err)[:200]}") from None
+        t.join(timeout=self.timeout_s + 10)
+        if "error" in box or t.is_alive():
+            try:
+                pg.abort()
+            except Exception:  # noqa: BLE001
+                pass
+            raise WeightSyncError(box.get("error") or f"{self._key(e)}: /init_weight_transfer_engine did not answer")
+        return _Link(e, pg, store)
+
+    def _form_vllm(self, e, address: str) -> _Link:  # pragma: no cover - needs vllm and a GPU
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        r = self.client.get(f"{self._key(e)}/get_world_size", timeout=self.timeout_s)
+        r.raise_for_status()
+        world = 1 + int(r.json()["world_size"])
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        init = {"master_address": address, "master_port": port, "rank_offset": 1, "world_size": world}
+        box: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: box.update(r=self._post(e, "/init_weight_transfer_engine",
+                                                                    timeout=self.timeout_s + 10, json={"init_info": init})),
+                             daemon=True)
+        t.start()
+        group = NCCLWeightTransferEngine.trainer_init(init)
+        t.join(timeout=self.timeout_s + 10)
+        return _Link(e, group, None, kind="nccl")
+
+    # ------------------------------------------------------------------ the three steps
+    def prepare(self, meta: list[tuple[str, torch.dtype, list[int]]]) -> bool:
+        """rank 0: choose each engine's path, form groups, open the updates, post ``update_info``. Returns
+        whether tensors are to be sent (every trainer rank must then iterate them: ``send``)."""
+        t0 = time.monotonic()
+        self._meta, self._pending, self._storage, self.checksums = list(meta), {}, [], {}
+        self.last = {"broadcast": [], "storage": [], "stale": [], "errors": {}}
+        sizes = [math_prod(s) * d.itemsize for _, d, s in meta]
+        nbuf = len(packed_chunks(sizes, self.buffer_bytes))
+        update_info = {"names": [n for n, _, _ in meta], "dtype_names": [_dtype_name(d) for _, d, _ in meta],
+                       "shapes": [list(s) for _, _, s in meta], "packed": True,
+                       "packed_buffer_size_bytes": self.buffer_bytes, "packed_num_buffers": self.num_buffers}
+        for e in self.engines:
+            key = self._key(e)
+            broadcast = (self.mode != "storage" and key not in self.stale and self._can_broadcast(e)
+                         and (self.mode == "broadcast" or self._answers_weight_info(e)))
+            if not broadcast:
+                self._storage.append(e)
+                continue
+            try:
+                link = self.links.get(key)
+                if link is None:
+                    link = self.links[key] = self._form(e)
+                if isinstance(e, VllmEngine):  # pragma: no cover - vLLM wants no generation during an update
+                    e.pause()
+                try:
+                    self._post(e, "/start_weight_update")
+                except WeightSyncError as err:
+                    if "HTTP 409" not in str(err):
+                        raise
+                    link.close()  # the engine lost its group (restarted, or aborted a transfer): form it again
+                    link = self.links[key] = self._form(e)
+                    self._post(e, "/start_weight_update")
+            except WeightSyncError as err:
+                self.last["errors"][key] = str(err)
+                self.mark_stale(e, f"prepare: {err}")
+                self._storage.append(e)  # still gets this version, from storage
+                continue
+            p = self._pending[key] = _Pending(link)
+            p.thread = threading.Thread(target=self._update_call, args=(p, update_info, nbuf), daemon=True,
+                                        name=f"polar-transfer-{key}")
+            p.thread.start()
+        self.last["bytes_per_engine"] = sum(sizes)
+        self.last["buffers"] = nbuf
+        self.last["prepare_s"] = round(time.monotonic() - t0, 4)
+        return bool(self._pending) or self.verify
+
+    def _update_call(self, p: _Pending, update_info: dict, nbuf: int) -> None:
+        try:
+            p.reply = self._post(p.link.engine, "/update_weights", timeout=self.timeout_s * (nbuf + 1) + 10,
+                                 json={"update_info": update_info})
+        except WeightSyncError as err:
+            p.error = str(err)
+
+    def send(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """rank 0: pack ``tensors`` (in ``prepare``'s order) and broadcast each buffer to every live group.
+        The iterator is always drained (under FSDP2 the other ranks gather every tensor too)."""
+        t0 = time.monotonic()
+        td = datetime.timedelta(seconds=self.timeout_s)
+        sizes = [math_prod(s) * d.itemsize for _, d, s in self._meta]
+        chunks = packed_chunks(sizes, self.buffer_bytes)
+        it = iter(tensors)
+        in_flight: list[tuple[_Pending, Any]] = []
+        sent = 0
+
+        def wait_all():
+            for p, work in in_flight:
+                if work is None or p.dead:
+                    continue
+                try:
+                    work.wait()
+                except Exception as err:  # noqa: BLE001 - a gloo timeout or a closed connection
+                    self._drop(p, f"broadcast: {str(err)[:200]}")
+            in_flight.clear()
+
+        for idx in chunks:
+            parts = []
+            for i in idx:
+                name, t = next(it)
+                want = self._meta[i]
+                if name != want[0] or list(t.shape) != list(want[2]) or t.dtype != want[1]:
+                    raise WeightSyncError(f"tensor {i} is {name} {tuple(t.shape)} {t.dtype}, update_info said {want}")
+                flat = t.to("cpu").contiguous().reshape(-1).view(torch.uint8)
+                if self.verify:
+                    self.checksums[name] = tensor_sha256(t)
+                parts.append(flat)
+            buf = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+            wait_all()  # the previous buffer is out before this one goes (double buffering: packed meanwhile)
+            for p in self._pending.values():
+                if not p.dead:
+                    try:
+                        in_flight.append((p, p.link.broadcast(buf, td)))
+                    except Exception as err:  # noqa: BLE001
+                        self._drop(p, f"broadcast: {str(err)[:200]}")
+            sent += buf.numel() * sum(not p.dead for p in self._pending.values())
+            if self.throttle_s:
+                time.sleep(self.throttle_s)  # tests and benchmarks: a transfer slow enough to interrupt
+        wait_all()
+        for _ in it:  # nothing left normally; drained so FSDP2's gathers stay matched
+            pass
+        self.last["bytes_sent"] = sent
+        self.last["send_s"] = round(time.monotonic() - t0, 4)
+
+    def _drop(self, p: _Pending, why: str) -> None:
+        p.dead = True
+        p.error = p.error or why
+        p.link.close()  # the engine's receive fails at once (connection closed), or at its own deadline
+
+    def finish(self, url: str | None, version: int, gateway: Gateway | None = None) -> dict[str, Any]:
+        """rank 0: finish the updates that arrived, load storage engines from ``url``, stamp, resume.
+        Returns the report; WeightSyncError when no engine got ``version``."""
+        t0 = time.monotonic()
+        ok: list = []
+        for key, p in self._pending.items():
+            if p.thread is not None:
+                p.thread.join(timeout=self.timeout_s + 10)
+                if p.thread.is_alive():
+                    p.error = p.error or f"/update_weights did not answer within {self.timeout_s + 10:.0f} s"
+            if p.error or p.dead:
+                self.last["errors"][key] = p.error
+                self.mark_stale(p.link.engine, p.error or "transfer failed")
+            else:
+                ok.append(p.link.engine)
+        paused: list = []
+        done: list = []
+        try:
+            if gateway is not None:
+                gateway.pause()
+                paused.append(gateway)
+            for e in ok:
+                try:
+                    reply = self._post(e, "/finish_weight_update", json={"weight_version": str(version)})
+                    self.last.setdefault("engine_pause_s", {})[self._key(e)] = reply.get("pause_s")
+                    self.last["broadcast"].append(self._key(e))
+                    done.append(e)
+                except WeightSyncError as err:
+                    self.last["errors"][self._key(e)] = str(err)
+                    self.mark_stale(e, f"finish: {err}")
+            for e in self._storage:
+                key = self._key(e)
+                if url is None:
+                    self.last["errors"][key] = "no checkpoint URL for the storage path"
+                    continue
+                try:
+                    t_pause = time.monotonic()
+                    e.pause()
+                    paused.append(e)
+                    e.load(url, version)
+                    e.resume()
+                    paused.remove(e)
+                    self.last.setdefault("engine_pause_s", {})[key] = round(time.monotonic() - t_pause, 4)
+                    self.last["storage"].append(key)
+                    self.stale.discard(key)
+                    done.append(e)
+                except WeightSyncError as err:
+                    self.last["errors"][key] = str(err)
+                    self.stale.add(key)
+            if done and gateway is not None:
+                gateway.stamp(version)
+        finally:
+            errors = []
+            for part in reversed(paused):
+                try:
+                    part.resume()
+                except WeightSyncError as err:
+                    errors.append(str(err))
+            for e in ok:
+                if isinstance(e, VllmEngine):  # pragma: no cover
+                    try:
+                        e.resume()
+                    except WeightSyncError as err:
+                        errors.append(str(err))
+        self.last["stale"] = sorted(self.stale)
+        self.last["finish_s"] = round(time.monotonic() - t0, 4)
+        self._pending = {}
+        if errors:
+            raise WeightSyncError("; ".join(errors))
+        if not done and self.engines:
+            raise WeightSyncError("no engine took policy version %d: %s" % (version, self.last["errors"]))
+        return self.last
+
+    def verify_engines(self) -> dict[str, bool]:
+        """``/weight_checker`` compare of each broadcast engine against the sent tensors' checksums."""
+        out = {}
+        for key in self.last.get("broadcast", []):
+            r = self.client.post(f"{key}/weight_checker", json={"action": "compare", "baseline": self.checksums},
+                                 timeout=self.timeout_s)
+            out[key] = r.status_code == 200 and bool(r.json().get("match"))
+        return out
+
+    def sync(self, model_or_tensors, url: str | None, version: int, gateway: Gateway | None = None) -> dict[str, Any]:
+        """One process: prepare, send, finish. ``model_or_tensors``: a model, or a callable returning
+        (meta, iterator of (name, tensor))."""
+        if isinstance(model_or_tensors, torch.nn.Module):
+            meta, tensors = tensor_meta(model_or_tensors), named_tensors(model_or_tensors)
+        else:
+            meta, tensors = model_or_tensors()
+        t0 = time.monotonic()
+        if self.prepare(meta):
+            self.send(tensors)
+        report = self.finish(url, version, gateway)
+        report["sync_s"] = round(time.monotonic() - t0, 4)
+        return report
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()
+        self.links.clear()
+        self.client.close()
+
+
+def math_prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _vllm_available() -> bool:
+    """vLLM's trainer-side helper can be used: vllm importable and a CUDA device (NCCL)."""
+    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
