@@ -97,15 +97,16 @@ class Node:
 
     async def _clean_predecessor(self, runtime) -> None:
         """Remove what a node that died with this work dir left: its containers and session directories
-        (their sessions are re-run from Kafka, once, by whichever node owns their partitions now)."""
+        (their sessions are re-run from Kafka, once, by whichever node owns their partitions now); and the
+        containers of any other dead node on this machine (podman.py ``orphaned``)."""
         containers = getattr(runtime, "containers", runtime)
-        removed = await containers.cleanup() if hasattr(containers, "cleanup") else 0
+        removed = await containers.cleanup(orphans=True) if hasattr(containers, "cleanup") else 0
         sessions = self.cfg.work_dir / "sessions"
         left = sorted(sessions.iterdir()) if sessions.is_dir() and not self.cfg.keep_workdirs else []
         for d in left:
             shutil.rmtree(d, ignore_errors=True)
         if removed or left:
-            log.warning("node %s: removed %d container(s) and %d session dir(s) left by an earlier node in %s",
+            log.warning("node %s: removed %d container(s) and %d session dir(s) left by dead nodes (%s)",
                         self.cfg.node_id, removed, len(left), self.cfg.work_dir)
 
     async def _publish_event(self, event):

@@ -174,6 +174,10 @@ class Pipeline:
                                            detail=f"{self.cfg.node_id}: {job.detail[-900:]}"))
             self.finished[job.status or "?"] += 1
             await teardown(job, self.cfg.keep_workdirs)
+        except asyncio.CancelledError:  # the node stopping without drain: a READY session's container too
+            if job.sandbox is not None:
+                await asyncio.shield(job.sandbox.close())
+            raise
         finally:
             release()
             self.jobs.pop(job.run_id, None)

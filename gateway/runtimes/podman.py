@@ -39,9 +39,39 @@ from .images import ImageBuildError, engine_argv, ensure_image
 
 OWNER_LABEL = "io.polarstream.owner"
 SESSION_LABEL = "io.polarstream.session"
+PROCESS_LABEL = "io.polarstream.process"  # "<boot id>:<pid namespace>:<pid>" of the node that made it
 NODE_BIN = "/usr/local/bin/node"
 # PID 1 of a session container: waits, and exits at once on the engine's stop (any image has /bin/sh).
 IDLE = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
+
+
+def owner_process() -> str:
+    """This process as ``PROCESS_LABEL`` names it: a container whose process is gone is an orphan."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""
+    return f"{boot}:{pidns}:{os.getpid()}"
+
+
+def orphaned(label: str, me: str) -> bool:
+    """Whether the node named by a container's ``PROCESS_LABEL`` is certainly dead: another boot, or its
+    pid gone from our pid namespace (a live pid, perhaps reused, or another namespace: left alone)."""
+    theirs, ours = label.split(":"), me.split(":")
+    if len(theirs) != 3 or len(ours) != 3 or not theirs[2].isdigit():
+        return False
+    if theirs[0] != ours[0]:
+        return True  # the machine rebooted since: its node is gone
+    if theirs[1] != ours[1] or theirs[2] == ours[2]:
+        return False
+    try:
+        os.kill(int(theirs[2]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _hard(limit: int, want: int) -> int:
@@ -90,7 +120,8 @@ class ContainerRuntime:
         name = "polar-" + hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
         workdir = task.workspace.mount or (WORKSPACE if env is None else "")
         argv = ["run", "-d", "--name", name, "--label", f"{OWNER_LABEL}={self.owner}",
-                "--label", f"{SESSION_LABEL}={root.name}", "--hostname", "polar-sandbox",
+                "--label", f"{SESSION_LABEL}={root.name}", "--label", f"{PROCESS_LABEL}={owner_process()}",
+                "--hostname", "polar-sandbox",
                 "--network", "bridge" if env is not None and env.allow_internet else "none",
                 "--ulimit", f"nofile={_hard(resource.RLIMIT_NOFILE, 4096)}:{_hard(resource.RLIMIT_NOFILE, 4096)}",
                 "--ulimit", f"nproc={_hard(resource.RLIMIT_NPROC, 4096)}:{_hard(resource.RLIMIT_NPROC, 4096)}",
@@ -114,21 +145,30 @@ class ContainerRuntime:
         if rc != 0:
             raise RuntimeUnavailable(f"{self.engine}: cannot start the session container: {out.strip()[-300:]}")
         box = ContainerSandbox(self, name, image, workdir, root, built_s)
-        if workdir:
-            await _engine(self.engine, "exec", name, "mkdir", "-p", workdir)
-        rc, out = await _engine(self.engine, "inspect", "--format", "{{.Config.WorkingDir}}\n{{range .Config.Env}}{{println .}}{{end}}", name)
+        try:  # the session has no sandbox until this returns: nothing else would remove the container
+            if workdir:
+                await _engine(self.engine, "exec", name, "mkdir", "-p", workdir)
+            rc, out = await _engine(self.engine, "inspect", "--format", "{{.Config.WorkingDir}}\n{{range .Config.Env}}{{println .}}{{end}}", name)
+        except BaseException:
+            await asyncio.shield(box.close())
+            raise
         lines = out.splitlines() if rc == 0 else []
         box.workdir = workdir or (lines[0].strip() if lines else "") or "/"
         box.image_path = next((ln[5:] for ln in lines[1:] if ln.startswith("PATH=")), "")
         box.open_s = time.monotonic() - t0
         return box
 
-    async def cleanup(self) -> int:
-        """Remove every container this owner left (a node that died); how many."""
+    async def cleanup(self, orphans: bool = False) -> int:
+        """Remove every container this owner left (a node that died with this work dir) and, with
+        ``orphans``, any other whose node is dead (a node of another work dir: by default each node id has
+        its own, so a restarted node would never find its predecessor's); how many."""
         if self.unavailable():
             return 0
-        rc, out = await _engine(self.engine, "ps", "-a", "-q", "--filter", f"label={OWNER_LABEL}={self.owner}")
-        ids = out.split() if rc == 0 else []
+        fmt = f'{{{{.ID}}}}\t{{{{index .Labels "{OWNER_LABEL}"}}}}\t{{{{index .Labels "{PROCESS_LABEL}"}}}}'
+        rc, out = await _engine(self.engine, "ps", "-a", "--filter", f"label={OWNER_LABEL}", "--format", fmt)
+        me = owner_process()
+        ids = [cid for cid, owner, proc in (((ln.split("\t") + ["", ""])[:3]) for ln in out.splitlines() if ln.strip())
+               if owner == self.owner or (orphans and orphaned(proc, me))] if rc == 0 else []
         if ids:
             await _engine(self.engine, "rm", "-f", "-t", "0", *ids)
         return len(ids)
@@ -247,7 +287,14 @@ class ContainerSandbox:
             sys.executable, "-I", str(TUNNEL), "--netns", f"/proc/{pid}/ns/net", "--unix", str(rt.sock_path),
             "--listen", f"127.0.0.1:{sandbox_port(spec.gateway_port)}", stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL)
-        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        try:
+            line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        except (asyncio.TimeoutError, asyncio.CancelledError) as e:  # no word in 30 s, or the run cancelled
+            proc.kill()
+            await proc.wait()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            raise RuntimeUnavailable("gateway tunnel into the container: no word from it in 30 s") from None
         if line.strip() != b"ready":
             proc.kill()
             rest = line + (await proc.stdout.read())
