@@ -146,15 +146,18 @@ class ContainerRuntime:
             raise RuntimeUnavailable(f"{self.engine}: cannot start the session container: {out.strip()[-300:]}")
         box = ContainerSandbox(self, name, image, workdir, root, built_s)
         try:  # the session has no sandbox until this returns: nothing else would remove the container
-            if workdir:
+            fmt = "{{.State.Pid}}\n{{.Config.WorkingDir}}\n{{range .Config.Env}}{{println .}}{{end}}"
+            rc, out = await _engine(self.engine, "inspect", "--format", fmt, name)
+            lines = out.splitlines() if rc == 0 else []
+            box.pid = lines[0].strip() if lines else ""
+            image_workdir = lines[1].strip() if len(lines) > 1 else ""
+            if workdir and workdir.rstrip("/") != image_workdir.rstrip("/"):  # the image's WORKDIR exists already
                 await _engine(self.engine, "exec", name, "mkdir", "-p", workdir)
-            rc, out = await _engine(self.engine, "inspect", "--format", "{{.Config.WorkingDir}}\n{{range .Config.Env}}{{println .}}{{end}}", name)
         except BaseException:
             await asyncio.shield(box.close())
             raise
-        lines = out.splitlines() if rc == 0 else []
-        box.workdir = workdir or (lines[0].strip() if lines else "") or "/"
-        box.image_path = next((ln[5:] for ln in lines[1:] if ln.startswith("PATH=")), "")
+        box.workdir = workdir or image_workdir or "/"
+        box.image_path = next((ln[5:] for ln in lines[2:] if ln.startswith("PATH=")), "")
         box.open_s = time.monotonic() - t0
         return box
 
@@ -186,6 +189,7 @@ class ContainerSandbox:
         self.build_s, self.open_s = build_s, 0.0
         self.dead = ""  # why the container is gone (a timeout killed it)
         self.image_path = ""  # the image's own PATH (a venv's bin, say), kept behind the one a run sets
+        self.pid = ""  # the container's first process on the host: its network namespace takes the tunnel
 
     def workspace_view(self, spec_workspace: Path, mount: str = "") -> str:
         return mount or self.workdir
@@ -212,8 +216,14 @@ class ContainerSandbox:
         outlives them); the gateway tunnel up for a ``network="gateway"`` run only."""
         if self.dead:
             raise RuntimeUnavailable(f"{self.runtime.engine}: the session container is gone ({self.dead})")
+        # A mount that holds files is an input (tests, a solution) and goes in; an empty one is an output
+        # (the verifier's logs) and comes back after the run. The container outlives them both.
+        outputs = {seen_at: host for seen_at, host in spec.mounts.items() if not any(Path(host).iterdir())}
+        if spec.mounts:
+            await _engine(self.runtime.engine, "exec", self.cname, "mkdir", "-p", *spec.mounts)
         for seen_at, host in spec.mounts.items():
-            await self._copy_in(host, seen_at)
+            if seen_at not in outputs:
+                await self._copy_in(host, seen_at)
         tunnel = await self._tunnel(spec) if spec.network == "gateway" else None
         log = open(spec.log_path, "ab") if spec.log_path else open(os.devnull, "wb")
         t0 = time.monotonic()
@@ -238,7 +248,7 @@ class ContainerSandbox:
             await proc.wait()
         rc = None if timed_out else proc.returncode
         if not timed_out:
-            for seen_at, host in spec.mounts.items():
+            for seen_at, host in outputs.items():
                 await self._copy_out(seen_at, host)
         return ExecResult(rc, timed_out, time.monotonic() - t0, _tail(spec.log_path))
 
@@ -266,7 +276,6 @@ class ContainerSandbox:
         await _engine(self.runtime.engine, "rm", "-f", "-t", "0", self.cname)
 
     async def _copy_in(self, host: Path, seen_at: str) -> None:
-        await _engine(self.runtime.engine, "exec", self.cname, "mkdir", "-p", seen_at)
         rc, out = await _engine(self.runtime.engine, "cp", f"{host}/.", f"{self.cname}:{seen_at}")
         if rc != 0:
             raise RuntimeUnavailable(f"cannot copy {seen_at} into the container: {out.strip()[-200:]}")
@@ -279,10 +288,9 @@ class ContainerSandbox:
         rt = self.runtime
         if rt.sock_path is None or spec.gateway_port is None:
             raise RuntimeUnavailable(f"{rt.engine}: network='gateway' needs the node's gateway socket and port")
-        rc, out = await _engine(rt.engine, "inspect", "--format", "{{.State.Pid}}", self.cname)
-        pid = out.strip()
-        if rc != 0 or not pid.isdigit() or pid == "0":
-            raise RuntimeUnavailable(f"{rt.engine}: the session container is not running ({out.strip()[-200:]})")
+        pid = self.pid
+        if not pid.isdigit() or pid == "0" or not Path(f"/proc/{pid}").exists():
+            raise RuntimeUnavailable(f"{rt.engine}: the session container is not running (no process {pid or '?'})")
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-I", str(TUNNEL), "--netns", f"/proc/{pid}/ns/net", "--unix", str(rt.sock_path),
             "--listen", f"127.0.0.1:{sandbox_port(spec.gateway_port)}", stdout=asyncio.subprocess.PIPE,
