@@ -1,7 +1,7 @@
 """Run every benchmark, one at a time, and write one results file and one results page.
 
     .venv/bin/python bench/run_all.py [--all] [--quick] [--only NAME ...] [--timeout S] [--out JSON] [--doc MD]
-                                      [--cluster] [--harnesses] [--driver] [--fsdp]
+                                      [--cluster] [--harnesses] [--driver] [--fsdp] [--weight-sync]
     .venv/bin/python bench/run_all.py --render-only      # re-render README.md and docs/*.md from the JSON
     .venv/bin/python bench/run_all.py --staleness        # benchmarks whose measured code changed (exit 1 if any)
 
@@ -28,7 +28,7 @@ Which files are benchmarks: every ``bench/*.py`` except this file, ``render.py``
 ``_``, and helpers that take no ``--quick`` flag (``trl_peer.py`` runs inside a peer venv, called by
 ``trainer.py``). EXPECTED names the benchmarks the issues ask for, so a missing one shows up as missing.
 OPT_IN ones run only when their flag is given (``--cluster``: broker_loss and chaos; ``--harnesses``:
-harness_sessions; ``--driver``: driver; ``--fsdp``: fsdp) or with ``--only NAME``.
+harness_sessions; ``--driver``: driver; ``--fsdp``: fsdp; ``--weight-sync``: weight_sync) or with ``--only NAME``.
 
 The convention a benchmark script follows (the first two are required, the rest optional):
 
@@ -96,9 +96,11 @@ FULL_ARGS = {"fuzz": ["--per-api", "600"]}
 # harness_sessions runs the six real agent CLIs through a node (issue 20; installed CLIs and bwrap needed);
 # chaos kills 30 random components of a whole pipeline on a 3-broker cluster, then reruns it unharmed (issue
 # 25), about 10 minutes; driver runs whole RL experiments at three async levels in rounds (issue 49), 10-25 minutes;
-# fsdp trains a 54M-parameter model on 2 FSDP2 ranks and on one process in rounds (issue 50), a few minutes.
+# fsdp trains a 54M-parameter model on 2 FSDP2 ranks and on one process in rounds (issue 50), a few minutes;
+# weight_sync starts 4 engine processes (tiny and 54M models) and syncs them in rounds (issue 63), 2-4 minutes
+# even with --quick, and the quick budgets above have no room left.
 OPT_IN = {"broker_loss": "--cluster", "harness_sessions": "--harnesses", "chaos": "--cluster", "driver": "--driver",
-          "fsdp": "--fsdp"}
+          "fsdp": "--fsdp", "weight_sync": "--weight-sync"}
 # CPU-bound figures (a /-path into the benchmark's JSON) also given per unit of host speed: the figure divided
 # by the mean of the host index measured just before and just after the benchmark (bench/_host.py).
 HOST_SCALED = {
@@ -309,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run driver (whole arith experiments at async levels 0, 1 and 2, in interleaved rounds)")
     ap.add_argument("--fsdp", action="store_true",
                     help="also run fsdp (a 54M-parameter model on 2 FSDP2 ranks against one process, in interleaved rounds)")
+    ap.add_argument("--weight-sync", action="store_true",
+                    help="also run weight_sync (in-memory broadcast against storage to engine processes, in interleaved rounds)")
     args = ap.parse_args(argv)
     if args.staleness:
         return staleness(json.loads(args.out.read_text()))

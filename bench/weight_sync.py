@@ -3,26 +3,36 @@
     .venv/bin/python bench/weight_sync.py [--quick] [--rounds R]
 
 For the tiny model and a ~54M-parameter Qwen3-shaped one (bench/fsdp.py's ``FSDP_MODEL``, tied head), with 1
-and 2 engines (``polarstream engine`` processes), in interleaved rounds (broadcast, storage, broadcast, ...):
+and 2 engines (``polarstream engine`` processes), in interleaved rounds (broadcast, storage, broadcast, ...),
+each sync what train() does at a step between checkpoints:
 
 - ``broadcast``: ``WeightTransfer.sync`` (group formed once before the rounds, as in a run): start,
-  update_info, packed gloo broadcasts (64 MiB buffers), finish.
-- ``storage``: what a sync costs through storage: the HF export the engines read (``export_hf`` to a
-  ``file://`` directory) and ``sync_weights`` (pause, ``/update_weights`` with the URL, resume).
-  ``storage_load_only`` beside it is ``sync_weights`` alone (a step that checkpoints anyway pays the export).
+  update_info, packed gloo broadcasts (64 MiB buffers), finish (the swap); the step's export is then
+  written from the sent buffers in a background thread (``write_export``), as train() writes it.
+- ``storage``: the HF export the engines read (``export_hf`` to a ``file://`` directory), then
+  ``sync_weights`` (pause, ``/update_weights`` with the URL, resume). ``storage_load_only`` beside it is
+  ``sync_weights`` alone (a step that checkpoints anyway pays the export).
 
-Each pass perturbs the weights first, so every sync moves new values. Top-level keys:
-``sync_s_broadcast_54m``, ``sync_s_storage_54m`` (median seconds, 1 engine), ``sync_broadcast_vs_storage_54m``
-(their ratio, goal <= 0.5), ``sync_broadcast_vs_storage_load_only_54m``, ``sync_bytes_moved`` (bytes per
-sync, 54M, 1 engine: broadcast sent; storage written + read), and the engine pause per sync
-(``engine_pause_s_*``: broadcast: the swap alone, as the engine reports it; storage: pause to resume).
+"Sync seconds" (``sync_s``) is what the trainer's step loop is blocked for, from the start of the sync to
+its return: broadcast: packing, broadcasting, the engines' swap (not the background export, which overlaps
+the next step: ``export_bg_s``, its own wall seconds, waited for before the next pass so no pass overlaps
+another); storage: writing the export and the engines' pause, load and resume. What the engines lose is
+``engine_pause_s``: the seconds they serve nothing (broadcast: pause, swap and resume, as the engine reports
+it; storage: from pause to resume, the load included). While a broadcast arrives they keep serving (their
+CPU does receive the bytes).
+
+Each pass perturbs the weights first, so every sync moves new values. Top-level keys: ``sync_s_broadcast_54m``,
+``sync_s_storage_54m`` (median seconds, 1 engine), ``sync_broadcast_vs_storage_54m`` (their ratio, goal
+<= 0.5), ``sync_broadcast_vs_storage_load_only_54m``, ``export_bg_s_54m``, ``sync_bytes_moved`` (bytes per
+sync, 54M, 1 engine: broadcast sent and its export written; storage written + read), and
+``engine_pause_s_{broadcast,storage}_54m``; each case also has min and median and the load average.
 Prints one JSON object on stdout; progress on stderr.
 """
 
 from __future__ import annotations
 
 MEASURES = ("trainer/broadcast.py", "trainer/weight_sync.py", "engine/transfer.py", "engine/app.py",
-            "engine/weights.py", "trainer/export.py", "bench/weight_sync.py")
+            "engine/weights.py", "trainer/export.py", "trainer/checkpoint.py", "bench/weight_sync.py")
 
 import argparse
 import json
@@ -68,129 +78,159 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_engine(model_dir: Path) -> tuple[subprocess.Popen, str]:
+def start_engines(model_dir: Path, n: int) -> list[tuple[subprocess.Popen, str]]:
+    """``n`` engine processes on ``model_dir``, booting side by side."""
     import httpx
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "polarstream", "engine", "--model", str(model_dir), "--port", str(port)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
+    procs = []
+    for _ in range(n):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "polarstream", "engine", "--model", str(model_dir), "--port",
+                                 str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        procs.append((proc, f"http://127.0.0.1:{port}"))
+    deadline = time.monotonic() + 240
+    for proc, url in procs:
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop_engines(procs)
+                raise RuntimeError(f"engine on {model_dir} did not start")
+            time.sleep(0.2)
+    return procs
+
+
+def stop_engines(procs) -> None:
+    for p, _ in procs:
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
             pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"engine on {model_dir} did not start")
-        time.sleep(0.2)
+        p.wait(timeout=30)
 
 
-def case(model_dir: Path, n_engines: int, rounds: int, tmp: Path) -> dict:
+def case(model_dir: Path, procs: list, rounds: int, tmp: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
     from infra.settings import Settings
     from trainer.broadcast import WeightTransfer
+    from trainer.checkpoint import write_packed_export
     from trainer.export import export_hf
     from trainer.weight_sync import PolarEngine, sync_weights
 
-    procs = [start_engine(model_dir) for _ in range(n_engines)]
+    n_engines = len(procs)
+    engines = [PolarEngine(url) for _, url in procs]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    params = sum(p.numel() for p in model.parameters())
+    wt = WeightTransfer(engines, "broadcast", timeout_s=120, buffer_bytes=64 << 20)
+    settings = Settings()
+    version = [0]
+
+    def nudge():
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1e-4)
+        version[0] += 1
+        return version[0]
+
+    wt.sync(model, None, nudge())  # forms the groups (once per run, as the trainer does)
+    last: dict = {}
+
+    def broadcast() -> dict:
+        v = nudge()
+        out = tmp / f"export-{v}"
+        url = f"file://{out}"
+        t0 = time.perf_counter()
+        report = wt.sync(model, url, v, write_export=lambda packed: write_packed_export(
+            url, packed, model, model_dir, settings, {"policy_version": v}))
+        s = time.perf_counter() - t0
+        export = report["export"]
+        export.wait()  # outside the timing: it overlaps the next training step in a run
+        assert sorted(report["broadcast"]) == sorted(e.base_url for e in engines), report
+        written = sum(f.stat().st_size for f in out.iterdir() if f.suffix == ".safetensors")
+        shutil.rmtree(out, ignore_errors=True)
+        last["broadcast"] = report
+        return {"sync_s": s, "engine_pause_s": max(report.get("engine_pause_s", {}).values()),
+                "export_bg_s": export.seconds, "send_s": report["send_s"], "bytes": report["bytes_sent"],
+                "export_bytes": written}
+
+    def storage() -> dict:
+        v = nudge()
+        out = tmp / f"export-{v}"
+        t0 = time.perf_counter()
+        written = export_hf(model, f"file://{out}", model_dir, settings)
+        t1 = time.perf_counter()
+        sync_weights(engines, f"file://{out}", v)
+        t2 = time.perf_counter()
+        shutil.rmtree(out, ignore_errors=True)
+        weights = sum(b for f, b in written.items() if f.endswith(".safetensors"))
+        return {"sync_s": t2 - t0, "load_only_s": t2 - t1, "export_s": t1 - t0, "engine_pause_s": t2 - t1,
+                "bytes": weights * (1 + n_engines)}
+
     try:
-        engines = [PolarEngine(url) for _, url in procs]
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        params = sum(p.numel() for p in model.parameters())
-        wt = WeightTransfer(engines, "broadcast", timeout_s=120, buffer_bytes=64 << 20)
-        settings = Settings()
-        version = [0]
-
-        def nudge():
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.add_(1e-4)
-            version[0] += 1
-            return version[0]
-
-        wt.sync(model, None, nudge())  # forms the groups (once per run, as the trainer does)
-        last: dict = {}
-
-        def broadcast() -> dict:
-            v = nudge()
-            t0 = time.perf_counter()
-            report = wt.sync(model, None, v)
-            s = time.perf_counter() - t0
-            assert sorted(report["broadcast"]) == sorted(e.base_url for e in engines), report
-            pause = max(report.get("engine_pause_s", {}).values())
-            last["broadcast"] = report
-            return {"sync_s": s, "engine_pause_s": pause, "bytes": report["bytes_sent"]}
-
-        def storage() -> dict:
-            v = nudge()
-            out = tmp / f"export-{v}"
-            t0 = time.perf_counter()
-            written = export_hf(model, f"file://{out}", model_dir, settings)
-            t1 = time.perf_counter()
-            sync_weights(engines, f"file://{out}", v)
-            t2 = time.perf_counter()
-            shutil.rmtree(out, ignore_errors=True)
-            weights = sum(b for f, b in written.items() if f.endswith(".safetensors"))
-            return {"sync_s": t2 - t0, "load_only_s": t2 - t1, "export_s": t1 - t0, "engine_pause_s": t2 - t1,
-                    "bytes": weights * (1 + n_engines)}
-
         res = interleaved({"broadcast": broadcast, "storage": storage}, rounds=rounds, progress=False,
                           cpu_pids=lambda: [p.pid for p, _ in procs])
-        wt.close()
-        med = lambda name, key: statistics.median(p[key] for p in res["targets"][name]["passes"])  # noqa: E731
-        mn = lambda name, key: min(p[key] for p in res["targets"][name]["passes"])  # noqa: E731
-        return {"params": params, "engines": n_engines, "rounds": rounds, "load_avg": res["load_avg"],
-                "broadcast_s": {"min": mn("broadcast", "sync_s"), "median": med("broadcast", "sync_s")},
-                "storage_s": {"min": mn("storage", "sync_s"), "median": med("storage", "sync_s")},
-                "storage_load_only_s": {"min": mn("storage", "load_only_s"), "median": med("storage", "load_only_s")},
-                "storage_export_s": med("storage", "export_s"),
-                "engine_pause_s": {"broadcast": med("broadcast", "engine_pause_s"),
-                                   "storage": med("storage", "engine_pause_s")},
-                "bytes": {"broadcast": res["targets"]["broadcast"]["passes"][-1]["bytes"],
-                          "storage": res["targets"]["storage"]["passes"][-1]["bytes"]},
-                "ratio_median": med("broadcast", "sync_s") / med("storage", "sync_s"),
-                "ratio_load_only_median": med("broadcast", "sync_s") / med("storage", "load_only_s"),
-                "broadcast_buffers": last["broadcast"]["buffers"]}
     finally:
-        for p, _ in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            p.wait(timeout=30)
+        wt.close()
+    med = lambda name, key: statistics.median(p[key] for p in res["targets"][name]["passes"])  # noqa: E731
+    mn = lambda name, key: min(p[key] for p in res["targets"][name]["passes"])  # noqa: E731
+    both = lambda name, key: {"min": round(mn(name, key), 4), "median": round(med(name, key), 4)}  # noqa: E731
+    b_last, s_last = res["targets"]["broadcast"]["passes"][-1], res["targets"]["storage"]["passes"][-1]
+    return {"params": params, "engines": n_engines, "rounds": rounds, "load_avg": res["load_avg"],
+            "broadcast_s": both("broadcast", "sync_s"), "storage_s": both("storage", "sync_s"),
+            "storage_load_only_s": both("storage", "load_only_s"), "storage_export_s": both("storage", "export_s"),
+            "broadcast_send_s": both("broadcast", "send_s"), "export_bg_s": both("broadcast", "export_bg_s"),
+            "engine_pause_s": {"broadcast": both("broadcast", "engine_pause_s"),
+                               "storage": both("storage", "engine_pause_s")},
+            "bytes": {"broadcast_sent": b_last["bytes"], "broadcast_export_written": b_last["export_bytes"],
+                      "storage_written_and_read": s_last["bytes"]},
+            "ratio_median": med("broadcast", "sync_s") / med("storage", "sync_s"),
+            "ratio_min": mn("broadcast", "sync_s") / mn("storage", "sync_s"),
+            "ratio_load_only_median": med("broadcast", "sync_s") / med("storage", "load_only_s"),
+            "broadcast_buffers": last["broadcast"]["buffers"]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="2 rounds; 54M with 1 engine only")
+    ap.add_argument("--quick", action="store_true", help="3 rounds; 54M with 1 engine only")
     ap.add_argument("--rounds", type=int, default=0)
     args = ap.parse_args()
-    rounds = args.rounds or (2 if args.quick else 4)
+    rounds = args.rounds or (3 if args.quick else 5)
     torch.set_num_threads(1)
     from infra.models import ensure_model
 
     tiny = Path(ensure_model("tiny"))
     out: dict = {"load_avg_before": load_avg(), "cases": {}}
+    t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="polar-wsync-bench-") as t:
         tmp = Path(t)
         big = build_54m(tmp / "m54", tiny)
-        plan = [("tiny", tiny, 1), ("tiny", tiny, 2), ("54m", big, 1)] + ([] if args.quick else [("54m", big, 2)])
-        for name, d, n in plan:
-            log(f"{name}, {n} engine(s), {rounds} rounds")
-            out["cases"][f"{name}_{n}"] = case(d, n, rounds, tmp)
+        # one set of engine processes per model, the 1-engine case on the first of them
+        for name, d, counts in [("tiny", tiny, (1, 2)), ("54m", big, (1,) if args.quick else (1, 2))]:
+            procs = start_engines(d, max(counts))
+            try:
+                for n in counts:
+                    log(f"{name}, {n} engine(s), {rounds} rounds")
+                    out["cases"][f"{name}_{n}"] = case(d, procs[:n], rounds, tmp)
+            finally:
+                stop_engines(procs)
     c = out["cases"]["54m_1"]
     out.update({
-        "sync_s_broadcast_54m": round(c["broadcast_s"]["median"], 4),
-        "sync_s_storage_54m": round(c["storage_s"]["median"], 4),
-        "sync_s_storage_load_only_54m": round(c["storage_load_only_s"]["median"], 4),
+        "sync_s_broadcast_54m": c["broadcast_s"]["median"],
+        "sync_s_storage_54m": c["storage_s"]["median"],
+        "sync_s_storage_load_only_54m": c["storage_load_only_s"]["median"],
         "sync_broadcast_vs_storage_54m": round(c["ratio_median"], 3),
+        "sync_broadcast_vs_storage_min_54m": round(c["ratio_min"], 3),
         "sync_broadcast_vs_storage_load_only_54m": round(c["ratio_load_only_median"], 3),
+        "export_bg_s_54m": c["export_bg_s"]["median"],
         "sync_bytes_moved": c["bytes"],
-        "engine_pause_s_broadcast_54m": round(c["engine_pause_s"]["broadcast"], 4),
-        "engine_pause_s_storage_54m": round(c["engine_pause_s"]["storage"], 4),
+        "engine_pause_s_broadcast_54m": c["engine_pause_s"]["broadcast"]["median"],
+        "engine_pause_s_storage_54m": c["engine_pause_s"]["storage"]["median"],
+        "seconds": round(time.monotonic() - t_start, 1),
         "load_avg_after": load_avg(),
     })
     out["comparisons"] = [

@@ -16,7 +16,9 @@ so an engine that dies or stalls breaks only its own group. Per sync (``prepare`
 3. ``finish`` (rank 0): hold the gateway (``/admin/pause``), ``POST /finish_weight_update {"weight_version"}``
    on every engine whose tensors all arrived (it swaps them in between batches), load the storage engines
    from the checkpoint URL (paused, as ``sync_weights`` does), stamp the version on the gateway, resume.
-   The engines keep serving while tensors arrive: the pause they see is the swap alone.
+   The engines keep serving while tensors arrive: the pause they see is the swap alone. Storage engines
+   load only once ``url_ready`` returns: train() writes a sync's export (between checkpoints) after the
+   broadcast, from the buffers ``send(keep=True)`` kept, in a ``BackgroundExport`` thread.
 
 Never a hang: every collective waits at most ``timeout_s`` (gloo's own timeout on each broadcast), every
 HTTP call has a timeout. An engine that fails anywhere is marked stale, its group destroyed; the others
@@ -36,7 +38,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -119,6 +121,45 @@ class _Pending:
     error: str | None = None
     reply: dict | None = None
     dead: bool = False
+
+
+@dataclass
+class Packed:
+    """One packed buffer as broadcast: the bytes of ``meta``'s tensors (name, dtype, shape), back to back."""
+
+    buf: torch.Tensor  # uint8, CPU
+    meta: list[tuple[str, torch.dtype, list[int]]]
+
+
+class BackgroundExport:
+    """One sync's export, written in a thread (rank 0 alone: no collective) while training goes on.
+    ``wait()`` returns once it is written and raises WeightSyncError if it failed."""
+
+    def __init__(self, url: str | None, write: Callable[[], Any]):
+        self.url, self.error, self.seconds = url, None, None
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, args=(write,), daemon=True, name="polar-export")
+        self._thread.start()
+
+    def _run(self, write: Callable[[], Any]) -> None:
+        try:
+            write()
+        except Exception as e:  # noqa: BLE001 - reported by wait()
+            self.error = f"{type(e).__name__}: {str(e)[:300]}"
+            logger.warning("export to %s failed: %s", self.url, self.error)
+        finally:
+            self.seconds = round(time.monotonic() - self._t0, 4)
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise WeightSyncError(f"export to {self.url} not written within {timeout} s")
+        if self.error:
+            raise WeightSyncError(f"export to {self.url} failed: {self.error}")
 
 
 class WeightTransfer:
@@ -287,15 +328,25 @@ class WeightTransfer:
         except WeightSyncError as err:
             p.error = str(err)
 
-    def send(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def live(self) -> bool:
+        """Some engine of this sync is still receiving."""
+        return any(not p.dead for p in self._pending.values())
+
+    def send(self, tensors: Iterable[tuple[str, torch.Tensor]], keep: bool = False) -> list[Packed] | None:
         """rank 0: pack ``tensors`` (in ``prepare``'s order) and broadcast each buffer to every live group.
-        The iterator is always drained (under FSDP2 the other ranks gather every tensor too)."""
+        The iterator is always drained (under FSDP2 the other ranks gather every tensor too).
+
+        ``keep``: return the packed buffers (copies: training may change the weights meanwhile), from which
+        rank 0 writes the sync's export in the background (``checkpoint.write_packed_export``); they hold
+        one copy of the weights in CPU memory until then. Without ``keep``, once no engine is left
+        receiving the rest is only drained (no packing, no throttle)."""
         t0 = time.monotonic()
         td = datetime.timedelta(seconds=self.timeout_s)
         sizes = [math_prod(s) * d.itemsize for _, d, s in self._meta]
         chunks = packed_chunks(sizes, self.buffer_bytes)
         it = iter(tensors)
         in_flight: list[tuple[_Pending, Any]] = []
+        kept: list[Packed] = []
         sent = 0
 
         def wait_all():
@@ -308,46 +359,58 @@ class WeightTransfer:
                     self._drop(p, f"broadcast: {str(err)[:200]}")
             in_flight.clear()
 
-        for idx in chunks:
-            parts = []
-            for i in idx:
-                name, t = next(it)
-                want = self._meta[i]
-                if name != want[0] or list(t.shape) != list(want[2]) or t.dtype != want[1]:
-                    raise WeightSyncError(f"tensor {i} is {name} {tuple(t.shape)} {t.dtype}, update_info said {want}")
-                flat = t.to("cpu").contiguous().reshape(-1).view(torch.uint8)
-                if self.verify:
-                    self.checksums[name] = tensor_sha256(t)
-                parts.append(flat)
-            buf = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
-            wait_all()  # the previous buffer is out before this one goes (double buffering: packed meanwhile)
-            for p in self._pending.values():
-                if not p.dead:
-                    try:
-                        in_flight.append((p, p.link.broadcast(buf, td)))
-                    except Exception as err:  # noqa: BLE001
-                        self._drop(p, f"broadcast: {str(err)[:200]}")
-            sent += buf.numel() * sum(not p.dead for p in self._pending.values())
-            if self.throttle_s:
-                time.sleep(self.throttle_s)  # tests and benchmarks: a transfer slow enough to interrupt
-        wait_all()
-        for _ in it:  # nothing left normally; drained so FSDP2's gathers stay matched
-            pass
+        try:
+            for idx in chunks:
+                if not keep and not self.verify and not self.live():
+                    break  # every engine dropped out: only the draining below is left
+                parts = []
+                for i in idx:
+                    name, t = next(it)
+                    want = self._meta[i]
+                    if name != want[0] or list(t.shape) != list(want[2]) or t.dtype != want[1]:
+                        raise WeightSyncError(f"tensor {i} is {name} {tuple(t.shape)} {t.dtype}, update_info said {want}")
+                    flat = t.to("cpu").contiguous().reshape(-1).view(torch.uint8)
+                    if self.verify:
+                        self.checksums[name] = tensor_sha256(t)
+                    parts.append(flat)
+                buf = torch.cat(parts) if len(parts) > 1 else parts[0].clone()  # a copy either way
+                if keep:
+                    kept.append(Packed(buf, [self._meta[i] for i in idx]))
+                wait_all()  # the previous buffer is out before this one goes (double buffering: packed meanwhile)
+                if not self.live():
+                    continue
+                for p in self._pending.values():
+                    if not p.dead:
+                        try:
+                            in_flight.append((p, p.link.broadcast(buf, td)))
+                        except Exception as err:  # noqa: BLE001
+                            self._drop(p, f"broadcast: {str(err)[:200]}")
+                sent += buf.numel() * sum(not p.dead for p in self._pending.values())
+                if self.throttle_s:
+                    time.sleep(self.throttle_s)  # tests and benchmarks: a transfer slow enough to interrupt
+            wait_all()
+        finally:
+            for _ in it:  # nothing left normally; drained so FSDP2's gathers stay matched (an error too)
+                pass
         self.last["bytes_sent"] = sent
         self.last["send_s"] = round(time.monotonic() - t0, 4)
+        return kept if keep else None
 
     def _drop(self, p: _Pending, why: str) -> None:
         p.dead = True
         p.error = p.error or why
         p.link.close()  # the engine's receive fails at once (connection closed), or at its own deadline
 
-    def finish(self, url: str | None, version: int, gateway: Gateway | None = None) -> dict[str, Any]:
+    def finish(self, url: str | None, version: int, gateway: Gateway | None = None,
+               url_ready: Callable[[], None] | None = None) -> dict[str, Any]:
         """rank 0: finish the updates that arrived, load storage engines from ``url``, stamp, resume.
-        Returns the report; WeightSyncError when no engine got ``version``."""
+        ``url_ready``: blocks until ``url`` is written (a background export) and raises if it never will
+        be; called only when some engine loads from storage. Returns the report; WeightSyncError when no
+        engine got ``version``."""
         t0 = time.monotonic()
         ok: list = []
         for key, p in self._pending.items():
-            if p.thread is not None:
+            if p.thread is not None and not p.dead:  # a dropped engine is stale already: its call may hang
                 p.thread.join(timeout=self.timeout_s + 10)
                 if p.thread.is_alive():
                     p.error = p.error or f"/update_weights did not answer within {self.timeout_s + 10:.0f} s"
@@ -356,6 +419,14 @@ class WeightTransfer:
                 self.mark_stale(p.link.engine, p.error or "transfer failed")
             else:
                 ok.append(p.link.engine)
+        export_error = None
+        if self._storage and url is not None and url_ready is not None:
+            t_wait = time.monotonic()  # before the gateway is held: rollouts go on meanwhile
+            try:
+                url_ready()  # a stale or storage engine must load an export that exists
+            except Exception as err:  # noqa: BLE001 - the export failed: these engines stay stale
+                export_error = f"export {url}: {err}"
+            self.last["export_wait_s"] = round(time.monotonic() - t_wait, 4)
         paused: list = []
         done: list = []
         try:
@@ -373,8 +444,9 @@ class WeightTransfer:
                     self.mark_stale(e, f"finish: {err}")
             for e in self._storage:
                 key = self._key(e)
-                if url is None:
-                    self.last["errors"][key] = "no checkpoint URL for the storage path"
+                if url is None or export_error:
+                    self.last["errors"][key] = export_error or "no checkpoint URL for the storage path"
+                    self.stale.add(key)
                     continue
                 try:
                     t_pause = time.monotonic()
@@ -423,18 +495,23 @@ class WeightTransfer:
             out[key] = r.status_code == 200 and bool(r.json().get("match"))
         return out
 
-    def sync(self, model_or_tensors, url: str | None, version: int, gateway: Gateway | None = None) -> dict[str, Any]:
+    def sync(self, model_or_tensors, url: str | None, version: int, gateway: Gateway | None = None,
+             write_export: Callable[[list[Packed] | None], None] | None = None) -> dict[str, Any]:
         """One process: prepare, send, finish. ``model_or_tensors``: a model, or a callable returning
-        (meta, iterator of (name, tensor))."""
+        (meta, iterator of (name, tensor)). ``write_export(packed)``: writes ``url`` from the sent buffers
+        (None when nothing was sent: then from the model) in a background thread, as train() does; the
+        storage engines wait for it; ``report["export"]`` is its BackgroundExport."""
         if isinstance(model_or_tensors, torch.nn.Module):
             meta, tensors = tensor_meta(model_or_tensors), named_tensors(model_or_tensors)
         else:
             meta, tensors = model_or_tensors()
         t0 = time.monotonic()
-        if self.prepare(meta):
-            self.send(tensors)
-        report = self.finish(url, version, gateway)
+        packed = self.send(tensors, keep=write_export is not None) if self.prepare(meta) else None
+        export = BackgroundExport(url, lambda: write_export(packed)) if write_export is not None else None
+        report = self.finish(url, version, gateway, url_ready=export.wait if export else None)
         report["sync_s"] = round(time.monotonic() - t0, 4)
+        if export is not None:
+            report["export"] = export
         return report
 
     def close(self) -> None:

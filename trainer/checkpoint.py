@@ -98,6 +98,106 @@ def export_weights(
     return url
 
 
+# safetensors' dtype codes (its format spec), for the exports written from broadcast buffers
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+              torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+
+
+def _packed_plan(meta: list[tuple[str, torch.dtype, list[int]]]) -> tuple[list[list[str]], bytes]:
+    """The shard files of an export of ``meta``'s tensors (one process writes them all) and its index."""
+    from .export import INDEX, shard_name, shard_plan  # noqa: F401 - INDEX for the callers' sake
+
+    sizes = {n: _numel(s) * d.itemsize for n, d, s in meta}
+    plan = shard_plan(sizes, 1)
+    index = {"metadata": {"total_size": sum(sizes.values())},
+             "weight_map": {n: shard_name(i, len(plan)) for i, names in enumerate(plan) for n in names}}
+    return plan, json.dumps(index, indent=2, sort_keys=True).encode()
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def begin_export(url: str, meta: list[tuple[str, torch.dtype, list[int]]], settings: Settings) -> None:
+    """rank 0, before a version whose export is written in the background is published: the export's
+    directory exists from now on with its index (so ``newest_export`` counts the version even if the
+    trainer dies before the export lands), without a manifest (incomplete until ``write_packed_export``)."""
+    from .export import INDEX
+
+    fs, path = filesystem(url, settings)
+    if fs.exists(f"{path}/{MANIFEST}"):
+        fs.rm_file(f"{path}/{MANIFEST}")
+    write_bytes(f"{url.rstrip('/')}/{INDEX}", _packed_plan(meta)[1], settings)
+
+
+def write_packed_export(url: str, packed: list, model: torch.nn.Module, model_dir: str | Path, settings: Settings,
+                        meta: dict[str, Any]) -> str:
+    """The weights-only export at ``url`` (the layout ``export_weights`` writes) from a broadcast's packed
+    buffers (trainer/broadcast.py ``Packed``: each the bytes of its tensors back to back), by one process
+    and without a collective, so rank 0 can write it in a thread while training goes on. The safetensors
+    files are written straight from the buffers (header, then the bytes: no copy). Manifest last."""
+    import shutil
+    import struct
+
+    from .export import INDEX, NOT_COPIED, WEIGHT_SUFFIXES, _wanted, shard_name
+
+    views: dict[str, tuple[torch.Tensor, torch.dtype, list[int]]] = {}
+    order: list[tuple[str, torch.dtype, list[int]]] = []
+    for pk in packed:
+        offset = 0
+        for name, dtype, shape in pk.meta:
+            n = _numel(shape) * dtype.itemsize
+            views[name] = (pk.buf[offset:offset + n], dtype, list(shape))
+            order.append((name, dtype, list(shape)))
+            offset += n
+        if offset != pk.buf.numel():
+            raise CheckpointError(f"{url}: a packed buffer holds {pk.buf.numel()} bytes, its tensors {offset}")
+    plan, index = _packed_plan(order)
+    fs, path = filesystem(url, settings)
+    written: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="polar-export-") as tmp:
+        staging = Path(tmp)
+        fs.makedirs(path, exist_ok=True)
+        for i, names in enumerate(plan):
+            header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+            offset = 0
+            for name in names:
+                data, dtype, shape = views[name]
+                if dtype not in _ST_DTYPES:
+                    raise CheckpointError(f"{url}: {name}: dtype {dtype} has no safetensors code")
+                header[name] = {"dtype": _ST_DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + data.numel()]}
+                offset += data.numel()
+            raw = json.dumps(header, separators=(",", ":")).encode()
+            raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+            local = staging / shard_name(i, len(plan))
+            with open(local, "wb") as f:
+                f.write(struct.pack("<Q", len(raw)))
+                f.write(raw)
+                for name in names:
+                    f.write(memoryview(views[name][0].numpy()))
+            fs.put_file(str(local), f"{path}/{local.name}")
+            written[local.name] = local.stat().st_size
+            local.unlink()
+        (staging / INDEX).write_bytes(index)
+        model.config.save_pretrained(staging)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(staging)
+        for f in Path(model_dir).iterdir():  # as export_hf: tokenizer, chat template, ...
+            if f.is_file() and f.name not in NOT_COPIED and not f.name.endswith(WEIGHT_SUFFIXES) \
+                    and not (staging / f.name).exists():
+                shutil.copy2(f, staging / f.name)
+        for f in sorted(staging.iterdir()):
+            if f.is_file() and _wanted(f.name):
+                fs.put_file(str(f), f"{path}/{f.name}")
+                written[f.name] = f.stat().st_size
+    _finish(url, written, settings, {"kind": "weights", **meta})
+    return url
+
+
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from .packing import Sample, samples_from_group
 from .parallel import build_model, place
 from .selection import SeenIds, StepPlan, plan_step
 from .step import train_step
-from .broadcast import WeightTransfer, named_tensors, tensor_meta
+from .broadcast import BackgroundExport, WeightTransfer, named_tensors, tensor_meta
 from .weight_sync import Gateway, WeightSyncError, already_served, engine_from_spec, sync_weights
 
 logger = logging.getLogger(__name__)
@@ -140,10 +141,27 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         except WeightSyncError as e:  # the first step's sync tries again
             log.write({"event": "sync_error", "step": step, "policy_version": int(state["policy_version"]), "error": str(e)})
 
+    pending_export: BackgroundExport | None = None  # rank 0: the last sync's export, written in a thread
+
+    def join_export() -> None:
+        """Wait for the export being written in the background (if any) and log how it went."""
+        nonlocal pending_export
+        if pending_export is None:
+            return
+        done, pending_export = pending_export, None
+        try:
+            done.wait()
+            log.write({"event": "export", "url": done.url, "seconds": done.seconds})
+        except WeightSyncError as e:  # the engines have those weights in memory; a stale one waits for the next
+            counters.update(export_errors=1)
+            log.write({"event": "export_error", "url": done.url, "error": str(e)})
+
     def save() -> str:
         """Checkpoint the weights, optimizer and the exact Kafka positions consumed so far (every rank
         calls it: each writes its own shards; rank 0 the positions and, last, the manifest)."""
         nonlocal last_saved
+        if master:
+            join_export()  # not pruned while written, nor written beside a checkpoint
         offsets = source.positions() if master else None
         snapshot = {"step": step, "policy_version": version, "offsets": offsets, "seen": seen.to_list(),
                     "synced_version": synced, "sync_failures": sync_failures,
@@ -228,12 +246,24 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             last_url = url or last_url
             if not (cfg.sync_every and step % cfg.sync_every == 0):
                 continue
-            if url is None:  # between checkpoints engines get a weights-only export
+            # Between checkpoints engines get a weights-only export. With broadcast, rank 0 writes it after the
+            # broadcast from the very buffers it sent, in a thread (no collective), while training goes on: the
+            # step waits for the engines, not for storage. Its URL is known now: its directory and index are
+            # written first (a restart counts the version), the PolicyVersion names it, and an engine that
+            # loads from storage at this sync (stale, or not broadcasting) waits for it in finish().
+            export_meta = {"policy_version": version, "step": step}
+            background = broadcasting and url is None
+            t_sync = time.perf_counter()
+            if background:
+                url = checkpoint.weights_dir(root, version)
+                if master:
+                    join_export()  # the previous sync's (long written, normally)
+                    checkpoint.begin_export(url, tensor_meta(model), settings)
+            elif url is None:
                 url = checkpoint.export_weights(checkpoint.weights_dir(root, version), model, model_dir, settings,
-                                                {"policy_version": version, "step": step})
+                                                export_meta)
             error = failed = None
             transferring = False
-            t_sync = time.perf_counter()
             if master:
                 record = PolicyVersion(model=cfg.model_name, version=version, checkpoint_url=url, step=step,
                                        metrics={k: float(v) for k, v in metrics.items()})
@@ -243,29 +273,42 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                         transferring = transfer.prepare(tensor_meta(model))
                 except (PublishError, WeightSyncError) as e:
                     failed = e
-            if broadcasting and _broadcast(transferring, distributed):
+            sending = broadcasting and _broadcast(transferring, distributed)
+            packed = None
+            if sending:
                 # every rank gathers each tensor in turn (FSDP2), rank 0 broadcasts them to the engines
                 tensors = named_tensors(model)
                 if master:
                     try:
-                        transfer.send(tensors)
+                        packed = transfer.send(tensors, keep=background)
                     except WeightSyncError as e:
                         failed = failed or e
                 else:
                     for _ in tensors:
                         pass
+            if background:
+                if sending and _broadcast(packed is not None if master else None, distributed):
+                    if master:
+                        pending_export = BackgroundExport(url, partial(checkpoint.write_packed_export, url, packed,
+                                                                       model, model_dir, settings, export_meta))
+                        packed = None  # the thread holds the buffers until they are written, no longer
+                else:  # nothing was gathered (no engine to broadcast to, or the send failed): as without broadcast
+                    checkpoint.export_weights(url, model, model_dir, settings, export_meta)
             if master:
                 try:
                     if failed is not None:
                         raise failed
                     if transfer is not None:
-                        report = transfer.finish(url, version, gateway)
+                        report = transfer.finish(url, version, gateway,
+                                                 url_ready=pending_export.wait if pending_export else None)
                         if transfer.verify:
                             report["verified"] = transfer.verify_engines()
                         log.write({"event": "sync", "step": step, "policy_version": version, "mode": cfg.weight_transfer,
                                    "sync_s": round(time.perf_counter() - t_sync, 4),
+                                   "export": "background" if pending_export else "written",
                                    **{k: report.get(k) for k in ("broadcast", "storage", "stale", "errors", "bytes_sent",
-                                                                 "engine_pause_s", "verified") if report.get(k)}})
+                                                                 "engine_pause_s", "export_wait_s", "verified")
+                                      if report.get(k)}})
                     else:
                         sync_weights(engines, url, version, gateway)
                         log.write({"event": "sync", "step": step, "policy_version": version, "mode": "storage",
@@ -299,6 +342,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         finished = True
     finally:  # also on an exception (no checkpoint then, but for the one a sync-failure stop writes first)
         if master:
+            join_export()
             log.write({"event": "stop", "step": step, "policy_version": version, "counters": dict(counters),
                        "reason": "error" if not finished else "signal" if stop.requested else "done",
                        "time": time.time()})

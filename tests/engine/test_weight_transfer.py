@@ -1,5 +1,8 @@
 """In-memory weight transfer (engine/transfer.py, trainer/broadcast.py): vLLM's routes and bodies on gloo,
-verified bit for bit, and a trainer killed mid-broadcast leaves the engine serving what it served."""
+verified bit for bit, and a trainer killed mid-broadcast leaves the engine serving what it served.
+
+One in-process engine serves the whole module (``module_engine_server``): each test asserts on what it
+changes, not on a fresh engine's state; the killed trainer is a small process (torch, no transformers)."""
 
 import dataclasses
 import os
@@ -57,8 +60,27 @@ def test_protocol_fields_are_vllms():
     assert packed_chunks([4], 100) == [[0]]
 
 
-def test_broadcast_is_bit_exact_and_sampling_follows(engine_server, tiny_model_dir, monkeypatch):
-    url = engine_server.url
+def test_refusals_change_nothing(module_engine_server, engine_server_factory):
+    url = module_engine_server.url
+    if httpx.get(f"{url}/weight_info").json()["transfer"]["session"] is not None:
+        url = engine_server_factory().url  # the shared engine has a group already (a test ran before): a fresh one
+    with httpx.Client(base_url=url, timeout=30) as c:
+        before, version = checksums(url), c.get("/policy_version").json()["policy_version"]
+        assert c.post("/start_weight_update").status_code == 409  # no group
+        assert c.post("/finish_weight_update", json={"weight_version": "9"}).status_code == 409
+        r = c.post("/init_weight_transfer_engine", json={"init_info": {"master_address": "127.0.0.1"}})
+        assert r.status_code == 400
+        r = c.post("/init_weight_transfer_engine", json={"init_info": {**dict.fromkeys(VLLM_INIT_INFO, 1), "bogus": 1}})
+        assert r.status_code == 400 and "bogus" in r.text
+        r = c.post("/update_weights", json={"update_info": {"names": ["x"], "dtype_names": ["float32"], "shapes": [[1]]}})
+        assert r.status_code == 409  # no group
+        r = c.post("/weight_checker", json={"action": "nope"})
+        assert r.status_code == 400
+        assert c.get("/policy_version").json()["policy_version"] == version and checksums(url) == before
+
+
+def test_broadcast_is_bit_exact_and_sampling_follows(module_engine_server, tiny_model_dir, monkeypatch):
+    url = module_engine_server.url
     sent: list[tuple[str, dict | None]] = []
     real_post = WeightTransfer._post
 
@@ -69,7 +91,8 @@ def test_broadcast_is_bit_exact_and_sampling_follows(engine_server, tiny_model_d
     monkeypatch.setattr(WeightTransfer, "_post", recording)
     before = checksums(url)
     model = perturbed(tiny_model_dir, 1)
-    wt = WeightTransfer([PolarEngine(url)], "broadcast", timeout_s=20, buffer_bytes=1 << 20, verify=True)
+    groups_before = httpx.get(f"{url}/weight_info").json()["transfer"]["groups_formed"]
+    wt = WeightTransfer([PolarEngine(url)], "broadcast", timeout_s=5, buffer_bytes=1 << 20, verify=True)
     try:
         report = wt.sync(model, None, 3)
         assert report["broadcast"] == [url] and not report["stale"] and not report["errors"]
@@ -94,7 +117,7 @@ def test_broadcast_is_bit_exact_and_sampling_follows(engine_server, tiny_model_d
         assert httpx.post(f"{url}/weight_checker", json={"action": "reset"}).json() == {"status": "reset"}
         wt.sync(model, None, 4)
         assert httpx.post(f"{url}/weight_checker", json={"action": "compare", "baseline": ours}).json()["match"]
-        assert httpx.get(f"{url}/weight_info").json()["transfer"]["groups_formed"] == 1
+        assert httpx.get(f"{url}/weight_info").json()["transfer"]["groups_formed"] == groups_before + 1
     finally:
         wt.close()
     # the bodies are vLLM's
@@ -110,35 +133,18 @@ def test_broadcast_is_bit_exact_and_sampling_follows(engine_server, tiny_model_d
     assert bodies["/start_weight_update"] is None
 
 
-def test_refusals_change_nothing(engine_server):
-    url = engine_server.url
-    with httpx.Client(base_url=url, timeout=30) as c:
-        before = checksums(url)
-        assert c.post("/start_weight_update").status_code == 409  # no group
-        assert c.post("/finish_weight_update", json={"weight_version": "9"}).status_code == 409
-        r = c.post("/init_weight_transfer_engine", json={"init_info": {"master_address": "127.0.0.1"}})
-        assert r.status_code == 400
-        r = c.post("/init_weight_transfer_engine", json={"init_info": {**dict.fromkeys(VLLM_INIT_INFO, 1), "bogus": 1}})
-        assert r.status_code == 400 and "bogus" in r.text
-        r = c.post("/update_weights", json={"update_info": {"names": ["x"], "dtype_names": ["float32"], "shapes": [[1]]}})
-        assert r.status_code == 409  # no group
-        r = c.post("/weight_checker", json={"action": "nope"})
-        assert r.status_code == 400
-        assert c.get("/policy_version").json()["policy_version"] == 0 and checksums(url) == before
-
-
+# The trainer to kill: torch and trainer/broadcast.py only (the weights straight from the safetensors file,
+# +0.01), so the process costs a torch import, not a transformers model load.
 TRAINER = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {root!r})
-    from transformers import AutoModelForCausalLM
+    from safetensors.torch import load_file
     from trainer.broadcast import WeightTransfer
     from trainer.weight_sync import PolarEngine
-    model = AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.01)
-    wt = WeightTransfer([PolarEngine({url!r})], "broadcast", timeout_s=30, buffer_bytes=64 << 10, throttle_s=0.05)
-    wt.sync(model, None, 7)
+    state = {{n: t + 0.01 for n, t in load_file({weights!r}).items()}}
+    meta = [(n, t.dtype, list(t.shape)) for n, t in state.items()]
+    wt = WeightTransfer([PolarEngine({url!r})], "broadcast", timeout_s=5, buffer_bytes=64 << 10, throttle_s=0.05)
+    wt.sync(lambda: (meta, iter(state.items())), None, 7)
     print("finished", flush=True)
 """)
 
@@ -153,15 +159,20 @@ def wait_for(pred, timeout_s: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_trainer_killed_mid_broadcast_leaves_the_engine_serving_its_weights(engine_server, tiny_model_dir):
-    url = engine_server.url
-    before = checksums(url)
+def test_trainer_killed_mid_broadcast_leaves_the_engine_serving_its_weights(module_engine_server, tiny_model_dir,
+                                                                            monkeypatch):
+    monkeypatch.setenv("POLAR_WEIGHT_TRANSFER_TIMEOUT_S", "5")  # the engine's deadline (read per call)
+    url = module_engine_server.url
+    buffers_before = httpx.get(f"{url}/weight_info").json()["transfer"]["buffers"]  # counted over the engine's life
+    script = TRAINER.format(root=str(ROOT), weights=str(tiny_model_dir / "model.safetensors"), url=url)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    before = checksums(url)  # while the trainer starts
     token_before = completion_logprob(url, [5, 6, 7])
-    script = TRAINER.format(root=str(ROOT), model=str(tiny_model_dir), url=url)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    version_before = httpx.get(f"{url}/policy_version").json()["policy_version"]
     try:
-        wait_for(lambda: httpx.get(f"{url}/weight_info").json()["transfer"]["receiving"]
-                 and httpx.get(f"{url}/weight_info").json()["transfer"]["buffers"] > 2, 60, "the engine receiving")
+        wait_for(lambda: (lambda t: t["receiving"] and t["buffers"] > buffers_before + 2)(
+            httpx.get(f"{url}/weight_info").json()["transfer"]), 120, "the engine receiving")
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=30)
@@ -169,13 +180,13 @@ def test_trainer_killed_mid_broadcast_leaves_the_engine_serving_its_weights(engi
     info = wait_for(lambda: (lambda i: i if not i["transfer"]["receiving"] and i["transfer"]["session"] is None else None)(
         httpx.get(f"{url}/weight_info").json()), 10, "the engine to drop the transfer")
     assert time.monotonic() - t0 < 10  # a dead peer is seen at once, not at the deadline
-    assert info["policy_version"] == 0 and info["transfer"]["staged"] == 0 and info["transfer"]["last_error"]
+    assert info["policy_version"] == version_before and info["transfer"]["staged"] == 0 and info["transfer"]["last_error"]
     assert checksums(url) == before
     assert completion_logprob(url, [5, 6, 7]) == token_before  # serving, the same weights
     assert httpx.post(f"{url}/finish_weight_update", json={"weight_version": "7"}).status_code == 409  # nothing staged
     # a restarted trainer forms the group again and syncs the engine
     model = perturbed(tiny_model_dir, 2)
-    wt = WeightTransfer([PolarEngine(url)], "broadcast", timeout_s=20, buffer_bytes=1 << 20, verify=True)
+    wt = WeightTransfer([PolarEngine(url)], "broadcast", timeout_s=5, buffer_bytes=1 << 20, verify=True)
     try:
         assert wt.sync(model, None, 7)["broadcast"] == [url]
         assert wt.verify_engines() == {url: True}
