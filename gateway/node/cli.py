@@ -75,8 +75,9 @@ def merge_report_cmd(
 def node(
     engine_url: list[str] = typer.Option(..., "--engine-url", help="engine base URL; repeat for several workers"),
     model: str = typer.Option(..., help="tokenizer + chat template: a local HF directory or a built-in name (tiny)"),
-    runtime: str = typer.Option("bwrap", help="subprocess | bwrap | docker | apptainer"),
-    image: str = typer.Option("", help="container image (docker, apptainer)"),
+    runtime: str = typer.Option("bwrap", help="auto | subprocess | bwrap | podman | docker | apptainer (auto: podman or "
+                                "docker for a task that brings an image, bwrap, else subprocess, for any other)"),
+    image: str = typer.Option("", help="container image for tasks that bring none (podman, docker, apptainer)"),
     node_id: Optional[str] = typer.Option(None, help="name of this node (default: host + random suffix)"),
     work_dir: Optional[Path] = typer.Option(None, help="session directories (default: <data_dir>/node/<node_id>)"),
     init_workers: int = typer.Option(4, help="concurrent INIT stages"),

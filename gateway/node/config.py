@@ -18,8 +18,8 @@ class NodeConfig:
     work_dir: Path  # sessions' workspaces, homes and logs live under <work_dir>/sessions
     cache_dir: Path  # where `polarstream harness install` put the npm CLIs
     node_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
-    runtime: str = "bwrap"  # subprocess | bwrap | docker | apptainer
-    image: str = ""  # docker / apptainer image
+    runtime: str = "bwrap"  # gateway.runtimes.RUNTIMES: auto | subprocess | bwrap | podman | docker | apptainer
+    image: str = ""  # podman / docker / apptainer image for tasks that bring none
     init_workers: int = 4  # concurrent INIT stages (workspace + prepare)
     ready_target: int = 2  # prepared sessions kept waiting for a run slot (0: prepare only when a slot frees)
     run_workers: int = 2  # concurrent harness runs (what keeps the engine busy)

@@ -64,11 +64,19 @@ def addresses(cfg: RunConfig, procs: Processes) -> tuple[dict[str, int], dict[st
     return ports, urls
 
 
+def host_runtime() -> str:
+    """Where a task without an image runs: bwrap where it is installed, else subprocess (unsandboxed)."""
+    return "bwrap" if shutil.which("bwrap") else "subprocess"
+
+
 def pick_runtime(requested: str) -> str:
-    """The sandbox the sessions run in: ``auto`` is bwrap where it is installed, else subprocess."""
+    """The runtime the gateway node gets: ``auto`` stays auto where a container engine (podman, docker) is
+    installed, so the node runs a task that brings an image in a container of it and any other task under
+    host_runtime(), as that alone would; with no engine, ``auto`` is host_runtime() itself."""
     if requested != "auto":
         return requested
-    return "bwrap" if shutil.which("bwrap") else "subprocess"
+    # gateway.runtimes.container_engine's test, here without importing the gateway into the driver
+    return "auto" if shutil.which("podman") or shutil.which("docker") else host_runtime()
 
 
 def start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports: dict[str, int], urls: dict[str, str],

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from .components import COMPONENTS, SERVES, pick_runtime
+from .components import COMPONENTS, SERVES, host_runtime, pick_runtime
 from .config import RunConfig
 from .experiment import Experiment, ExperimentError
 from .preset import MakePreset
@@ -115,22 +115,49 @@ def _harness(harness: str, installed: bool) -> None:
 
 
 def _runtime(runtime: str, tasks: list) -> str:
-    """The runtime the sessions get (auto: bwrap when installed), once it can run ``tasks``: a task that
-    wants its workspace at a path of its own (every Harbor task: /app) needs the bwrap sandbox."""
+    """The runtime the gateway node gets (components.pick_runtime), once it can run every one of ``tasks``:
+    a task that brings an image (a Harbor task's environment/Dockerfile) needs a container engine, podman
+    or docker (auto picks one); any other task runs on the host, and one that wants its workspace at a path
+    of its own (a Harbor task with a workspace/: /app) needs the bwrap sandbox there."""
     import shutil
+
+    from gateway.runtimes import container_engine
 
     picked = pick_runtime(runtime)
     install = "install bubblewrap (Debian: apt-get install bubblewrap)"
-    placed = next((t for t in tasks if t.workspace.mount or t.evaluator.kind == "harbor"), None)
-    if picked == "bwrap" and not shutil.which("bwrap"):
+    imaged = [t for t in tasks if t.environment is not None]
+    hosted = [t for t in tasks if t.environment is None]
+    placed = next((t for t in hosted if t.workspace.mount or t.evaluator.kind == "harbor"), None)
+    some = (f"{len(imaged)} tasks bring an image" if len(imaged) > 1 else f"task {imaged[0].task_id} brings an image"
+            if imaged else "")
+    if imaged and runtime in ("bwrap", "subprocess"):
+        raise ExperimentError(f"runtime: {runtime} runs no image, and {some} (environment/Dockerfile); set runtime: "
+                              "auto (podman or docker for those)")
+    if imaged and runtime == "auto" and not container_engine():
+        raise ExperimentError(f"runtime: {some} (environment/Dockerfile) and neither podman nor docker is installed "
+                              "here; `make system` installs podman")
+    if runtime in ("podman", "docker"):
+        if not shutil.which(runtime):
+            raise ExperimentError(f"runtime: {runtime} is not installed here"
+                                  f"{'; `make system` installs podman' if runtime == 'podman' else ''}")
+        if hosted:
+            raise ExperimentError(f"runtime: {runtime} runs only tasks that bring an image, and task "
+                                  f"{hosted[0].task_id} brings none; set runtime: auto (bwrap for those)")
+        return picked
+    # the tasks without an image: under bwrap, or, auto with no bwrap here, unsandboxed
+    host = picked if picked in ("bwrap", "subprocess") else host_runtime()
+    if not hosted:
+        return picked
+    if host == "bwrap" and not shutil.which("bwrap"):
         other = "" if placed else ", or set runtime: subprocess (sessions then run unsandboxed)"
         raise ExperimentError(f"runtime: bwrap is not installed here; {install}{other}")
-    if picked == "subprocess" and placed is not None:
+    if host == "subprocess" and placed is not None:
         why, fix = (("found no bwrap here", install) if runtime == "auto" else
                     ("runs sessions unsandboxed", f"{install} and set runtime: bwrap"))
         raise ExperimentError(f"runtime: {runtime} {why}, and task {placed.task_id} wants its workspace at "
                               f"{placed.workspace.mount or '/app'}, which only bwrap can show; {fix}")
-    return picked
+    # auto with no image among the tasks: the node gets what runs them, as it always did
+    return host if not imaged else picked
 
 
 # Trainer settings the experiment sets itself, so that the driver and the trainer cannot disagree on them

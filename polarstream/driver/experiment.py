@@ -45,8 +45,10 @@ class Experiment(BaseModel):
     harness: str = Field("builtin", description="the agent harness every session runs: builtin, pi, qwen_code, claude_code, "
                          "gemini_cli, opencode, codex")
     harness_config: dict[str, Any] = Field(default_factory=dict, description="the harness's own settings (e.g. api: chat for pi)")
-    runtime: Literal["auto", "bwrap", "subprocess"] = Field("auto", description="the sandbox sessions run in (auto: bwrap "
-                                                                               "when it works here); Harbor tasks need bwrap")
+    runtime: Literal["auto", "bwrap", "subprocess", "podman", "docker"] = Field(
+        "auto", description="the sandbox sessions run in. auto: a task that brings an image (a Harbor task's "
+        "environment/Dockerfile) runs in a container of it (podman, else docker), any other task under bwrap when it "
+        "works here (else unsandboxed); bwrap and subprocess run no image; podman and docker run only image tasks")
     train: str = Field("builtin:arith", description="task source RL trains on: a JSONL file (TaskRequest or flat rows), "
                        "a .parquet file, a Harbor task directory (or a directory of them), or builtin:arith")
     eval: str = Field("builtin:arith-heldout", description="task source evaluated before training, every eval_every "
