@@ -24,7 +24,6 @@ connection close) and the engine goes on serving the weights and version it had.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import logging
 import math
 import os
@@ -35,6 +34,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+
+from schemas.weight_transfer import packed_chunks, tensor_sha256
 
 log = logging.getLogger("polarstream.engine.transfer")
 
@@ -113,23 +114,6 @@ def is_broadcast_update(body: Any) -> bool:
     return isinstance(body, dict) and isinstance(body.get("update_info"), dict) and "names" in body["update_info"]
 
 
-def packed_chunks(sizes: list[int], buffer_size_bytes: int) -> list[list[int]]:
-    """Tensor indexes per packed buffer, cut as vLLM cuts them: a buffer takes tensors until it holds more
-    than ``buffer_size_bytes`` (so a buffer may exceed it by its last tensor)."""
-    chunks: list[list[int]] = []
-    current: list[int] = []
-    total = 0
-    for i, n in enumerate(sizes):
-        current.append(i)
-        total += n
-        if total > buffer_size_bytes:
-            chunks.append(current)
-            current, total = [], 0
-    if current:
-        chunks.append(current)
-    return chunks
-
-
 def unpack(buf: torch.Tensor, names: list[str], shapes: list[list[int]], dtypes: list[torch.dtype],
            sizes: list[int]) -> list[tuple[str, torch.Tensor]]:
     """vLLM's ``unpack_tensor``: views of ``buf`` (copied only where a view would be misaligned)."""
@@ -139,12 +123,6 @@ def unpack(buf: torch.Tensor, names: list[str], shapes: list[list[int]], dtypes:
             piece = piece.clone()
         out.append((name, piece.view(dtype).view(*shape)))
     return out
-
-
-def tensor_sha256(t: torch.Tensor) -> str:
-    """SHA-256 of a tensor's bytes, as vLLM's weight checker computes it."""
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return hashlib.sha256(memoryview(flat.view(torch.uint8).numpy())).hexdigest()
 
 
 def model_checksums(model: torch.nn.Module) -> dict[str, str]:

@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         api: Annotated[Optional[str], typer.Option(help="the API the CLI speaks where it has a choice: pi anthropic, chat, "
                                                         "responses or google; opencode chat, anthropic or responses "
                                                         "[default: the first]")] = None,
-        runtime: Annotated[str, typer.Option(help="auto (bwrap when installed), bwrap or subprocess")] = "auto",
+        runtime: Annotated[str, typer.Option(help="auto (bwrap when installed; the demo's tasks bring no image), bwrap or subprocess")] = "auto",
         seed: Annotated[int, typer.Option(help="fixes the model, the warm start and the task order")] = 0,
         lr: Annotated[Optional[float], typer.Option(help="trainer learning rate [default: 5e-4]")] = None,
         heldout: Annotated[int, typer.Option(help="problems kept out of RL and evaluated before and after it")] = 16,

@@ -46,7 +46,7 @@ from urllib.parse import urlparse
 import httpx
 import torch
 
-from engine.transfer import packed_chunks, tensor_sha256
+from schemas.weight_transfer import packed_chunks, tensor_sha256
 
 from .weight_sync import Gateway, PolarEngine, VllmEngine, WeightSyncError
 

@@ -106,7 +106,7 @@ _ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", 
 
 def _packed_plan(meta: list[tuple[str, torch.dtype, list[int]]]) -> tuple[list[list[str]], bytes]:
     """The shard files of an export of ``meta``'s tensors (one process writes them all) and its index."""
-    from .export import INDEX, shard_name, shard_plan  # noqa: F401 - INDEX for the callers' sake
+    from .export import shard_name, shard_plan
 
     sizes = {n: _numel(s) * d.itemsize for n, d, s in meta}
     plan = shard_plan(sizes, 1)

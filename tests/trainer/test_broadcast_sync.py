@@ -22,7 +22,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.transfer import tensor_sha256
+from schemas.weight_transfer import tensor_sha256
 from infra.settings import Settings
 from infra.storage import filesystem
 from tests.plugins.engine import ENGINE_PROCESS_DEADLINE_S as DEADLINE_S

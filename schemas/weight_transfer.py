@@ -1,0 +1,32 @@
+"""The weight-transfer wire format both ends share (vLLM's packed broadcast): how tensors are cut into
+buffers and how a tensor's checksum is taken. The engine (engine/transfer.py) and the trainer
+(trainer/broadcast.py) import it from here, as they import every other part of the contract."""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def packed_chunks(sizes: list[int], buffer_size_bytes: int) -> list[list[int]]:
+    """Tensor indexes per packed buffer, cut as vLLM cuts them: a buffer takes tensors until it holds more
+    than ``buffer_size_bytes`` (so a buffer may exceed it by its last tensor)."""
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        current.append(i)
+        total += n
+        if total > buffer_size_bytes:
+            chunks.append(current)
+            current, total = [], 0
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def tensor_sha256(t) -> str:
+    """SHA-256 of a torch tensor's bytes, as vLLM's weight checker computes it."""
+    import torch  # only the two ends that hold tensors pay for it
+
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return hashlib.sha256(memoryview(flat.view(torch.uint8).numpy())).hexdigest()
