@@ -1,7 +1,7 @@
 """Run every benchmark, one at a time, and write one results file and one results page.
 
     .venv/bin/python bench/run_all.py [--all] [--quick] [--only NAME ...] [--timeout S] [--out JSON] [--doc MD]
-                                      [--cluster] [--harnesses] [--driver] [--fsdp] [--weight-sync]
+                                      [--cluster] [--harnesses] [--driver] [--fsdp] [--weight-sync] [--image-tasks]
     .venv/bin/python bench/run_all.py --render-only      # re-render README.md and docs/*.md from the JSON
     .venv/bin/python bench/run_all.py --staleness        # benchmarks whose measured code changed (exit 1 if any)
 
@@ -28,7 +28,8 @@ Which files are benchmarks: every ``bench/*.py`` except this file, ``render.py``
 ``_``, and helpers that take no ``--quick`` flag (``trl_peer.py`` runs inside a peer venv, called by
 ``trainer.py``). EXPECTED names the benchmarks the issues ask for, so a missing one shows up as missing.
 OPT_IN ones run only when their flag is given (``--cluster``: broker_loss and chaos; ``--harnesses``:
-harness_sessions; ``--driver``: driver; ``--fsdp``: fsdp; ``--weight-sync``: weight_sync) or with ``--only NAME``.
+harness_sessions; ``--driver``: driver; ``--fsdp``: fsdp; ``--weight-sync``: weight_sync; ``--image-tasks``:
+image_tasks) or with ``--only NAME``.
 
 The convention a benchmark script follows (the first two are required, the rest optional):
 
@@ -86,7 +87,8 @@ STDERR_TAIL = 3000  # characters of a failed benchmark's stderr kept in the resu
 BUDGET_S = {"broker_loss": (90, 180), "publisher": (35, 120), "engine": (30, 90), "gateway": (110, 330), "streams": (55, 260),
             "trainer": (70, 330), "rollout": (60, 220), "mirror": (40, 150), "script_window": (50, 150),
             "fuzz": (30, 150), "harness_sessions": (240, 480), "chaos": (240, 1200), "driver": (420, 1800),
-            "fsdp": (300, 900), "weight_sync": (150, 420)}
+            "fsdp": (300, 900), "weight_sync": (150, 420),
+            "image_tasks": (420, 1500)}
 DEFAULT_BUDGET_S = (30, 60)  # a new benchmark must claim its time in BUDGET_S
 # Extra arguments in a full run. fuzz's default 10,000 requests per API is a 22-minute soak (docs/fuzzing.md),
 # a correctness run of its own, not a speed figure: inside make bench it runs a shape-keeping 600.
@@ -98,9 +100,10 @@ FULL_ARGS = {"fuzz": ["--per-api", "600"]}
 # 25), about 10 minutes; driver runs whole RL experiments at three async levels in rounds (issue 49), 10-25 minutes;
 # fsdp trains a 54M-parameter model on 2 FSDP2 ranks and on one process in rounds (issue 50), a few minutes;
 # weight_sync starts 4 engine processes (tiny and 54M models) and syncs them in rounds (issue 63), 2-4 minutes
-# even with --quick, and the quick budgets above have no room left.
+# even with --quick, and the quick budgets above have no room left; image_tasks runs whole arith experiments on
+# image tasks in podman containers against the bwrap demo in rounds (issue 62), about 6 minutes even with --quick.
 OPT_IN = {"broker_loss": "--cluster", "harness_sessions": "--harnesses", "chaos": "--cluster", "driver": "--driver",
-          "fsdp": "--fsdp", "weight_sync": "--weight-sync"}
+          "fsdp": "--fsdp", "weight_sync": "--weight-sync", "image_tasks": "--image-tasks"}
 # CPU-bound figures (a /-path into the benchmark's JSON) also given per unit of host speed: the figure divided
 # by the mean of the host index measured just before and just after the benchmark (bench/_host.py).
 HOST_SCALED = {
@@ -313,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run fsdp (a 54M-parameter model on 2 FSDP2 ranks against one process, in interleaved rounds)")
     ap.add_argument("--weight-sync", action="store_true",
                     help="also run weight_sync (in-memory broadcast against storage to engine processes, in interleaved rounds)")
+    ap.add_argument("--image-tasks", action="store_true",
+                    help="also run image_tasks (arith runs on image tasks in podman containers against the bwrap demo, in interleaved rounds)")
     args = ap.parse_args(argv)
     if args.staleness:
         return staleness(json.loads(args.out.read_text()))
