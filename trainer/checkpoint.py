@@ -140,10 +140,9 @@ def write_packed_export(url: str, packed: list, model: torch.nn.Module, model_di
     buffers (trainer/broadcast.py ``Packed``: each the bytes of its tensors back to back), by one process
     and without a collective, so rank 0 can write it in a thread while training goes on. The safetensors
     files are written straight from the buffers (header, then the bytes: no copy). Manifest last."""
-    import shutil
     import struct
 
-    from .export import INDEX, NOT_COPIED, WEIGHT_SUFFIXES, _wanted, shard_name
+    from .export import INDEX, shard_name, upload_rest
 
     views: dict[str, tuple[torch.Tensor, torch.dtype, list[int]]] = {}
     order: list[tuple[str, torch.dtype, list[int]]] = []
@@ -183,17 +182,7 @@ def write_packed_export(url: str, packed: list, model: torch.nn.Module, model_di
             written[local.name] = local.stat().st_size
             local.unlink()
         (staging / INDEX).write_bytes(index)
-        model.config.save_pretrained(staging)
-        if getattr(model, "generation_config", None) is not None:
-            model.generation_config.save_pretrained(staging)
-        for f in Path(model_dir).iterdir():  # as export_hf: tokenizer, chat template, ...
-            if f.is_file() and f.name not in NOT_COPIED and not f.name.endswith(WEIGHT_SUFFIXES) \
-                    and not (staging / f.name).exists():
-                shutil.copy2(f, staging / f.name)
-        for f in sorted(staging.iterdir()):
-            if f.is_file() and _wanted(f.name):
-                fs.put_file(str(f), f"{path}/{f.name}")
-                written[f.name] = f.stat().st_size
+        written.update(upload_rest(staging, model, model_dir, fs, path))
     _finish(url, written, settings, {"kind": "weights", **meta})
     return url
 

@@ -60,6 +60,25 @@ def exported_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k.replace("_checkpoint_wrapped_module.", "").removeprefix("module."): v for k, v in state.items()}
 
 
+def upload_rest(staging: Path, model, model_dir: str | Path, fs, path: str) -> dict[str, int]:
+    """Everything of an export but its weight shards: the config, the generation config and the base
+    model's other files (tokenizer, chat template...: engines load the directory as is), written into
+    ``staging`` beside what is there and uploaded with it to ``path``; the bytes of each file put."""
+    model.config.save_pretrained(staging)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(staging)
+    for f in Path(model_dir).iterdir():
+        if f.is_file() and f.name not in NOT_COPIED and not f.name.endswith(WEIGHT_SUFFIXES) \
+                and not (staging / f.name).exists():
+            shutil.copy2(f, staging / f.name)
+    written = {}
+    for f in sorted(staging.iterdir()):
+        if f.is_file() and _wanted(f.name):
+            fs.put_file(str(f), f"{path}/{f.name}")
+            written[f.name] = f.stat().st_size
+    return written
+
+
 def export_hf(model: torch.nn.Module, url: str, model_dir: str | Path, settings: Settings) -> dict[str, int]:
     """Write ``model`` to ``url`` as sharded safetensors + index + config + the tokenizer files of
     ``model_dir``; every rank calls it. Returns {file name: bytes} of every file written (on every rank)."""
@@ -93,17 +112,7 @@ def export_hf(model: torch.nn.Module, url: str, model_dir: str | Path, settings:
             index = {"metadata": {"total_size": sum(sizes.values())},
                      "weight_map": {n: shard_name(i, len(plan)) for i, names in enumerate(plan) for n in names}}
             (staging / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
-            model.config.save_pretrained(staging)
-            if getattr(model, "generation_config", None) is not None:
-                model.generation_config.save_pretrained(staging)
-            for f in Path(model_dir).iterdir():  # tokenizer, chat template, ...: engines load the directory as is
-                if f.is_file() and f.name not in NOT_COPIED and not f.name.endswith(WEIGHT_SUFFIXES) \
-                        and not (staging / f.name).exists():
-                    shutil.copy2(f, staging / f.name)
-            for f in sorted(staging.iterdir()):
-                if f.is_file() and _wanted(f.name):
-                    fs.put_file(str(f), f"{path}/{f.name}")
-                    written[f.name] = f.stat().st_size
+            written.update(upload_rest(staging, model, model_dir, fs, path))
     if dist.is_initialized():
         everyone: list[dict[str, int] | None] = [None] * world
         dist.all_gather_object(everyone, written)
