@@ -74,9 +74,11 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
     from engine.weights import apply_state, check_state, read_checkpoint
 
     # a warm start this short (and this small a step: 4 conversations, 16 drills) solves almost nothing: the
-    # gate is off here (its rule has its own test); it is built from nothing in every CI run
+    # gate is off here (its rule has its own test); it is built from nothing in every CI run, and these are
+    # test_cli_demo's settings (p_tool 1.0 included), so the two share one build (demo_model's lock)
     cfg = RunConfig(steps=2, tasks_per_step=2, samples=2, heldout=2, heldout_samples=2, sft_steps=15, sft_batch=4,
-                     sft_drills=16, min_pass_rate=0.0, run_dir=tmp_path / "demo", runtime="subprocess", step_timeout_s=240)
+                     sft_drills=16, p_tool=1.0, min_pass_rate=0.0, run_dir=tmp_path / "demo", runtime="subprocess",
+                     step_timeout_s=240)
     base = infra.settings.model_copy(update={"topic_prefix": "", "storage_url": ""})
     scraped: dict = {}
 
