@@ -89,7 +89,7 @@ def run_sync_killing(wt, model, url, version, victim, sig):
 
 
 def test_config_takes_the_transfer_mode():
-    assert TrainConfig().weight_transfer == "storage"  # the default is unchanged
+    assert TrainConfig().weight_transfer == "auto"  # broadcast where the engine speaks the protocol, else storage
     assert TrainConfig.from_overrides({"weight_transfer": "broadcast"}).weight_transfer == "broadcast"
     with pytest.raises(ConfigError):
         TrainConfig.from_overrides({"weight_transfer": "nccl"})
