@@ -165,7 +165,7 @@ class Receiver:
         self._serving: list[tuple[torch.Tensor, frozenset[str]]] = []  # installed: the model holds views of them
         self._spare: list[torch.Tensor] = []
         self.stats = {"groups_formed": 0, "updates": 0, "aborted": 0, "buffers": 0, "bytes": 0, "last_error": None,
-                      "last_update_s": None, "last_pause_s": None}
+                      "last_update_s": None, "last_pause_s": None, "buffers_reused": 0}
 
     # ------------------------------------------------------------------ state
     def describe(self) -> dict[str, Any]:
@@ -311,6 +311,7 @@ class Receiver:
         with self._lock:
             for i, b in enumerate(self._spare):
                 if b.numel() == nbytes:
+                    self.stats["buffers_reused"] += 1
                     return self._spare.pop(i)
         return torch.empty(nbytes, dtype=torch.uint8)
 
