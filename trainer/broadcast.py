@@ -384,19 +384,24 @@ class WeightTransfer:
                     if self.verify:
                         self.checksums[name] = tensor_sha256(t)
                     parts.append(flat)
-                buf = out(j)  # not in flight: the one before it was sent from the other buffer
-                torch.cat(parts, out=buf) if len(parts) > 1 else buf.copy_(parts[0])
+                # A buffer of one tensor (an embedding, say) is that tensor's bytes already: it goes from its
+                # own memory, and its copy for the export (keep) is made while it is in flight.
+                single = len(parts) == 1
+                buf = parts[0] if single else torch.cat(parts, out=out(j))  # out(j) is not in flight: see _buffers
                 if keep:
-                    kept.append(Packed(buf, [self._meta[i] for i in idx]))
+                    kept.append(Packed(out(j) if single else buf, [self._meta[i] for i in idx]))
                 wait_all()  # the previous buffer is out before this one goes (double buffering: packed meanwhile)
-                if not self.live():
-                    continue
+                live = self.live()
                 for p in self._pending.values():
-                    if not p.dead:
+                    if live and not p.dead:
                         try:
                             in_flight.append((p, p.link.broadcast(buf, td)))
                         except Exception as err:  # noqa: BLE001
                             self._drop(p, f"broadcast: {str(err)[:200]}")
+                if keep and single:
+                    kept[-1].buf.copy_(buf)
+                if not live:
+                    continue
                 sent += buf.numel() * sum(not p.dead for p in self._pending.values())
                 if self.throttle_s:
                     time.sleep(self.throttle_s)  # tests and benchmarks: a transfer slow enough to interrupt
