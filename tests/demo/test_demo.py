@@ -111,6 +111,8 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
         assert step["all_correct"] + step["all_wrong"] <= step["groups"]
         assert (step["reward"] == 0.0) <= (step["all_wrong"] == step["groups"])
         assert (step["reward"] == 1.0) <= (step["all_correct"] == step["groups"])
+        # the weights went to the engine in memory (the default), and the report shows how long that took
+        assert step["sync_mode"] == "broadcast" and step["sync_s"] > 0 and step["engine_pause_s"] >= 0, step
     assert summary["zero_signal_groups"] == {"all_correct": sum(s["all_correct"] for s in summary["per_step"]),
                                              "all_wrong": sum(s["all_wrong"] for s in summary["per_step"]), "groups": 4,
                                              "replaced": 0}  # the demo masks them
@@ -118,6 +120,7 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
         assert (cfg.run_dir / name).stat().st_size > 0
     report = (cfg.run_dir / "report.md").read_text()
     assert summary["checkpoint_url"] in report
+    assert "| sync s | sync | engine pause s |" in report and report.count(" | broadcast | ") == 2
     for step in summary["per_step"]:  # each step links its groups' viewer pages
         assert len(step["group_ids"]) == 2 and all(f"/r/0/group/{g})" in report for g in step["group_ids"])
 
