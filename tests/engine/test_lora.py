@@ -7,36 +7,17 @@ import time
 import httpx
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
 
 from tests.plugins.engine import start_engine_server
+from tests.plugins.lora import lora_logprobs
 
 PROMPT = "Create a file named hello.txt that contains hi"
 TOL = 1e-5
 
 
-def make_adapter(model_dir, out_dir, seed: int, **lora):
-    """A peft adapter on the tiny model with random nonzero lora_B (peft starts B at 0: no effect)."""
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(**lora)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.2)
-    model.save_pretrained(out_dir)
-    return model
-
-
 @pytest.fixture(scope="module")
-def adapters(tiny_model_dir, tmp_path_factory):
-    d = tmp_path_factory.mktemp("loras")
-    a = make_adapter(tiny_model_dir, d / "a", 1, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
-    b = make_adapter(tiny_model_dir, d / "b", 2, r=2, lora_alpha=4, use_rslora=True,
-                     target_modules=["k_proj", "o_proj", "gate_proj", "up_proj"])
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    return {"a": (d / "a", a), "b": (d / "b", b), None: (None, base)}
+def adapters(peft_adapters):
+    return peft_adapters
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +33,6 @@ def client(served):
         yield c
 
 
-def ref_logprobs(model, prompt_ids, ids):
-    """Log-softmax at temperature 1 of ``model`` (peft or base) at each sampled position."""
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1: -1].float()
-    return logits.log_softmax(-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
-
-
 def generate(client, model, seed=3, max_tokens=12):
     r = client.post("/v1/completions", json={"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 1.0,
                                              "seed": seed, "logprobs": 0, "return_token_ids": True, "ignore_eos": True})
@@ -68,7 +42,7 @@ def generate(client, model, seed=3, max_tokens=12):
 
 
 def check(adapters, key, prompt_ids, ids, got):
-    want = ref_logprobs(adapters[key][1], prompt_ids, ids)
+    want = lora_logprobs(adapters[key][1], prompt_ids, ids)
     assert (got - want).abs().max().item() <= TOL
 
 
