@@ -77,9 +77,14 @@ async def status(gw: AdminGateway) -> dict[str, Any]:
 
 
 def _stamp(gw: Gateway, run: str) -> dict[str, Any]:
+    """``{"version"}`` as before LoRA; the adapter (and its calls at the engine now) and the run when set."""
     p = gw.policy(run)
-    return {"version": p.version, "lora_name": p.lora_name, "run": run,
-            "adapter_in_flight": gw.adapters_in_flight.get(p.lora_name, 0) if p.lora_name else 0}
+    out: dict[str, Any] = {"version": p.version}
+    if p.lora_name:
+        out.update(lora_name=p.lora_name, adapter_in_flight=gw.adapters_in_flight.get(p.lora_name, 0))
+    if run:
+        out["run"] = run
+    return out
 
 
 @router.get("/policy_version")
