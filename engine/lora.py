@@ -143,14 +143,18 @@ class Adapters:
     def get(self, name: str) -> Adapter | None:
         return self.loaded.get(name)
 
-    def add(self, adapter: Adapter) -> None:
-        """Register ``adapter`` (replacing one of the same name) and hook its modules. Call between
-        steps: hooks must not change while a forward runs."""
+    def hook(self, adapter: Adapter) -> None:
+        """Hook the modules ``adapter`` targets (once per module). Call between steps: hooks must not
+        change while a forward runs."""
         modules = dict(self.model.named_modules())
         for name in adapter.weights:
             if name not in self._hooked:
                 modules[name].register_forward_hook(self._hook(name))
                 self._hooked.add(name)
+
+    def add(self, adapter: Adapter) -> None:
+        """Serve ``adapter`` under its name (replacing one of the same name); its modules are hooked."""
+        assert set(adapter.weights) <= self._hooked, "hook() the adapter between steps first"
         self.loaded[adapter.name] = adapter
 
     def remove(self, name: str) -> Adapter | None:

@@ -108,7 +108,8 @@ class Engine:
         except (OSError, ValueError) as e:
             raise EngineError(400, f"cannot load adapter {name!r} from {path}: {e}", None, "BadRequestError") from None
         old = self.adapters.get(name)
-        await asyncio.to_thread(self.batcher.between_steps, lambda: self.adapters.add(adapter))
+        await asyncio.to_thread(self.batcher.between_steps, lambda: self.adapters.hook(adapter))
+        self.adapters.add(adapter)  # on the event loop, where requests look names up
         if old is not None:  # in place: running requests keep the old tensors, new ones get the new
             await asyncio.to_thread(self.batcher.forget_adapter, old)
         log.info("loaded LoRA adapter %r from %s (r=%d, %d modules)", name, path, adapter.rank, len(adapter.weights))

@@ -6,6 +6,7 @@ import httpx
 import openai
 import pytest
 
+from infra.storage import join, write_bytes
 from infra.topics import ensure_topics
 from tests.plugins.gateway import CallsReader
 from tests.plugins.infra import drop_topics
@@ -41,9 +42,12 @@ def run_b(polar_settings):
 
 
 def test_runs_route_to_their_own_adapter(polar_settings, run_b, engine_server_factory, gateway_factory, peft_adapters):
-    engine = engine_server_factory()
-    for name, key in (("a-v3", "a"), ("b-v7", "b")):
-        r = httpx.post(engine.url + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(peft_adapters[key][0])})
+    engine = engine_server_factory(settings=polar_settings)
+    s3_b = join(polar_settings.storage_url, "lora", "b")  # adapter b from S3, as a trainer would store it
+    for f in peft_adapters["b"][0].iterdir():
+        write_bytes(join(s3_b, f.name), f.read_bytes(), polar_settings)
+    for name, path in (("a-v3", str(peft_adapters["a"][0])), ("b-v7", s3_b)):
+        r = httpx.post(engine.url + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
         assert r.status_code == 200, r.text
     gw = gateway_factory(polar_settings, engine.url)
     assert stamp(gw, 3, "a-v3")["lora_name"] == "a-v3"
