@@ -54,6 +54,7 @@ class Engine:
         # vLLM rejects text that could not fit even if every token were the longest vocab entry
         self.max_token_chars = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
         self.adapters = Adapters(lm.model)
+        self._adapter_lock = asyncio.Lock()  # one load/unload at a time: the name checks hold until the change
         self.batcher = Batcher(lm.model, lm.tokenizer, lm.eos_token_ids, max_num_seqs=options.max_num_seqs,
                                logprobs_mode=options.logprobs_mode, seed=options.seed, policy_version=options.policy_version,
                                threads=options.threads, prefix_cache_bytes=options.prefix_cache_mb << 20,
@@ -91,6 +92,10 @@ class Engine:
 
     async def load_adapter(self, req: LoadLoRAAdapterRequest, settings: Settings) -> str:
         """Read the adapter at ``lora_path`` (while serving), then register it between two steps."""
+        async with self._adapter_lock:
+            return await self._load_adapter(req, settings)
+
+    async def _load_adapter(self, req: LoadLoRAAdapterRequest, settings: Settings) -> str:
         name, path = req.lora_name, req.lora_path
         if not name or not path:
             raise EngineError(400, "Both 'lora_name' and 'lora_path' must be provided.", None, "InvalidUserInput")
@@ -117,6 +122,10 @@ class Engine:
 
     async def unload_adapter(self, req: UnloadLoRAAdapterRequest) -> str:
         """Remove the name at once; requests already admitted with it finish with its tensors."""
+        async with self._adapter_lock:
+            return await self._unload_adapter(req)
+
+    async def _unload_adapter(self, req: UnloadLoRAAdapterRequest) -> str:
         if not req.lora_name and req.lora_int_id is None:
             raise EngineError(400, "either 'lora_name' and 'lora_int_id' needs to be provided.", None, "InvalidUserInput")
         adapter = self.adapters.remove(req.lora_name)
