@@ -135,3 +135,25 @@ def test_bad_adapters(client, tmp_path):
     assert r.status_code == 404 and r.json()["error"]["message"].startswith("No adapter found")
     r = load(client, "tiny", tmp_path)
     assert r.status_code == 400 and "conflicts with a served base model" in r.json()["error"]["message"]
+
+
+def test_prefix_cache_is_kept_per_adapter(client, adapters, served):
+    """A long prompt twice with adapter a: the second reuses a's KV and still matches peft; the base
+    then reuses nothing of a's (its logprobs would be wrong if it did)."""
+    if "a" not in served.engine.adapters.loaded:
+        assert load(client, "a", adapters["a"][0]).status_code == 200
+    prompt = "Write a function that adds two numbers, then a test for it, then run the test and report. " * 2
+    stats = served.engine.batcher.stats
+
+    def run(model):
+        hits = stats["prefix_hit_tokens"]
+        r = client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 1.0,
+                                                 "seed": 1, "logprobs": 0, "return_token_ids": True, "ignore_eos": True})
+        (choice,) = r.json()["choices"]
+        check(adapters, None if model == "tiny" else model, choice["prompt_token_ids"], choice["token_ids"],
+              torch.tensor(choice["logprobs"]["token_logprobs"]))
+        return stats["prefix_hit_tokens"] - hits
+
+    run("a")
+    assert run("a") > 16
+    assert run("tiny") == 0
