@@ -1,6 +1,7 @@
 """LoRA runs through the gateway: each call goes to its run's current adapter whatever ``model`` the
 client sends, and is recorded (in its run's topics) with that adapter's name and version; two runs share
-one engine and one gateway; a run stamped without an adapter stays on the base model."""
+one engine and one gateway (run B's session fanned out by its own rollout server, whose keys name the run);
+a run stamped without an adapter stays on the base model."""
 
 import httpx
 import openai
@@ -8,9 +9,12 @@ import pytest
 
 from infra.storage import join, write_bytes
 from infra.topics import ensure_topics
+from schemas import SessionAssigned, decode
 from tests.plugins.gateway import CallsReader
 from tests.plugins.infra import drop_topics
 from tests.plugins.lora import lora_logprobs
+from tests.plugins.rollout import start_rollout_server
+from tests.streams.helpers import read_topic
 
 
 def stamp(gw, version: int, lora_name: str = "", run: str = "") -> dict:
@@ -20,8 +24,8 @@ def stamp(gw, version: int, lora_name: str = "", run: str = "") -> dict:
     return r.json()
 
 
-def call(gw, session_id: str, model: str, **claims) -> None:
-    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=gw.key(session_id, group_id="g", **claims))
+def call(gw, session_id: str, model: str, key: str = "", **claims) -> None:
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=key or gw.key(session_id, group_id="g", **claims))
     client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Create hello.txt"}],
                                    max_tokens=6, temperature=1.0)
 
@@ -31,6 +35,18 @@ def check_logprobs(record, model) -> None:
     got = record.completion_logprobs
     assert len(got) == len(want) > 0
     assert max(abs(g - w) for g, w in zip(got, want.tolist())) <= 1e-5
+
+
+def rollout_session_key(settings) -> str:
+    """The key of the one session a rollout server for ``settings``' run fans a task out to."""
+    srv = start_rollout_server(settings)
+    try:
+        r = httpx.post(srv.url + "/tasks", json={"task_id": "tb", "instruction": "do", "num_samples": 1, "min_valid": 1})
+        assert r.status_code == 202, r.text
+    finally:
+        srv.stop()
+    (msg,) = read_topic(settings, "sessions", until=lambda ms: len(ms) >= 1, timeout=30)
+    return decode(msg.value, SessionAssigned).session_key
 
 
 @pytest.fixture
@@ -53,8 +69,11 @@ def test_runs_route_to_their_own_adapter(polar_settings, run_b, engine_server_fa
     assert stamp(gw, 3, "a-v3")["lora_name"] == "a-v3"
     assert stamp(gw, 7, "b-v7", run=run_b.topic_prefix) == {"version": 7, "lora_name": "b-v7", "run": run_b.topic_prefix,
                                                             "adapter_in_flight": 0}
-    call(gw, "sa", "gpt-4o")  # run A (the gateway's own): whatever the client names, adapter a-v3 serves
-    call(gw, "sb", "tiny", run=run_b.topic_prefix)  # run B: the base's name does not pick the base either
+    # run A (the gateway's own, its prefix named as a rollout server of this run names it): whatever the
+    # client names, adapter a-v3 serves
+    call(gw, "sa", "gpt-4o", run=polar_settings.topic_prefix)
+    # run B, session tb.s0 from run B's rollout server: the base's name does not pick the base either
+    call(gw, "tb.s0", "tiny", key=rollout_session_key(run_b))
     stamp(gw, 4)  # run A back on full weights: the base model, as before LoRA
     call(gw, "sa2", "gpt-4o")
 
@@ -65,7 +84,7 @@ def test_runs_route_to_their_own_adapter(polar_settings, run_b, engine_server_fa
         reader_a.close()
         reader_b.close()
     by_session = {r.session_id: r for r in in_a}
-    assert set(by_session) == {"sa", "sa2"} and [r.session_id for r in in_b] == ["sb"]  # each run's own topics
+    assert set(by_session) == {"sa", "sa2"} and [r.session_id for r in in_b] == ["tb.s0"]  # each run's own topics
     sa, sa2, (sb,) = by_session["sa"], by_session["sa2"], in_b
     assert (sa.served_model, sa.policy_version, sa.model) == ("a-v3", 3, "gpt-4o")
     assert (sb.served_model, sb.policy_version) == ("b-v7", 7)
