@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict
 
 from infra.settings import Settings
 
-from .protocol import ChatRequest, CompletionRequest, EngineError, parse
+from .protocol import (ChatRequest, CompletionRequest, EngineError, LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest,
+                       parse)
 from .serving import Engine
 from .transfer import (InitInfo, Receiver, TransferError, UpdateInfo, compare_checksums, default_timeout_s, install,
                        is_broadcast_update, model_checksums, parse_info)
@@ -109,12 +110,21 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        """The served model names (aliases), as vLLM lists them."""
-        return {"object": "list", "data": [
-            {"id": n, "object": "model", "created": engine.created, "owned_by": "polarstream", "root": engine.lm.path,
-             "parent": None, "max_model_len": engine.max_model_len, "permission": [],
-            # Ours only (vLLM does not report it): which logprobs it returns, so a gateway can check.
-            "logprobs_mode": engine.options.logprobs_mode} for n in engine.names]}
+        """The served model names (aliases), then the loaded LoRA adapters, as vLLM lists them."""
+        return {"object": "list", "data": engine.model_cards()}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        """vLLM's runtime adapter API: ``{lora_name, lora_path}`` (a local directory or an fsspec URL in
+        PEFT's layout); requests then select it by ``model``. Answers vLLM's plain-text success line."""
+        req = parse(LoadLoRAAdapterRequest, await _json(request))
+        return Response(await engine.load_adapter(req, settings), media_type="text/plain")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        """Remove an adapter by name; requests already running with it finish with it (engine/lora.py)."""
+        req = parse(UnloadLoRAAdapterRequest, await _json(request))
+        return Response(await engine.unload_adapter(req), media_type="text/plain")
 
     @app.get("/health")
     async def health() -> Response:
