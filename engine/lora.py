@@ -32,6 +32,7 @@ from infra.settings import Settings
 from infra.storage import filesystem
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+VLLM_MAX_LORA_RANK = 16  # vLLM's default --max-lora-rank once LoRA is enabled (vllm/config/lora.py)
 _PREFIX = "base_model.model."  # PEFT's key prefix (the PeftModel wrapping the causal LM)
 
 

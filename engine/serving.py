@@ -18,7 +18,7 @@ import torch
 from infra.settings import Settings
 
 from .batcher import Batcher, Job, Sequence
-from .lora import Adapter, AdapterError, Adapters, read_adapter
+from .lora import VLLM_MAX_LORA_RANK, Adapter, AdapterError, Adapters, read_adapter
 from .models import LoadedModel
 from .protocol import (ChatRequest, CompletionRequest, EngineError, LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest,
                        bad_param, with_seed)
@@ -42,6 +42,12 @@ class EngineOptions:
     threads: int = 0  # CPU threads of the engine thread; 0: 1 for tiny models, else torch's default
     prefix_cache_mb: int = 256  # KV kept for prefix reuse across requests; 0 disables it
     script_window: int = 0  # scripted mode: score forced turns over the prompt's last N tokens only (0: full prefill)
+    # LoRA, as vLLM's flags (docs/engine.md "LoRA adapters"): adapters are served with or without
+    # enable_lora (nothing is preallocated here); enable_lora applies vLLM's default rank limit.
+    enable_lora: bool = False
+    max_loras: int = 1  # vLLM: distinct adapters in one batch; accepted, not enforced (any mix is batched here)
+    max_lora_rank: int | None = None  # adapters of a higher rank are refused; None: 16 with enable_lora, else none
+    lora_modules: list[tuple[str, str]] = field(default_factory=list)  # (name, path) loaded at start
 
 
 class Engine:
@@ -54,6 +60,7 @@ class Engine:
         # vLLM rejects text that could not fit even if every token were the longest vocab entry
         self.max_token_chars = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
         self.adapters = Adapters(lm.model)
+        self.max_lora_rank = options.max_lora_rank or (VLLM_MAX_LORA_RANK if options.enable_lora else None)
         self._adapter_lock = asyncio.Lock()  # one load/unload at a time: the name checks hold until the change
         self.batcher = Batcher(lm.model, lm.tokenizer, lm.eos_token_ids, max_num_seqs=options.max_num_seqs,
                                logprobs_mode=options.logprobs_mode, seed=options.seed, policy_version=options.policy_version,
@@ -112,6 +119,9 @@ class Engine:
             raise EngineError(404 if not_found else 400, str(e), None, "NotFoundError" if not_found else "BadRequestError") from None
         except (OSError, ValueError) as e:
             raise EngineError(400, f"cannot load adapter {name!r} from {path}: {e}", None, "BadRequestError") from None
+        if self.max_lora_rank is not None and adapter.rank > self.max_lora_rank:  # vLLM's words
+            raise EngineError(400, f"LoRA rank {adapter.rank} is greater than max_lora_rank {self.max_lora_rank}.", None,
+                              "BadRequestError")
         old = self.adapters.get(name)
         await asyncio.to_thread(self.batcher.between_steps, lambda: self.adapters.hook(adapter))
         self.adapters.add(adapter)  # on the event loop, where requests look names up
@@ -119,6 +129,15 @@ class Engine:
             await asyncio.to_thread(self.batcher.forget_adapter, old)
         log.info("loaded LoRA adapter %r from %s (r=%d, %d modules)", name, path, adapter.rank, len(adapter.weights))
         return f"Success: LoRA adapter '{name}' added successfully."
+
+    async def load_static_adapters(self, settings: Settings) -> None:
+        """``--lora-modules``: whoever builds the engine loads them before serving it (as vLLM does), and
+        stops if one fails (RuntimeError naming it)."""
+        for name, path in self.options.lora_modules:
+            try:
+                await self.load_adapter(LoadLoRAAdapterRequest(lora_name=name, lora_path=path), settings)
+            except EngineError as e:
+                raise RuntimeError(f"--lora-modules {name}={path}: {e.message}") from None
 
     async def unload_adapter(self, req: UnloadLoRAAdapterRequest) -> str:
         """Remove the name at once; requests already admitted with it finish with its tensors."""

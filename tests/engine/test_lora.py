@@ -8,8 +8,9 @@ import httpx
 import pytest
 import torch
 
+from infra.process import free_port
 from tests.plugins.engine import start_engine_server
-from tests.plugins.lora import lora_logprobs
+from tests.plugins.lora import lora_logprobs, make_adapter
 
 PROMPT = "Create a file named hello.txt that contains hi"
 TOL = 1e-5
@@ -157,3 +158,42 @@ def test_prefix_cache_is_kept_per_adapter(client, adapters, served):
     run("a")
     assert run("a") > 16
     assert run("tiny") == 0
+
+
+def test_engine_started_with_lora_modules_serves_them(tiny_model_dir, adapters, monkeypatch):
+    """``polarstream engine --enable-lora --max-lora-rank 8 --lora-modules a=DIR``: adapter a is served by
+    name from the start, as with vLLM's flags. The real CLI and app; only uvicorn's socket is left out."""
+    from fastapi.testclient import TestClient
+    from typer.testing import CliRunner
+
+    from polarstream.cli import app as cli_app
+
+    started = {}
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: started.setdefault("app", app))
+    r = CliRunner().invoke(cli_app, ["engine", "--model", str(tiny_model_dir), "--port", str(free_port()),
+                                     "--served-model-name", "tiny", "--enable-lora", "--max-loras", "2",
+                                     "--max-lora-rank", "8", "--lora-modules", f"a={adapters['a'][0]}"])
+    assert r.exit_code == 0, r.output
+    with TestClient(started["app"]) as c:  # runs the lifespan: the engine starts and loads its --lora-modules
+        assert {m["id"]: m["parent"] for m in c.get("/v1/models").json()["data"]} == {"tiny": None, "a": "tiny"}
+        model, prompt_ids, ids, got = generate(c, "a")
+        assert model == "a"
+        check(adapters, "a", prompt_ids, ids, got)
+
+
+def test_lora_rank_limit(tiny_model_dir, adapters, tmp_path, client):
+    """--enable-lora brings vLLM's default --max-lora-rank 16: a rank-32 adapter is refused as vLLM words it
+    (without LoRA flags this engine sets no limit); a --lora-modules entry that cannot load stops the start."""
+    make_adapter(tiny_model_dir, tmp_path / "r32", 3, r=32, lora_alpha=8, target_modules=["q_proj"])
+    assert load(client, "big", tmp_path / "r32").status_code == 200  # the module's engine: no flags
+    assert client.post("/v1/unload_lora_adapter", json={"lora_name": "big"}).status_code == 200
+    server = start_engine_server(tiny_model_dir, enable_lora=True)
+    try:
+        r = httpx.post(server.url + "/v1/load_lora_adapter", json={"lora_name": "big", "lora_path": str(tmp_path / "r32")})
+        assert r.status_code == 400 and r.json()["error"]["message"] == "LoRA rank 32 is greater than max_lora_rank 16."
+        assert httpx.post(server.url + "/v1/load_lora_adapter",
+                          json={"lora_name": "a", "lora_path": str(adapters["a"][0])}).status_code == 200  # r=4
+    finally:
+        server.stop()
+    with pytest.raises(RuntimeError, match=r"--lora-modules big=.*r32: LoRA rank 32 is greater than max_lora_rank 8\."):
+        start_engine_server(tiny_model_dir, max_lora_rank=8, lora_modules=[("big", str(tmp_path / "r32"))])

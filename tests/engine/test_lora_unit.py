@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from engine.cli import parse_lora_module
 from engine.lora import Adapter, AdapterError, check_config, delta, pair_weights, scaling_of
 from engine.prefix_cache import PrefixCache
 
@@ -56,3 +57,12 @@ def test_prefix_cache_entries_belong_to_their_adapter():
     cache.put(tokens, layers)  # the base's own entry is not dropped as "extended" by P's
     cache.drop_namespace(P)
     assert cache.lookup(tokens + [99], P)[0] == 0 and cache.lookup(tokens + [99])[0] == 20
+
+
+def test_lora_modules_entries_read_as_vllm_reads_them():
+    assert parse_lora_module("run1-v3=s3://b/run1/lora") == ("run1-v3", "s3://b/run1/lora")
+    assert parse_lora_module('{"name": "a", "path": "/x/a", "base_model_name": "tiny"}') == ("a", "/x/a")
+    for bad, why in (("a", "expected name=path"), ("=/x", "both a name and a path"), ('{"name": "a"}', "both a name"),
+                     ('{"name": "a", "path": "/x", "rank": 4}', "takes name, path")):
+        with pytest.raises(ValueError, match=why):
+            parse_lora_module(bad)
