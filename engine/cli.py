@@ -51,6 +51,9 @@ def serve(
     prefix_cache_mb: int = typer.Option(256, "--prefix-cache-mb", help="KV memory kept for prefix reuse; 0 disables"),
     script_window: int = typer.Option(0, "--script-window", help="scripted mode: score scripted turns over the prompt's "
                                       "last N tokens instead of prefilling it all (fast, approximate logprobs; 0: off)"),
+    logit_noise: float = typer.Option(0.0, "--logit-noise", min=0.0, help="add N(0, SIGMA^2) noise (seeded by --seed) "
+                                      "to the logits before sampling: the engine samples from, and reports logprobs "
+                                      "of, a policy off the trainer's by a controlled amount (0: off)"),
 ) -> None:
     """Serve a model with vLLM's token-level OpenAI API (CPU or CUDA)."""
     import logging
@@ -90,7 +93,7 @@ def serve(
     options = EngineOptions(served_model_names=list(served_model_name or []), max_model_len=max_model_len,
                             max_num_seqs=max_num_seqs, logprobs_mode=logprobs_mode, seed=seed, policy_version=policy_version,
                             threads=threads, prefix_cache_mb=prefix_cache_mb,
-                            script_window=script_window)
+                            script_window=script_window, logit_noise=logit_noise)
     engine = Engine(lm, model, options, loaded_script)
     uvicorn.run(create_app(engine, Settings()), host=host, port=port, log_level="info")
 

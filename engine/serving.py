@@ -38,6 +38,7 @@ class EngineOptions:
     threads: int = 0  # CPU threads of the engine thread; 0: 1 for tiny models, else torch's default
     prefix_cache_mb: int = 256  # KV kept for prefix reuse across requests; 0 disables it
     script_window: int = 0  # scripted mode: score forced turns over the prompt's last N tokens only (0: full prefill)
+    logit_noise: float = 0.0  # sigma of the seeded Gaussian noise added to the logits (sampling.perturb); 0: off
 
 
 class Engine:
@@ -53,6 +54,7 @@ class Engine:
                                logprobs_mode=options.logprobs_mode, seed=options.seed, policy_version=options.policy_version,
                                threads=options.threads, prefix_cache_bytes=options.prefix_cache_mb << 20,
                                script_window=options.script_window if script is not None else 0)
+        self.batcher.logit_noise = options.logit_noise
         self.created = int(time.time())
 
     @property
