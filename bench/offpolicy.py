@@ -1,7 +1,7 @@
 """Off-policy losses and corrections on the in-process demo loop (issue 65): does each learn, and does a
 correction keep learning where an engine/trainer mismatch degrades plain PPO?
 
-    .venv/bin/python bench/offpolicy.py [--runs NAME,...] [--seeds 0,1] [--steps 20] [--noise SIGMA]
+    .venv/bin/python bench/offpolicy.py [--runs NAME[:SEED],...] [--seeds 0,1] [--steps 20] [--noise SIGMA]
                                         [--jobs 2] [--out DIR]
 
 Every run is ``polarstream.demo.learning.rl_run`` as tests/demo/test_learning.py runs it (its cached warm
@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # name -> LearningConfig overrides; noisy_* also get logit_noise = --noise
 RUNS = {
     "ppo_clip": {},
-    "gspo": {"loss": "gspo", "loss_norm": "seq_mean"},
+    "gspo": {"loss": "gspo", "loss_norm": "seq_mean"},  # the paper's per-sequence mean
+    "gspo_token_mean": {"loss": "gspo"},
     "cispo": {"loss": "cispo"},
     "icepop": {"correction": "icepop"},
     "seq_mask_geo": {"correction": "seq_mask_geo"},
@@ -76,7 +77,8 @@ def plot(results: list[dict], path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for r in results:
         style = "-" if r["seed"] == 0 else "--"
-        line, = ax1.plot(r["rewards"], style, label=f"{r['run']} s{r['seed']}")
+        noise = f" σ{r['noise']:g}" if r["run"].startswith("noisy_") and "noise" in r else ""
+        line, = ax1.plot(r["rewards"], style, label=f"{r['run']}{noise} s{r['seed']}")
         ax2.plot(r["mismatch"]["mismatch_k3"], style, color=line.get_color())
     ax1.set(xlabel="step", ylabel="mean reward", title="reward")
     ax2.set(xlabel="step", ylabel="k3 KL(rollout || trainer) per token", title="mismatch")
@@ -84,6 +86,30 @@ def plot(results: list[dict], path: Path) -> None:
     ax1.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def table(results: list[dict]) -> str:
+    """Markdown: one row per run, reward first-4 / last-4 means, learned, and the mismatch over the run."""
+    rows = ["| run | noise σ | seed | reward first 4 → last 4 | learned | mismatch k3 (mean) | ratio p99 (mean) | "
+            "ratio max (max) | corrected (mean) |", "|---|---:|---:|---|---|---:|---:|---:|---:|"]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    for r in results:
+        m, rw = r["mismatch"], r["rewards"]
+        rows.append(f"| {r['run']} | {r.get('noise', 0) if r['run'].startswith('noisy_') else 0} | {r['seed']} | "
+                    f"{mean(rw[:4]):.2f} → {mean(rw[-4:]):.2f} | {'yes' if r['learned'] else '**no**'} | "
+                    f"{mean(m['mismatch_k3']):.2g} | {mean(m['mismatch_ratio_p99']):.3f} | "
+                    f"{max(m['mismatch_ratio_max']):.3g} | {mean(m['corrected_frac']):.3f} |")
+    return "\n".join(rows)
+
+
+def merged(dirs: list[Path]) -> list[dict]:
+    """Every run recorded in ``DIR/runs.jsonl`` of ``dirs`` (a later one replaces an earlier same run, noise, seed)."""
+    runs: dict = {}
+    for d in dirs:
+        for line in (d / "runs.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            runs[(r["run"], r["noise"] if r["run"].startswith("noisy_") else 0, r["seed"])] = r
+    return sorted(runs.values(), key=lambda r: (list(RUNS).index(r["run"]), r["noise"], r["seed"]))
 
 
 def main() -> None:
@@ -94,20 +120,35 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=1.0)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("bench/results/offpolicy"))
+    ap.add_argument("--merge", type=Path, nargs="*", help="run nothing: the table, JSON and plot of these --out folders")
     args = ap.parse_args()
-    names = [n for n in args.runs.split(",") if n]
-    unknown = [n for n in names if n not in RUNS]
-    if unknown:
-        ap.error(f"--runs: unknown {', '.join(unknown)}; known: {', '.join(RUNS)}")
-    todo = [(n, int(s), args.steps, args.noise) for n in names for s in args.seeds.split(",")]
+    if args.merge:
+        results = merged(args.merge)
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot(results, args.out / "offpolicy.png")
+        print(table(results), file=sys.stderr)
+        print(json.dumps({"bar": BAR, "runs": results}))
+        return
+    todo = []
+    for item in (n for n in args.runs.split(",") if n):  # NAME (every --seeds) or NAME:SEED
+        name, _, seed = item.partition(":")
+        if name not in RUNS:
+            ap.error(f"--runs: unknown {name}; known: {', '.join(RUNS)}")
+        todo += [(name, int(s), args.steps, args.noise) for s in (seed.split() or args.seeds.split(","))]
     t0, load0 = time.time(), os.getloadavg()[0]
-    with ProcessPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(one, *zip(*todo)))
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    with ProcessPoolExecutor(args.jobs) as pool, open(args.out / "runs.jsonl", "a") as partial:
+        for fut in as_completed([pool.submit(one, *t) for t in todo]):  # each run kept as it ends
+            results.append(fut.result())
+            partial.write(json.dumps({"noise": args.noise, "steps": args.steps, **results[-1]}) + "\n")
+            partial.flush()
+    results.sort(key=lambda r: (list(RUNS).index(r["run"]), r["seed"]))
     for r in results:
-        print(f"{r['run']:>20} seed {r['seed']}: learned={r['learned']} rewards {r['rewards']}", file=sys.stderr)
+        r["noise"] = args.noise
+    print(table(results), file=sys.stderr)
     out = {"noise": args.noise, "steps": args.steps, "bar": BAR, "seconds": round(time.time() - t0, 1),
            "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)], "runs": results}
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "offpolicy.json").write_text(json.dumps(out, indent=1))
     plot(results, args.out / "offpolicy.png")
     print(json.dumps(out))

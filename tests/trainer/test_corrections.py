@@ -161,3 +161,12 @@ def test_overlong_penalty_by_hand():
     assert overlong_penalty(8, 10, 4, penalty=0.5) == -0.25 and overlong_penalty(99, 0, 0) == 0.0
     with pytest.raises(ValueError, match="buffer"):
         overlong_penalty(5, 10, 11)
+
+
+def test_ratio_quantiles_by_hand():
+    from trainer.step import ratio_quantiles
+
+    log_rho = torch.log(torch.arange(1, 201, dtype=torch.float64) / 100)  # ratios 0.01 .. 2.00
+    q = ratio_quantiles(log_rho)
+    assert q["mismatch_ratio_max"] == pytest.approx(2.0) and q["mismatch_ratio_p99"] == pytest.approx(1.98)
+    assert ratio_quantiles(torch.zeros(0)) == {"mismatch_ratio_max": 1.0, "mismatch_ratio_p99": 1.0}
