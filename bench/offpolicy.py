@@ -8,7 +8,8 @@ Every run is ``polarstream.demo.learning.rl_run`` as tests/demo/test_learning.py
 start, every problem every step, lr 1.2e-3, 8 samples, one torch thread per run), with one setting
 changed. ``--noise`` is the sampler's ``logit_noise`` (the engine's ``--logit-noise``) for the runs
 named ``noisy_*``: the sampler samples from, and reports logprobs of, logits + N(0, sigma^2).
-A run learns when its last-4 mean reward is at least its first-4 mean + 0.2 (the test's bar). Prints one
+A run learns when its last-4 mean reward is at least its first-4 mean + 0.2 (the test's bar); its worst
+fall is the largest drop of the step reward below its best so far. Prints one
 JSON object (every run's rewards and per-step mismatch metrics); writes it and a plot (reward and
 mismatch k3 per step) to ``--out``. Not part of ``make bench`` (a full run is ~20-40 min of 2 cores).
 """
@@ -74,29 +75,41 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(16, 4.5))
+    for ax in (ax0, ax1, ax2):
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)
     for r in results:
         style = "-" if r["seed"] == 0 else "--"
-        noise = f" σ{r['noise']:g}" if r["run"].startswith("noisy_") and "noise" in r else ""
-        line, = ax1.plot(r["rewards"], style, label=f"{r['run']}{noise} s{r['seed']}")
-        ax2.plot(r["mismatch"]["mismatch_k3"], style, color=line.get_color())
-    ax1.set(xlabel="step", ylabel="mean reward", title="reward")
-    ax2.set(xlabel="step", ylabel="k3 KL(rollout || trainer) per token", title="mismatch")
-    ax2.set_yscale("symlog", linthresh=1e-6)
+        noisy = r["run"].startswith("noisy_")
+        noise = f" σ{r['noise']:g}" if noisy and "noise" in r else ""
+        line, = (ax1 if noisy else ax0).plot(r["rewards"], style, label=f"{r['run']}{noise} s{r['seed']}")
+        if noisy:
+            ax2.plot(r["mismatch"]["mismatch_k3"], style, color=line.get_color())
+    ax0.set(xlabel="step", ylabel="mean reward", title="reward, engine = trainer", ylim=(0, 1))
+    ax1.set(xlabel="step", ylabel="mean reward", title="reward, sampler logit noise σ", ylim=(0, 1))
+    ax2.set(xlabel="step", ylabel="k3 KL(rollout || trainer) per token", title="mismatch (noisy runs)")
+    ax2.set_yscale("log")
+    ax0.legend(fontsize=7)
     ax1.legend(fontsize=6, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
+
+
+def drawdown(rewards: list[float]) -> float:
+    """The largest fall of the step reward below its best so far (peak to trough)."""
+    return max(max(rewards[:i + 1]) - r for i, r in enumerate(rewards))
 
 
 def table(results: list[dict]) -> str:
     """Markdown: one row per run, reward first-4 / last-4 means, learned, and the mismatch over the run."""
-    rows = ["| run | noise σ | seed | reward first 4 → last 4 | learned | mismatch k3 (mean) | ratio p99 (mean) | "
-            "ratio max (max) | corrected (mean) |", "|---|---:|---:|---|---|---:|---:|---:|---:|"]
+    rows = ["| run | noise σ | seed | reward first 4 → last 4 | learned | worst fall | mismatch k3 (mean) | "
+            "ratio p99 (mean) | ratio max (max) | corrected (mean) |", "|---|---:|---:|---|---|---:|---:|---:|---:|---:|"]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     for r in results:
         m, rw = r["mismatch"], r["rewards"]
         rows.append(f"| {r['run']} | {r.get('noise', 0) if r['run'].startswith('noisy_') else 0} | {r['seed']} | "
                     f"{mean(rw[:4]):.2f} → {mean(rw[-4:]):.2f} | {'yes' if r['learned'] else '**no**'} | "
+                    f"{drawdown(rw):.2f} | "
                     f"{mean(m['mismatch_k3']):.2g} | {mean(m['mismatch_ratio_p99']):.3f} | "
                     f"{max(m['mismatch_ratio_max']):.3g} | {mean(m['corrected_frac']):.3f} |")
     return "\n".join(rows)
