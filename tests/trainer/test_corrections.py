@@ -170,3 +170,12 @@ def test_ratio_quantiles_by_hand():
     q = ratio_quantiles(log_rho)
     assert q["mismatch_ratio_max"] == pytest.approx(2.0) and q["mismatch_ratio_p99"] == pytest.approx(1.98)
     assert ratio_quantiles(torch.zeros(0)) == {"mismatch_ratio_max": 1.0, "mismatch_ratio_p99": 1.0}
+
+
+def test_mismatch_warning_is_one_line_past_the_threshold():
+    from trainer.metrics import mismatch_warnings
+
+    m = {"mismatch_k3": 2e-3, "mismatch_ratio_max": 7.5, "mismatch_ratio_p99": 1.9}
+    (line,) = mismatch_warnings(m, 1e-3, 4)
+    assert "\n" not in line and line.startswith("step 4: rollout/trainer mismatch k3 2.00e-03 > 0.001")
+    assert mismatch_warnings(m, 1e-2, 4) == [] and mismatch_warnings(m, 0.0, 4) == []  # below; 0: never
