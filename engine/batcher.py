@@ -36,7 +36,7 @@ import torch
 from .kv import BatchKV, cache_of, layers_of
 from .lora import Adapter, Adapters
 from .prefix_cache import PrefixCache
-from .sampling import LOGPROBS_MODES, SamplingParams, draw, process, top_logprobs
+from .sampling import LOGPROBS_MODES, SamplingParams, draw, perturb, process, top_logprobs
 
 log = logging.getLogger("polarstream.engine")
 
@@ -83,6 +83,8 @@ def default_threads(model: torch.nn.Module) -> int:
 
 class Batcher:
     """Owns the model while serving; thread-safe ``submit``/``pause``/``resume``/``swap_weights``."""
+
+    logit_noise = 0.0  # --logit-noise: sampling.perturb's sigma (set by serving.Engine)
 
     def __init__(self, model, tokenizer, eos_token_ids: list[int], *, max_num_seqs: int = 64,
                  logprobs_mode: str = "processed_logprobs", seed: int = 0, policy_version: int = 0,
@@ -329,7 +331,7 @@ class Batcher:
     def _choose(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Pick each row's next token (sampled or forced) and record it with its logprobs."""
         dev = self.device
-        raw = logits.float()
+        raw = perturb(logits.float(), self.logit_noise, self._default_gen)
         masked = raw
         for i, s in enumerate(seqs):
             if len(s.token_ids) < s.params.min_tokens:  # EOS/stop ids may not end the output yet

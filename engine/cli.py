@@ -81,6 +81,9 @@ def serve(
                                                 "(1, 8, 16, 32, 64, 128, 256, 320 or 512, as vLLM)"),
     lora_modules: Optional[list[str]] = typer.Option(None, "--lora-modules", help="name=path (or JSON "
                                                      '{"name", "path"}) of an adapter to load at start; repeat the flag'),
+    logit_noise: float = typer.Option(0.0, "--logit-noise", min=0.0, help="add N(0, SIGMA^2) noise (seeded by --seed) "
+                                      "to the logits before sampling: the engine samples from, and reports logprobs "
+                                      "of, a policy off the trainer's by a controlled amount (0: off)"),
 ) -> None:
     """Serve a model with vLLM's token-level OpenAI API (CPU or CUDA)."""
     import asyncio
@@ -133,7 +136,7 @@ def serve(
                             max_num_seqs=max_num_seqs, logprobs_mode=logprobs_mode, seed=seed, policy_version=policy_version,
                             threads=threads, prefix_cache_mb=prefix_cache_mb,
                             script_window=script_window, enable_lora=enable_lora, max_loras=max_loras,
-                            max_lora_rank=max_lora_rank, lora_modules=modules)
+                            max_lora_rank=max_lora_rank, lora_modules=modules, logit_noise=logit_noise)
     engine = Engine(lm, model, options, loaded_script)
     settings = Settings()
     try:  # before the server answers, as vLLM loads them; the batching thread starts with the app

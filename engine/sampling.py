@@ -12,6 +12,10 @@ How a row's next-token distribution is formed (the distribution we sample from a
 
 ``raw_logprobs`` mode reports ``log_softmax`` of step 1 instead (vLLM's default), while still
 sampling from step 4.
+
+``--logit-noise SIGMA`` (``perturb``) adds seeded Gaussian noise to step 1's logits: the engine then
+samples from, and reports logprobs of, a policy that differs from the trainer's by a controlled amount
+(an engine/trainer mismatch to test off-policy corrections with; trainer/corrections.py).
 """
 
 from __future__ import annotations
@@ -44,6 +48,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
+
+
+def perturb(logits: torch.Tensor, sigma: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``logits + sigma * N(0, 1)`` (float32, one draw per logit, from ``generator``); unchanged at sigma 0."""
+    if sigma <= 0:
+        return logits
+    noise = torch.randn(logits.shape, generator=generator, dtype=torch.float32, device=logits.device)
+    return logits.float() + sigma * noise
 
 
 def truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

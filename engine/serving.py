@@ -48,6 +48,7 @@ class EngineOptions:
     max_loras: int = 1  # vLLM: distinct adapters in one batch; accepted, not enforced (any mix is batched here)
     max_lora_rank: int | None = None  # adapters of a higher rank are refused; None: 16 with enable_lora, else none
     lora_modules: list[tuple[str, str]] = field(default_factory=list)  # (name, path) loaded at start
+    logit_noise: float = 0.0  # sigma of the seeded Gaussian noise added to the logits (sampling.perturb); 0: off
 
 
 class Engine:
@@ -66,6 +67,7 @@ class Engine:
                                logprobs_mode=options.logprobs_mode, seed=options.seed, policy_version=options.policy_version,
                                threads=options.threads, prefix_cache_bytes=options.prefix_cache_mb << 20,
                                script_window=options.script_window if script is not None else 0, adapters=self.adapters)
+        self.batcher.logit_noise = options.logit_noise
         self.created = int(time.time())
 
     @property

@@ -26,6 +26,13 @@ def register(app: typer.Typer) -> None:
         lr: Annotated[Optional[float], typer.Option(help="trainer learning rate [default: 5e-4]")] = None,
         heldout: Annotated[int, typer.Option(help="problems kept out of RL and evaluated before and after it")] = 16,
         run_dir: Annotated[Optional[Path], typer.Option(help="where logs, the report and demo-summary.json go")] = None,
+        loss: Annotated[Optional[str], typer.Option(help="the policy loss: ppo_clip, gspo or cispo [default: ppo_clip]")] = None,
+        correction: Annotated[Optional[str], typer.Option(help="engine/trainer mismatch correction: none, tis, icepop, "
+                                                               "seq_mask_geo or seq_mask_arith [default: none]")] = None,
+        no_std_normalize: Annotated[bool, typer.Option("--no-std-normalize", help="advantages r - mean, not divided by "
+                                                       "the group's std (Dr. GRPO)")] = False,
+        logit_noise: Annotated[Optional[float], typer.Option(help="the engine adds N(0, SIGMA^2) noise to its logits: a "
+                                                                  "controlled engine/trainer mismatch [default: 0]")] = None,
     ) -> None:
         """Train an agent end to end (Kafka, S3, engine, gateway node, Faust, trainer, rollout) and report.
         The run is `polarstream run` of the experiment file shipped with the package (polarstream/demo/demo.yaml)."""
@@ -47,7 +54,9 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         try:
             exp = demo_experiment(harness, api or apis[0], runtime=runtime, seed=seed, heldout=heldout, max_steps=steps,
-                                  groups_per_step=tasks_per_step, group_size=samples, lr=lr)
+                                  groups_per_step=tasks_per_step, group_size=samples, lr=lr, loss=loss,
+                                  correction=correction, std_normalize=False if no_std_normalize else None,
+                                  engine_logit_noise=logit_noise)
             preset = preset_for(exp)  # demo.yaml trains on builtin:arith: the demo's own preset
             out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
             cfg = run_config(exp, out, preset=preset)  # checked before anything starts

@@ -57,3 +57,24 @@ def compute_advantages(
         raise ValueError(f"baseline: unknown {baseline!r}; expected mean or leave_one_out")
     scale = std + epsilon if std_normalized else 1.0
     return Advantages([c / scale for c in centred], mean, std, False)
+
+
+def overlong_penalty(length: int, max_tokens: int, buffer: int, penalty: float = 1.0) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, eq. 13), added to the reward of a
+    response of ``length`` sampled tokens, with L_max = ``max_tokens`` and L_cache = ``buffer``:
+
+        0                                       |y| <= L_max - L_cache
+        ((L_max - L_cache) - |y|) / L_cache     L_max - L_cache < |y| <= L_max
+        -1                                      L_max < |y|
+
+    times ``penalty`` (DAPO: 1). ``max_tokens`` 0 turns it off. A response in the last ``buffer`` tokens of
+    the budget loses reward linearly instead of all at once at the cut."""
+    if max_tokens <= 0:
+        return 0.0
+    if buffer <= 0 or not 0 < buffer <= max_tokens:
+        raise ValueError(f"overlong buffer: {buffer} must be in (0, max_tokens={max_tokens}]")
+    if length <= max_tokens - buffer:
+        return 0.0
+    if length <= max_tokens:
+        return penalty * ((max_tokens - buffer) - length) / buffer
+    return -penalty

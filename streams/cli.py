@@ -18,6 +18,9 @@ def worker(
     zero_variance: str = typer.Option("keep", help="keep (flagged) | drop"),
     epsilon: float = typer.Option(1e-6, help="added to the group std"),
     timeout_reward: float = typer.Option(0.0, help="reward of agent-budget timeouts (they stay trainable)"),
+    overlong_max_tokens: int = typer.Option(0, help="DAPO's soft overlong punishment: sampled-token budget (0: off)"),
+    overlong_buffer: int = typer.Option(0, help="... the last this many tokens of it lose reward linearly"),
+    overlong_penalty: float = typer.Option(1.0, help="... down to -this at the budget and beyond"),
     group_deadline: float = typer.Option(600.0, help="seconds after a group's first trajectory to emit with >= min_valid"),
     missing_calls_grace: float = typer.Option(30.0, help="seconds a finished session waits for missing calls (also in the calls topic)"),
     missing_calls_timeout: float = typer.Option(300.0, help="seconds after which it stops waiting regardless"),
@@ -42,12 +45,14 @@ def worker(
         cfg = StreamsConfig(
             builder=builder, advantage=advantage, side_calls=side_calls, zero_variance=zero_variance,
             epsilon=epsilon, timeout_reward=timeout_reward, group_deadline_s=group_deadline,
+            overlong_max_tokens=overlong_max_tokens, overlong_buffer=overlong_buffer, overlong_penalty=overlong_penalty,
             missing_calls_grace_s=missing_calls_grace, missing_calls_timeout_s=missing_calls_timeout,
             tick_interval_s=tick_interval,
         )
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
-        raise typer.BadParameter(f"{err['loc'][0]}: {err['msg']}") from None
+        where = f"{err['loc'][0]}: " if err["loc"] else ""
+        raise typer.BadParameter(f"{where}{err['msg'].removeprefix('Value error, ')}") from None
     settings = Settings(config=str(config)) if config else Settings()
     require_kafka(settings, wait_s=settings.wait_for_s)  # before Faust, which would retry a dead broker and log every attempt
     if metrics_port:

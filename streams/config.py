@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Builder = Literal["per_request", "prefix_merging"]
 Advantage = Literal["grpo", "loo", "no_std"]
@@ -33,6 +33,12 @@ class StreamsConfig(BaseModel):
     epsilon: float = Field(1e-6, gt=0)
     zero_variance: Literal["keep", "drop"] = "keep"  # keep: emitted with zero_variance=True, advantages 0
     timeout_reward: float = 0.0  # agent-budget timeouts stay trainable with this reward
+    # DAPO's soft overlong punishment (advantages.overlong_penalty) on a trajectory's sampled tokens, added to
+    # its reward before the advantages: 0 for up to max_tokens - buffer tokens, then down linearly to -penalty
+    # at max_tokens, and -penalty beyond (overlong_max_tokens 0: off)
+    overlong_max_tokens: int = Field(0, ge=0)
+    overlong_buffer: int = Field(0, ge=0)
+    overlong_penalty: float = Field(1.0, ge=0)
     # Deadlines (wall-clock seconds, checked on ticks). A group emits at its deadline when it has at
     # least min_valid usable members; one that never gets there is dropped at group_expire_s.
     group_deadline_s: float = Field(600.0, gt=0)
@@ -53,6 +59,12 @@ class StreamsConfig(BaseModel):
     call_cache_bytes: int = Field(1024 * 1024 * 1024, ge=0)  # as decoded: ~40 bytes per token id
     member_cache_bytes: int = Field(16 * 1024 * 1024, ge=0)  # decoded, a member takes ~5x its bytes
 
+    @model_validator(mode="after")
+    def _overlong(self) -> "StreamsConfig":
+        if self.overlong_max_tokens and not 0 < self.overlong_buffer <= self.overlong_max_tokens:
+            raise ValueError(f"overlong_buffer: {self.overlong_buffer} must be in (0, overlong_max_tokens]")
+        return self
+
     @property
     def baseline(self) -> Literal["mean", "leave_one_out"]:
         return ADVANTAGE_PRESETS[self.advantage][0]
@@ -67,4 +79,6 @@ class StreamsConfig(BaseModel):
 
     def group_fingerprint(self) -> str:
         """The knobs that change a TrainingGroup's bytes (its members carry the trajectory ones)."""
-        return f"{self.advantage}|eps={self.epsilon!r}|zv={self.zero_variance}"
+        overlong = (f"|overlong={self.overlong_max_tokens},{self.overlong_buffer},{self.overlong_penalty!r}"
+                    if self.overlong_max_tokens else "")  # off: the ids of every existing group are unchanged
+        return f"{self.advantage}|eps={self.epsilon!r}|zv={self.zero_variance}{overlong}"

@@ -14,7 +14,7 @@ from typing import Any
 
 from schemas import TrainingGroup, Trajectory, derived_event_id
 
-from .advantages import compute_advantages
+from .advantages import compute_advantages, overlong_penalty
 from .config import StreamsConfig
 
 
@@ -116,7 +116,9 @@ def build_group(group_id: str, members: Sequence[Trajectory], config: StreamsCon
     usable = [t for t in ordered if t.usable]
     if not usable:
         raise ValueError(f"group {group_id}: no usable member to train on")
-    adv = compute_advantages([t.reward for t in usable], config.baseline, config.std_normalized, config.epsilon)
+    rewards = [t.reward + overlong_penalty(sum(sum(tr.loss_mask) for tr in t.traces), config.overlong_max_tokens,
+                                           config.overlong_buffer, config.overlong_penalty) for t in usable]
+    adv = compute_advantages(rewards, config.baseline, config.std_normalized, config.epsilon)
     if adv.zero_variance and config.zero_variance == "drop":
         return None
     versions = sorted({v for t in usable for tr in t.traces for v in tr.policy_versions})

@@ -58,8 +58,28 @@ class TrainConfig:
     # -- loss --
     clip_low: float = 0.2  # ratio floor 1 - clip_low
     clip_high: float = 0.28  # ratio ceiling 1 + clip_high (asymmetric, "clip-higher")
-    loss_norm: Literal["token_mean", "seq_mean"] = "token_mean"
-    tis_cap: float = 0.0  # > 0: truncated IS weight min(pi_trainer / pi_rollout, cap) on each token
+    loss_norm: Literal["token_mean", "seq_mean", "constant"] = "token_mean"  # how token losses are averaged
+    # over the step: every token equally, every trajectory equally, or Dr. GRPO's constant (each trajectory's
+    # token sum / loss_norm_tokens, averaged over trajectories: no bias towards short or long answers)
+    loss_norm_tokens: int = 0  # constant: the divisor (Dr. GRPO: the generation budget); 0: the step's longest
+    loss: Literal["ppo_clip", "gspo", "cispo"] = "ppo_clip"  # the policy loss (trainer/corrections.py): PPO-clip;
+    # GSPO's sequence-level ratio and clip; CISPO's clipped, stop-gradient IS weight on log pi
+    correction: Literal["none", "tis", "icepop", "seq_mask_geo", "seq_mask_arith"] = "none"  # engine/trainer
+    # mismatch correction on rho = pi_trainer / pi_rollout (then the loss's ratio is against the trainer's own
+    # logprobs): tis weights tokens by min(rho, tis_cap); icepop drops tokens with rho outside [icepop_low,
+    # icepop_high]; seq_mask_geo / _arith drop sequences whose geometric / arithmetic mean rho leaves
+    # [seq_mask_low, seq_mask_high]; none: the loss's ratio is against the rollout logprobs (PPO's clip bounds it)
+    tis_cap: float = 0.0  # > 0: truncated IS weight min(pi_trainer / pi_rollout, cap) on each token (alone, it
+    # turns correction tis on, as before `correction` existed)
+    icepop_low: float = 0.5  # IcePop's band [alpha, beta] (the paper's 0.5 and 5)
+    icepop_high: float = 5.0
+    seq_mask_low: float = 0.5  # seq_mask_geo / seq_mask_arith: the band a sequence's mean ratio must stay in
+    seq_mask_high: float = 2.0
+    gspo_clip_low: float = 3e-4  # GSPO clips its sequence ratio at [1 - low, 1 + high] (the paper's 3e-4, 4e-4)
+    gspo_clip_high: float = 4e-4
+    cispo_clip_high: float = 0.28  # CISPO's weight is min(r, 1 + this) (no lower bound, as in MiniMax-M1)
+    mismatch_warn_kl: float = 1e-3  # warn (one line) when a step's k3 KL(rollout || trainer) per token passes
+    # this: the engine samples from a policy other than the one trained (0: never)
     kl_coef: float = 0.0  # > 0: k3 KL to the frozen starting model
     dual_clip: float = 3.0  # > 1: for A<0 the per-token loss is capped at -dual_clip * A (dual-clip PPO,
     # Ye et al. 2020; verl's clip_ratio_c), so a far off-policy token cannot blow up the gradient; 0 disables
@@ -133,6 +153,14 @@ class TrainConfig:
             (0 <= self.clip_low < 1, "clip_low", "must be in [0, 1)"),
             (self.clip_high >= 0, "clip_high", "must be >= 0"),
             (self.tis_cap >= 0, "tis_cap", "must be >= 0"),
+            (self.correction != "tis" or self.tis_cap > 0, "tis_cap", "must be > 0 with correction tis"),
+            (self.loss_norm_tokens >= 0, "loss_norm_tokens", "must be >= 0 (0: the step's longest trajectory)"),
+            (0 <= self.icepop_low < self.icepop_high, "icepop_low", "must be >= 0 and below icepop_high"),
+            (0 <= self.seq_mask_low < self.seq_mask_high, "seq_mask_low", "must be >= 0 and below seq_mask_high"),
+            (0 <= self.gspo_clip_low < 1, "gspo_clip_low", "must be in [0, 1)"),
+            (self.gspo_clip_high >= 0, "gspo_clip_high", "must be >= 0"),
+            (self.cispo_clip_high >= 0, "cispo_clip_high", "must be >= 0"),
+            (self.mismatch_warn_kl >= 0, "mismatch_warn_kl", "must be >= 0 (0: no warning)"),
             (self.kl_coef >= 0, "kl_coef", "must be >= 0"),
             (self.dual_clip == 0 or self.dual_clip > 1, "dual_clip", "must be 0 (off) or > 1"),
             (self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1"),

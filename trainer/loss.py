@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from . import corrections as C
 from .packing import MicroBatch
 
 
@@ -23,10 +24,26 @@ class LossConfig:
     tis_cap: float = 0.0  # > 0: truncated importance weight min(pi_old / pi_rollout, tis_cap)
     kl_coef: float = 0.0  # > 0: k3 KL penalty towards the reference policy
     dual_clip: float = 3.0  # > 1: for A<0 cap the per-token loss at -dual_clip * A (dual-clip PPO); 0: off
+    loss: str = "ppo_clip"  # ppo_clip | gspo | cispo (corrections.py)
+    correction: str = "none"  # none | tis | icepop | seq_mask_geo | seq_mask_arith; none with tis_cap > 0 is tis
+    gspo_clip_low: float = 3e-4
+    gspo_clip_high: float = 4e-4
+    cispo_clip_high: float = 0.28
+    icepop_low: float = 0.5
+    icepop_high: float = 5.0
+    seq_mask_low: float = 0.5
+    seq_mask_high: float = 2.0
+
+    @property
+    def active_correction(self) -> str:
+        """The correction in force: ``tis_cap > 0`` alone turns TIS on, as before ``correction`` existed."""
+        return "tis" if self.correction == "none" and self.tis_cap > 0 else self.correction
 
 
-# Sums over tokens, so micro-batches and ranks aggregate by addition; see ``summarize``.
-STAT_KEYS = ("tokens", "loss", "pg_loss", "clipped", "approx_kl", "ref_kl", "entropy", "ratio", "tis_weight")
+# Sums over tokens, so micro-batches and ranks aggregate by addition; see ``summarize``. The mismatch_* and
+# would_* sums describe the rollout-vs-trainer divergence on the trained tokens whatever the loss.
+STAT_KEYS = ("tokens", "loss", "pg_loss", "clipped", "approx_kl", "ref_kl", "entropy", "ratio", "tis_weight",
+             "corrected", "mismatch_k3", "would_tis", "would_icepop", "would_seq_mask_geo", "would_seq_mask_arith")
 
 
 def token_logprobs(
@@ -55,32 +72,50 @@ def policy_loss(
     cfg: LossConfig,
     rollout_logp: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
+    seq: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip surrogate with asymmetric clipping; returns (weighted loss sum, stat sums).
+    """``cfg.loss`` (corrections.py: ppo_clip, gspo or cispo) times ``cfg.correction``'s per-token weight,
+    plus the KL penalty; returns (weighted loss sum, stat sums).
 
-    All inputs (N,). ``old_logp`` is the behaviour policy of the ratio: the rollout logprobs, or, when
-    TIS is on, the trainer's own (``logp.detach()`` in ``step.accumulate_gradients``: with one update
-    per batch pi_old is the current policy, so the ratio is 1 and its gradient the plain policy
-    gradient), in which case ``rollout_logp`` gives the truncated importance weight
-    min(pi_old / pi_rollout, tis_cap) that corrects engine/trainer mismatch.
-    ``cfg.dual_clip`` = c > 1 caps a negative-advantage token's loss at -c * A (Ye et al. 2020):
+    All inputs (N,); ``seq`` (N,) is each token's sequence in the micro-batch (None: one sequence), which
+    gspo and the sequence masks read. ``old_logp`` is the behaviour policy of the ratio: the rollout
+    logprobs, or, when a correction is on, the trainer's own (``logp.detach()`` in
+    ``step.accumulate_gradients``: with one update per batch pi_old is the current policy, so the ratio is
+    1 and its gradient the plain policy gradient), in which case ``rollout_logp`` gives the correction's
+    ratio rho = pi_old / pi_rollout, the engine/trainer mismatch (tis: weight min(rho, tis_cap); icepop:
+    drop tokens with rho outside [icepop_low, icepop_high]; seq_mask_*: drop sequences whose mean ratio
+    leaves [seq_mask_low, seq_mask_high]).
+    ``cfg.dual_clip`` = c > 1 (ppo_clip) caps a negative-advantage token's loss at -c * A (Ye et al. 2020):
     min(max(-r A, -clip(r) A), -c A). Without it, for A < 0 the pessimistic min keeps the unclipped
     -r A, unbounded in r, so one token the engine sampled but the trainer finds very likely dominates.
     ``ref_logp`` adds kl_coef * k3(pi_ref || pi), k3 = exp(ref - logp) - (ref - logp) - 1.
     """
+    if seq is None:
+        seq = torch.zeros_like(logp, dtype=torch.long)
     log_ratio = logp - old_logp  # (N,)
-    ratio = torch.exp(log_ratio)
-    clipped_ratio = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
-    pg = -torch.minimum(ratio * advantages, clipped_ratio * advantages)  # (N,) per-token surrogate loss
-    dual = torch.zeros_like(pg, dtype=torch.bool)
-    if cfg.dual_clip > 0:  # the constant -c A wins beyond r > c: no gradient from that token
-        cap = -cfg.dual_clip * advantages
-        dual = (advantages < 0) & (pg > cap)
-        pg = torch.where(dual, cap, pg)
-    tis = torch.ones_like(pg)
-    if cfg.tis_cap > 0 and rollout_logp is not None:
-        tis = torch.exp(old_logp - rollout_logp).clamp(max=cfg.tis_cap).detach()
-        pg = pg * tis
+    if cfg.loss == "ppo_clip":
+        pg, clipped = C.ppo_clip(logp, old_logp, advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    elif cfg.loss == "gspo":
+        pg, clipped = C.gspo(logp, old_logp, advantages, seq, cfg.gspo_clip_low, cfg.gspo_clip_high)
+    elif cfg.loss == "cispo":
+        pg, clipped = C.cispo(logp, old_logp, advantages, cfg.cispo_clip_high)
+    else:
+        raise ValueError(f"loss: {cfg.loss!r} is not one of {', '.join(C.LOSSES)}")
+    weight, corrected = torch.ones_like(pg), torch.zeros_like(pg, dtype=torch.bool)
+    correction = cfg.active_correction
+    if correction != "none" and rollout_logp is not None:
+        log_rho = (old_logp - rollout_logp).detach()
+        if correction == "tis":
+            weight, corrected = C.tis(log_rho, cfg.tis_cap)
+        elif correction == "icepop":
+            weight, corrected = C.icepop(log_rho, cfg.icepop_low, cfg.icepop_high)
+        elif correction == "seq_mask_geo":
+            weight, corrected = C.seq_mask_geo(log_rho, seq, cfg.seq_mask_low, cfg.seq_mask_high)
+        elif correction == "seq_mask_arith":
+            weight, corrected = C.seq_mask_arith(log_rho, seq, cfg.seq_mask_low, cfg.seq_mask_high)
+        else:
+            raise ValueError(f"correction: {correction!r} is not one of {', '.join(C.CORRECTIONS)}")
+        pg = pg * weight
     per_token = pg
     ref_kl = torch.zeros_like(pg)
     if cfg.kl_coef > 0 and ref_logp is not None:
@@ -89,20 +124,35 @@ def policy_loss(
         per_token = per_token + cfg.kl_coef * ref_kl
     loss = (weights * per_token).sum()
     with torch.no_grad():
-        # A token is clipped when the clipped branch wins and so its gradient is zero.
-        clipped = ((advantages > 0) & (ratio > 1 + cfg.clip_high)) | ((advantages < 0) & (ratio < 1 - cfg.clip_low))
-        clipped |= dual
+        ratio = torch.exp(log_ratio)
         stats = {
             "tokens": float(logp.numel()),
             "loss": float(loss),
             "pg_loss": float((weights * pg).sum()),
-            "clipped": float(clipped.sum()),
+            "clipped": float(clipped.sum()),  # the clipped branch won: the token's gradient is zero or bounded
             "approx_kl": float(((ratio - 1) - log_ratio).sum()),  # k3 estimate of KL(old || current)
             "ref_kl": float(ref_kl.sum()),
             "ratio": float(ratio.sum()),
-            "tis_weight": float(tis.sum()),
+            "tis_weight": float(weight.sum()),  # the correction's weight (1 where none)
+            "corrected": float(corrected.sum()),
         }
+        if rollout_logp is not None:
+            stats.update(mismatch_stats(logp.detach() - rollout_logp, seq, cfg))
     return loss, stats
+
+
+def mismatch_stats(log_rho: torch.Tensor, seq: torch.Tensor, cfg: LossConfig) -> dict[str, float]:
+    """Sums over tokens of the trainer-vs-engine divergence, log_rho = log pi_trainer - log pi_rollout: the
+    k3 KL(rollout || trainer) and the tokens each correction would mask or cap at ``cfg``'s thresholds,
+    whichever is on (so a run shows what turning one on would do). TIS counts only with tis_cap > 0."""
+    with torch.no_grad():
+        return {
+            "mismatch_k3": float(C.k3(log_rho).sum()),
+            "would_tis": float(C.tis(log_rho, cfg.tis_cap)[1].sum()) if cfg.tis_cap > 0 else 0.0,
+            "would_icepop": float(C.icepop(log_rho, cfg.icepop_low, cfg.icepop_high)[1].sum()),
+            "would_seq_mask_geo": float(C.seq_mask_geo(log_rho, seq, cfg.seq_mask_low, cfg.seq_mask_high)[1].sum()),
+            "would_seq_mask_arith": float(C.seq_mask_arith(log_rho, seq, cfg.seq_mask_low, cfg.seq_mask_high)[1].sum()),
+        }
 
 
 def microbatch_logprobs(
@@ -168,4 +218,10 @@ def summarize(sums: dict[str, float]) -> dict[str, float]:
         "entropy": sums.get("entropy", 0.0) / n,
         "ratio_mean": sums.get("ratio", 0.0) / n,
         "tis_weight_mean": sums.get("tis_weight", 0.0) / n,
+        "corrected_frac": sums.get("corrected", 0.0) / n,  # tokens the active correction masked or capped
+        "mismatch_k3": sums.get("mismatch_k3", 0.0) / n,
+        **{f"{k}_frac": sums.get(k, 0.0) / n for k in WOULD},
     }
+
+
+WOULD = ("would_tis", "would_icepop", "would_seq_mask_geo", "would_seq_mask_arith")

@@ -28,6 +28,8 @@ STALENESS = Gauge("polar_trainer_staleness", "Policy versions between the groups
                   "trained policy", ["stat"])
 POLICY_VERSION = Gauge("polar_trainer_policy_version", "Policy version after the last step")
 LOSS = Gauge("polar_trainer_loss", "Loss of the last step")
+MISMATCH = Gauge("polar_trainer_mismatch_k3", "k3 KL(rollout || trainer) per trained token of the last step: how far "
+                 "the engines' policy is from the trained one")
 SYNCS = Counter("polar_trainer_syncs", "Weight syncs to the engines, by outcome (ok | failed)", ["outcome"])
 SYNC_FAILURES_IN_A_ROW = Gauge("polar_trainer_sync_failures_in_a_row", "Weight syncs failed since the last "
                                "one that succeeded (the trainer stops at max_sync_failures)")
@@ -43,6 +45,7 @@ def record_step(metrics: dict[str, float]) -> None:
     STALENESS.labels("mean").set(metrics["staleness_mean"])
     POLICY_VERSION.set(metrics["policy_version"])
     LOSS.set(metrics["loss"])
+    MISMATCH.set(metrics.get("mismatch_k3", 0.0))
 
 
 def record_sync(ok: bool, failures_in_a_row: int) -> None:
@@ -117,6 +120,7 @@ class Sinks:
             self.tb.flush()
         line = (f"step {step} loss {metrics['loss']:+.4f} reward {metrics['reward_mean']:.3f} "
                 f"clip {metrics['clip_frac']:.3f} kl {metrics['approx_kl']:.2e} ent {metrics['entropy']:.3f} "
+                f"mismatch {metrics.get('mismatch_k3', 0.0):.1e} (max {metrics.get('mismatch_ratio_max', 1.0):.2f}) "
                 f"tok/s {metrics['tokens_per_s']:.0f} stale {metrics['staleness_max']:.0f}")
         if self.bar is not None:
             info = f"loss {metrics['loss']:+.3f} reward {metrics['reward_mean']:.2f}"
@@ -148,3 +152,15 @@ def health_warnings(rewards: list[float], entropy: float, entropy_floor: float, 
             out.append(f"step {step}: mean reward fell from {before:.3f} to {rewards[-1]:.3f} within two steps "
                        "(a collapse? see the step's grad_norm and entropy in train.jsonl)")
     return out
+
+
+def mismatch_warnings(metrics: dict[str, float], warn_kl: float, step: int) -> list[str]:
+    """One line when the step's rollout-vs-trainer divergence (k3 KL per trained token) passes ``warn_kl``
+    (0: never): the engines sample from a policy other than the one trained (async steps, bf16 or other
+    kernels, an engine perturbation); ``correction`` (icepop, seq_mask_geo, tis) keeps such tokens in check."""
+    kl = metrics.get("mismatch_k3", 0.0)
+    if warn_kl <= 0 or kl <= warn_kl:
+        return []
+    return [f"step {step}: rollout/trainer mismatch k3 {kl:.2e} > {warn_kl:g} per token (ratio max "
+            f"{metrics.get('mismatch_ratio_max', 1.0):.2f}, p99 {metrics.get('mismatch_ratio_p99', 1.0):.3f}); "
+            "consider correction: icepop or seq_mask_geo"]

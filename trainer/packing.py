@@ -114,13 +114,16 @@ def samples_from_group(group: TrainingGroup, max_len: int, group_weight: float =
     return samples, cut
 
 
-def assign_weights(samples: Sequence[Sample], loss_norm: str) -> list[Sample]:
+def assign_weights(samples: Sequence[Sample], loss_norm: str, norm_tokens: int = 0) -> list[Sample]:
     """Per-token loss weights so that summing ``weight * token_loss`` over the step gives the mean.
 
     token_mean: every trained token of the step counts equally (1 / tokens in the step).
     seq_mean: every trajectory counts equally (1 / (its trained tokens, over all its traces, *
     trajectories in the step)). Per trajectory, not per trace: the same session is one prefix-merged
     trace or one trace per call (per_request), and both builders must optimize the same objective.
+    constant (Dr. GRPO, arXiv 2503.20783): 1 / (``norm_tokens`` * trajectories in the step), each
+    trajectory's token sum over a constant, not its own length, so a long wrong answer is not penalized
+    less per token than a short one; ``norm_tokens`` 0 means the step's longest trajectory.
     A sample without a ``trajectory_id`` counts as a trajectory of its own.
     Normalizing over the whole step (not per micro-batch) makes gradient accumulation and data
     parallelism exact: any split into micro-batches and ranks sums to the same gradient.
@@ -136,7 +139,14 @@ def assign_weights(samples: Sequence[Sample], loss_norm: str) -> list[Sample]:
         for key, s in zip(keys, samples):
             tokens[key] += len(s.trained)
         return [_with_weight(s, s.group_weight / (tokens[key] * len(tokens))) for key, s in zip(keys, samples)]
-    raise ValueError(f"loss_norm: {loss_norm!r} is not token_mean or seq_mean")
+    if loss_norm == "constant":
+        keys = [s.trajectory_id or f"#{i}" for i, s in enumerate(samples)]
+        tokens = Counter()
+        for key, s in zip(keys, samples):
+            tokens[key] += len(s.trained)
+        c = norm_tokens or max(tokens.values())
+        return [_with_weight(s, s.group_weight / (c * len(tokens))) for s in samples]
+    raise ValueError(f"loss_norm: {loss_norm!r} is not token_mean, seq_mean or constant")
 
 
 def _with_weight(s: Sample, w: float) -> Sample:
@@ -159,6 +169,8 @@ class MicroBatch:
     num_real_tokens: int  # tokens that belong to a sequence (the rest is padding)
     members: tuple[int, ...] = ()  # its samples' indices in the list given to pack, in row-major order
     layout: Layout = field(default_factory=lambda: Layout(()))  # where the sequences sit (attention.py)
+    seq: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # (N,) each trained
+    # token's sequence, 0..num_sequences-1 (sequence-level losses and corrections: trainer/corrections.py)
 
     @property
     def num_tokens(self) -> int:
@@ -321,6 +333,7 @@ def _build(samples: Sequence[Sample], rows: list[list[_Unit]], mask: bool) -> Mi
         num_real_tokens=int(attn.sum()),
         members=tuple(members),
         layout=Layout(tuple(segments)),
+        seq=torch.tensor([j for j, s in enumerate(seqs) for _ in s.trained], dtype=torch.long),
     )
 
 

@@ -10,8 +10,9 @@ the code the trainer runs.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,8 @@ class StepOutcome:
     sums: dict[str, float]  # stat sums over every rank: STAT_KEYS, and tokens_fed (padding included)
     grad_norm: float  # before clipping, over the whole model (every rank's shard)
     no_update: str | None  # why optimizer.step() was not called (optim.skip_update_reason), or None
+    mismatch: dict[str, float] = field(default_factory=dict)  # mismatch_ratio_max / _p99 over every rank's
+    # trained tokens: pi_trainer / pi_rollout (quantiles do not add up, so not in ``sums``)
 
 
 def train_step(
@@ -57,7 +60,7 @@ def train_step(
     (parallel.py). On CUDA the forward runs under bf16 autocast, whatever the parameters' ``cfg.dtype``.
     A step without signal still runs forward and backward, so its stats are logged like any other.
     """
-    samples = assign_weights(samples, cfg.loss_norm)
+    samples = assign_weights(samples, cfg.loss_norm, cfg.loss_norm_tokens)
     micro = micro_batches(samples, cfg)
     mine = shard(micro, placement.world, placement.rank)
     lr_scale = saturation_scale(reward_mean, cfg.lr_saturation, cfg.lr_saturation_floor)
@@ -65,19 +68,50 @@ def train_step(
     for g in optimizer.param_groups:
         g["lr"] = lr
     autocast = torch.bfloat16 if placement.device.type == "cuda" else None
-    sums = accumulate_gradients(model, mine, loss_config(cfg), cfg.temperature, ref_model, placement.device, autocast)
+    log_rho: list[torch.Tensor] = []
+    sums = accumulate_gradients(model, mine, loss_config(cfg), cfg.temperature, ref_model, placement.device, autocast,
+                                log_rho=log_rho)
     sums["tokens_fed"] = float(sum(mb.num_tokens for mb in mine))
     sums = _all_reduce(sums, placement)
+    mismatch = ratio_quantiles(_all_gather(torch.cat(log_rho) if log_rho else torch.zeros(0), placement))
     # A step without signal (every advantage 0, e.g. all-zero-variance groups) leaves the weights
     # bit-identical: AdamW would still move them on its moments (see optim.skip_update_reason).
     grad_norm, no_update = apply_update(model, optimizer, samples, cfg.grad_clip)
-    return StepOutcome(samples, micro, lr, lr_scale, sums, grad_norm, no_update)
+    return StepOutcome(samples, micro, lr, lr_scale, sums, grad_norm, no_update, mismatch)
 
 
 def loss_config(cfg: TrainConfig) -> LossConfig:
     """The loss settings of ``cfg``."""
     return LossConfig(clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef,
-                      dual_clip=cfg.dual_clip)
+                      dual_clip=cfg.dual_clip, loss=cfg.loss, correction=cfg.correction,
+                      gspo_clip_low=cfg.gspo_clip_low, gspo_clip_high=cfg.gspo_clip_high,
+                      cispo_clip_high=cfg.cispo_clip_high, icepop_low=cfg.icepop_low, icepop_high=cfg.icepop_high,
+                      seq_mask_low=cfg.seq_mask_low, seq_mask_high=cfg.seq_mask_high)
+
+
+def ratio_quantiles(log_rho: torch.Tensor) -> dict[str, float]:
+    """Max and 99th percentile of the token ratio pi_trainer / pi_rollout (1 and 1 without tokens)."""
+    if log_rho.numel() == 0:
+        return {"mismatch_ratio_max": 1.0, "mismatch_ratio_p99": 1.0}
+    r = torch.exp(log_rho.double())
+    k = max(1, math.ceil(0.99 * r.numel()))  # nearest rank; torch.quantile refuses more than 2^24 values
+    return {"mismatch_ratio_max": float(r.max()), "mismatch_ratio_p99": float(r.kthvalue(k).values)}
+
+
+def _all_gather(t: torch.Tensor, placement: Placement) -> torch.Tensor:
+    """Every rank's 1-D ``t``, concatenated (ranks hold different token counts: padded to the longest)."""
+    if not placement.distributed:
+        return t
+    t = t.to(placement.device, torch.float32)
+    n = torch.tensor([t.numel()], device=placement.device)
+    counts = [torch.zeros_like(n) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, n)
+    longest = int(max(c.item() for c in counts))
+    padded = torch.zeros(longest, device=placement.device)
+    padded[:t.numel()] = t
+    out = [torch.zeros_like(padded) for _ in counts]
+    dist.all_gather(out, padded)
+    return torch.cat([o[:int(c.item())] for o, c in zip(out, counts)]).cpu()
 
 
 def micro_batches(samples: Sequence[Sample], cfg: TrainConfig) -> list[MicroBatch]:
@@ -110,6 +144,7 @@ def accumulate_gradients(
     device: torch.device | str = "cpu",
     autocast_dtype: torch.dtype | None = None,
     grad_scale: float = 1.0,
+    log_rho: list[torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Forward + backward every micro-batch, accumulating gradients; returns stat sums (STAT_KEYS).
 
@@ -119,8 +154,10 @@ def accumulate_gradients(
     policy being trained, so a second no-grad forward would only recompute the same numbers (ratio 1,
     gradient that of log pi). The TIS weight min(pi_old / pi_rollout, cap) then corrects for the
     engine/trainer mismatch.
+    Any other ``cfg.correction`` works the same way, on the same ratio.
     ``grad_scale`` multiplies the loss before backward (1: the per-token weights already normalize
-    over the whole step, across ranks).
+    over the whole step, across ranks). ``log_rho``, when given, gets each micro-batch's
+    log pi_trainer - log pi_rollout of its trained tokens (for the step's ratio quantiles).
     """
     sums = dict.fromkeys(STAT_KEYS, 0.0)
     amp = (
@@ -136,12 +173,15 @@ def accumulate_gradients(
                 with torch.no_grad():
                     ref, _ = microbatch_logprobs(ref_model, mb, temperature)
             logp, entropy = microbatch_logprobs(model, mb, temperature)
-            old, rollout = mb.rollout_logprobs, None
-            if cfg.tis_cap > 0:  # pi_old = this very forward, detached (see the docstring)
-                old, rollout = logp.detach(), mb.rollout_logprobs
-            loss, stats = policy_loss(logp, old, mb.advantages, mb.weights, cfg, rollout, ref)
+            old = mb.rollout_logprobs
+            if cfg.active_correction != "none":  # pi_old = this very forward, detached (see the docstring)
+                old = logp.detach()
+            seq = mb.seq if mb.seq.numel() == logp.numel() else None
+            loss, stats = policy_loss(logp, old, mb.advantages, mb.weights, cfg, mb.rollout_logprobs, ref, seq)
             (loss * grad_scale).backward()
         stats["entropy"] = float(entropy.sum())
+        if log_rho is not None:
+            log_rho.append((logp.detach() - mb.rollout_logprobs).float().cpu())
         for k in STAT_KEYS:
-            sums[k] += stats[k]
+            sums[k] += stats.get(k, 0.0)
     return sums

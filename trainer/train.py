@@ -38,7 +38,7 @@ from . import checkpoint
 from .config import TrainConfig
 from .kafka_io import GroupSource, offsets_from_json
 from .loss import summarize
-from .metrics import RunLog, Sinks, health_warnings, record_sync
+from .metrics import RunLog, Sinks, health_warnings, mismatch_warnings, record_sync
 from .optim import build_optimizer
 from .packing import Sample, samples_from_group
 from .parallel import build_model, place
@@ -222,7 +222,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 if no_update is not None:
                     counters.update({f"no_update_{no_update}": 1})
                 metrics = {
-                    **summarize(sums), "grad_norm": float(out.grad_norm), "lr": out.lr, "lr_scale": out.lr_scale,
+                    **summarize(sums), **out.mismatch, "grad_norm": float(out.grad_norm), "lr": out.lr, "lr_scale": out.lr_scale,
                     "policy_version": version,
                     "reward_mean": reward_mean, "reward_std": _std(rewards),
                     "adv_mean": _mean(advs), "adv_std": _std(advs), "adv_min": min(advs), "adv_max": max(advs),
@@ -243,6 +243,9 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 for warning in health_warnings(reward_history, metrics["entropy"], cfg.entropy_floor, step):
                     logger.warning("%s", warning)
                     log.write({"event": "warning", "warning": "health", "step": step, "message": warning})
+                for warning in mismatch_warnings(metrics, cfg.mismatch_warn_kl, step):
+                    logger.warning("%s", warning)
+                    log.write({"event": "warning", "warning": "mismatch", "step": step, "message": warning})
             url = save() if step % cfg.checkpoint_every == 0 else None
             last_url = url or last_url
             if not (cfg.sync_every and step % cfg.sync_every == 0):

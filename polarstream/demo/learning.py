@@ -71,14 +71,17 @@ MAX_ROWS = 64
 
 @torch.no_grad()
 def sample_many(model, tokenizer, prompts: Sequence[list[int]], n: int, max_new_tokens: int, temperature: float,
-                generator: torch.Generator) -> list[tuple[list[list[int]], list[list[float]]]]:
+                generator: torch.Generator, logit_noise: float = 0.0,
+                noise_generator: torch.Generator | None = None) -> list[tuple[list[list[int]], list[list[float]]]]:
     """``n`` completions of each prompt with each sampled token's logprob under the sampling
     distribution (what an engine returns as the behaviour policy's logprobs: fp32, logits / temperature).
 
     Prompts of one length decode as one batch (up to ``MAX_ROWS`` rows; the demo's prompts all have one
     length), so no row is padded. Tokens are drawn as the engine draws them (``engine.sampling.draw``:
-    inverse CDF, one uniform per row from ``generator``), in prompt order, so a seed gives one result."""
-    from engine.sampling import draw
+    inverse CDF, one uniform per row from ``generator``), in prompt order, so a seed gives one result.
+    ``logit_noise`` > 0 perturbs the logits as the engine's ``--logit-noise`` does (``engine.sampling.perturb``,
+    noise from ``noise_generator``): tokens and logprobs are then those of the perturbed policy."""
+    from engine.sampling import draw, perturb
 
     stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
     out: list = [None] * len(prompts)
@@ -97,7 +100,7 @@ def sample_many(model, tokenizer, prompts: Sequence[list[int]], n: int, max_new_
         toks, picks, live = [], [], []
         greedy = torch.zeros(rows, dtype=torch.bool)
         for _ in range(max_new_tokens):
-            scaled = logits.float() / temperature
+            scaled = perturb(logits.float(), logit_noise, noise_generator) / temperature
             nxt = draw(scaled, greedy, [generator] * rows)
             toks.append(nxt)
             picks.append(torch.log_softmax(scaled, dim=-1).gather(-1, nxt[:, None])[:, 0])
@@ -169,6 +172,12 @@ class LearningConfig:
     lr_saturation: float | None = None  # None: the trainer's default (TrainConfig.lr_saturation); 1: off
     all_problems: bool = False  # every step trains on every problem (tasks_per_step unused): a step's mean
     # reward then measures the policy, not which problems the step happened to draw
+    loss: str = "ppo_clip"  # TrainConfig.loss
+    correction: str = "none"  # TrainConfig.correction
+    std_normalize: bool = True  # GRPO advantages divided by the group std (False: Dr. GRPO's r - mean)
+    logit_noise: float = 0.0  # the sampler's logits get N(0, sigma^2) noise (the engine's --logit-noise): an
+    # engine/trainer mismatch of a controlled size
+    trainer: dict = field(default_factory=dict)  # more TrainConfig settings (thresholds: icepop_low, ...)
 
 
 @dataclass
@@ -179,6 +188,7 @@ class StepLog:
     moved: bool  # the weights changed across the step
     tokens: int
     lr: float = 0.0  # the rate this step trained with (after the reward-saturation scale)
+    mismatch: dict = field(default_factory=dict)  # mismatch_k3, mismatch_ratio_max/_p99, corrected_frac, ...
 
 
 @dataclass
@@ -190,19 +200,22 @@ class RunLog:
         return [s.reward for s in self.steps]
 
 
-def grpo_update(model, optimizer, batch: list, reward_mean: float, tcfg) -> tuple[list, float, bool]:
+def grpo_update(model, optimizer, batch: list, reward_mean: float, tcfg) -> tuple[list, float, bool, dict]:
     """One optimizer step on a step's samples, as ``rl_run`` takes it (and a replay of its recording): the
     trainer's step (``trainer.step.train_step``) with ``tcfg``'s settings and this loop's packing, a
     group's shared prompt fed once (``share_prefix``) in micro-batches of 1 << 14 tokens, clipped at 1.
     ``tcfg``'s schedule is read at step 0 (the loop's TrainConfig is constant, without warmup).
-    Returns the weighted samples, the lr and whether the step had signal."""
+    Returns the weighted samples, the lr, whether the step had signal and the step's mismatch metrics."""
     from dataclasses import replace
 
+    from trainer.loss import summarize
     from trainer.step import train_step
 
     cfg = replace(tcfg, token_budget=1 << 14, share_prefix=True, grad_clip=1.0)
     out = train_step(model, optimizer, batch, cfg, reward_mean=reward_mean)
-    return out.samples, out.lr, out.no_update != "no_signal"
+    stats = summarize(out.sums)
+    mismatch = {k: v for k, v in stats.items() if k.startswith(("mismatch", "would_")) or k in ("corrected_frac", "clip_frac")}
+    return out.samples, out.lr, out.no_update != "no_signal", {**mismatch, **out.mismatch}
 
 
 def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: LearningConfig, *, system: str,
@@ -222,13 +235,17 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: Lear
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
+    noise_gen = torch.Generator().manual_seed(cfg.seed + 1_000_003)  # its own stream: sigma 0 draws the same tokens
     tok = AutoTokenizer.from_pretrained(model_dir)
     # One model: sampled with sdpa (KV cache), trained with polar_varlen, which feeds a group's shared
     # prompt once (trainer.packing share_prefix): the prompt is ~90% of each sample's tokens.
     model = load_model(model_dir, torch.float32, "auto")
     train_attn = model.config._attn_implementation
-    tcfg = TrainConfig(lr=cfg.lr, weight_decay=0.0, loss_norm=cfg.loss_norm, temperature=cfg.temperature,
-                       **({} if cfg.lr_saturation is None else {"lr_saturation": cfg.lr_saturation}))
+    tcfg = TrainConfig.from_overrides({"lr": cfg.lr, "weight_decay": 0.0, "loss_norm": cfg.loss_norm,
+                                       "temperature": cfg.temperature, "loss": cfg.loss, "correction": cfg.correction,
+                                       **({} if cfg.lr_saturation is None else {"lr_saturation": cfg.lr_saturation}),
+                                       **({"loss_norm_tokens": cfg.max_new_tokens} if cfg.loss_norm == "constant" else {}),
+                                       **cfg.trainer})
     optimizer = build_optimizer(model, tcfg)
     log = RunLog()
     prompt_of, score = task_io(tok, system, tools, shape)
@@ -238,10 +255,11 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: Lear
         batch, rewards, groups = [], [], []
         drawn = list(problems) if cfg.all_problems else [rng.choice(list(problems)) for _ in range(cfg.tasks_per_step)]
         prompts = [prompt_of(q) for q, _ in drawn]
-        sampled = sample_many(model, tok, prompts, cfg.samples, cfg.max_new_tokens, cfg.temperature, gen)
+        sampled = sample_many(model, tok, prompts, cfg.samples, cfg.max_new_tokens, cfg.temperature, gen,
+                              cfg.logit_noise, noise_gen)
         for (q, a), prompt, (comps, lps) in zip(drawn, prompts, sampled):
             rs = [score(tok.decode(c), a) for c in comps]
-            advs = compute_advantages(rs).values
+            advs = compute_advantages(rs, std_normalized=cfg.std_normalize).values
             for c, adv, lp in zip(comps, advs, lps):
                 ids = prompt + c
                 s = sample_from_trace(ids, [0] * len(prompt) + [1] * len(c), [0.0] * len(prompt) + lp, adv, len(ids),
@@ -256,9 +274,9 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: Lear
         model.set_attn_implementation(train_attn)
         mean_reward = sum(rewards) / len(rewards)
         before = [p.detach().clone() for p in model.parameters()]
-        batch, lr, signal = grpo_update(model, optimizer, batch, mean_reward, tcfg)
+        batch, lr, signal, mismatch = grpo_update(model, optimizer, batch, mean_reward, tcfg)
         moved = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
-        entry = StepLog(step, mean_reward, signal, moved, sum(len(s.trained) for s in batch), lr)
+        entry = StepLog(step, mean_reward, signal, moved, sum(len(s.trained) for s in batch), lr, mismatch)
         log.steps.append(entry)
         if on_step is not None:
             on_step(entry)

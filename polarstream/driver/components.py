@@ -92,7 +92,8 @@ def start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports
     with console.status(f"starting {', '.join(c for c in COMPONENTS[1:] if c in only)}"):
         if "engine" in only:
             engine = procs.start("engine", "engine", "--model", str(model_dir), "--port", str(ports["engine"]),
-                                 "--seed", str(cfg.seed), "--threads", "1")
+                                 "--seed", str(cfg.seed), "--threads", "1",
+                                 *(("--logit-noise", str(cfg.engine_logit_noise)) if cfg.engine_logit_noise else ()))
             procs.wait_http(engine, f"{urls['engine']}/health")
         if "node" in only:
             node = procs.start("node", "node", "--engine-url", urls["engine"], "--model", str(model_dir),
@@ -103,7 +104,9 @@ def start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports
         if "streams" in only:
             procs.start("streams", "streams", "worker", "--builder", "prefix_merging", "--group-deadline", "120",
                         "--missing-calls-grace", "10", "--stats-interval", "2",
-                        "--metrics-port", str(ports["streams_metrics"]))
+                        "--metrics-port", str(ports["streams_metrics"]),
+                        *(() if cfg.std_normalize else ("--advantage", "no_std")),  # Dr. GRPO: r - mean
+                        *[a for k, v in cfg.overlong.items() for a in (f"--overlong-{k.replace('_', '-')}", str(v))])
         if "trainer" in only:
             procs.start("trainer", "train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
                         "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
@@ -113,6 +116,7 @@ def start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports
                         # the trainer publishes the step but leaves the weights untouched (no signal)
                         "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0",
                         "--set", f"temperature={cfg.temperature}",
+                        "--set", f"loss={cfg.loss}", "--set", f"correction={cfg.correction}",
                         # the driver's bound, enforced again where the groups are trained (one setting for both).
                         # Groups finish out of order, so one of step k can reach the trainer after step k+1's,
                         # a version later than the bound: it is down-weighted (0.5 per version past S), not

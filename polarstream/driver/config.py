@@ -55,6 +55,11 @@ class RunConfig:
     # --driver-only: the components run elsewhere; {"rollout": URL, "engine": URL} is all the driver needs
     attach: dict[str, str] = field(default_factory=dict)
     trainer_settings: dict[str, str] = field(default_factory=dict)  # more trainer --set key=value (polarstream run)
+    loss: str = "ppo_clip"  # the trainer's loss and correction (trainer/corrections.py)
+    correction: str = "none"
+    std_normalize: bool = True  # false: the streams compute r - mean (--advantage no_std)
+    overlong: dict = field(default_factory=dict)  # {max_tokens, buffer, penalty}: the streams' overlong shaping
+    engine_logit_noise: float = 0.0  # the engine's --logit-noise
     min_completion: float = 0.5  # a group counts once this fraction of its samples is usable
     early_stop_at: float = 0.0  # > 0: cancel a group's stragglers once this fraction is usable
     zero_signal: str = "mask"  # groups without signal: mask, or replace (drop; another task in each one's place)

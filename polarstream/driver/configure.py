@@ -36,7 +36,9 @@ def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: 
                      eval_every=exp.eval_every, harness_config=dict(exp.harness_config), run_dir=run_dir,
                      run_id=run_id(exp, run_dir), order=exp.order, min_completion=exp.min_completion,
                      early_stop_at=exp.early_stop_at, zero_signal=exp.zero_signal, replace_cap=exp.replace_cap,
-                     retire=exp.retire, retire_after=exp.retire_after)
+                     retire=exp.retire, retire_after=exp.retire_after, loss=exp.loss, correction=exp.correction,
+                     std_normalize=exp.std_normalize, overlong=exp.overlong.model_dump() if exp.overlong else {},
+                     engine_logit_noise=exp.engine_logit_noise)
     cfg.trainer_settings = trainer_settings(exp)
     if exp.wandb is not None:
         import importlib.util
@@ -163,7 +165,7 @@ def _runtime(runtime: str, tasks: list) -> str:
 # Trainer settings the experiment sets itself, so that the driver and the trainer cannot disagree on them
 OWNED = {"lr": "lr", "temperature": "temperature", "max_staleness": "async_level", "stale_mode": "async_level",
          "groups_per_step": "groups_per_step", "max_steps": "max_steps", "skip_task_sets": "eval",
-         "skip_zero_variance": "zero_signal"}
+         "skip_zero_variance": "zero_signal", "loss": "loss", "correction": "correction"}
 
 
 def trainer_settings(exp: Experiment) -> dict[str, str]:

@@ -33,6 +33,20 @@ class WandbSettings(BaseModel):
     mode: Literal["offline", "online"] = Field("offline", description="offline writes RUN_DIR/wandb for `wandb sync`")
 
 
+class OverlongSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int = Field(..., gt=0, description="a trajectory's sampled-token budget L_max")
+    buffer: int = Field(..., gt=0, description="the last this many tokens of it (L_cache) lose reward linearly")
+    penalty: float = Field(1.0, ge=0, description="the reward lost at L_max and beyond")
+
+    @model_validator(mode="after")
+    def _fits(self) -> "OverlongSettings":
+        if self.buffer > self.max_tokens:
+            raise ValueError(f"buffer: {self.buffer} is more than max_tokens {self.max_tokens}")
+        return self
+
+
 class Experiment(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -86,6 +100,21 @@ class Experiment(BaseModel):
     seed: int = Field(0, description="fixes the model's warm start, the task order and the sampling seeds")
     lr: float = Field(5e-4, gt=0, description="the trainer's learning rate")
     temperature: float = Field(1.0, gt=0, description="sampling temperature, pinned on every call and used by the trainer")
+    loss: Literal["ppo_clip", "gspo", "cispo"] = Field("ppo_clip", description="the policy loss: ppo_clip (clip-higher "
+                                                      "and dual clip), gspo (sequence-level ratio and clip), cispo "
+                                                      "(clipped stop-gradient IS weight); thresholds in trainer: "
+                                                      "(gspo_clip_low, cispo_clip_high, ...; docs/trainer.md)")
+    correction: Literal["none", "tis", "icepop", "seq_mask_geo", "seq_mask_arith"] = Field(
+        "none", description="engine/trainer mismatch correction on pi_trainer / pi_rollout: tis (needs trainer: "
+        "tis_cap), icepop (token band icepop_low..icepop_high), seq_mask_geo / seq_mask_arith (sequence mean ratio "
+        "band seq_mask_low..seq_mask_high); none: PPO's clip on the rollout ratio only")
+    std_normalize: bool = Field(True, description="divide a group's advantages by its reward std (GRPO); false: "
+                                "r - mean (Dr. GRPO), which the streams compute")
+    overlong: OverlongSettings | None = Field(None, description="DAPO's soft overlong punishment {max_tokens, buffer, "
+                                              "penalty}, applied by the streams to each trajectory's reward")
+    engine_logit_noise: float = Field(0.0, ge=0, description="the engine adds N(0, sigma^2) noise to its logits "
+                                      "(engine --logit-noise): a controlled engine/trainer mismatch, to see the "
+                                      "corrections work; 0: off")
     trainer: dict[str, Any] = Field(default_factory=dict, description="more TrainConfig settings (trainer/config.py), "
                                     "each passed as --set key=value; not those this file sets itself (lr, "
                                     "max_staleness via async_level, ...)")

@@ -174,6 +174,7 @@ def write_report(run_dir: Path, cfg: "RunConfig", results: list["StepResult"], p
     path.write_text(json.dumps(summary, indent=2))
     rows = "\n".join(
         f"| {r.step + 1} | {r.reward:.3f} | {dash(r.entropy, '.4f')} | {dash(r.grad_norm, '.3f')} | {dash(r.lr, '.2e')} | "
+        f"{dash(r.mismatch_k3, '.1e')} | {dash(r.ratio_max, '.2f')} | {dash(r.ratio_p99, '.3f')} | {dash(r.corrected_frac, '.3f')} | "
         f"{r.samples} | {r.traces} | {r.calls} | {r.merge_rate:.0%} | "
         f"{r.sampled_tokens} | {r.wall_s:.1f} | {r.policy_version} | {dash(r.sync_s, '.3f')} | {r.sync_mode or '-'} | "
         f"{dash(r.engine_pause_s, '.3f')} | {group_links(viewer_url, r.group_ids)} |"
@@ -198,8 +199,11 @@ def write_report(run_dir: Path, cfg: "RunConfig", results: list["StepResult"], p
 
 ## Per step
 
-| step | reward | entropy | grad norm | lr | samples | traces | calls | merge rate | sampled tokens | wall s | policy | sync s | sync | engine pause s | groups |
-|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|
+Mismatch: k3 KL(rollout || trainer) per trained token; ratio: pi_trainer / pi_rollout over the trained tokens
+(max, 99th percentile); corrected: the share the trainer's correction ({cfg.correction}) masked or capped.
+
+| step | reward | entropy | grad norm | lr | mismatch | ratio max | ratio p99 | corrected | samples | traces | calls | merge rate | sampled tokens | wall s | policy | sync s | sync | engine pause s | groups |
+|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|
 {rows}
 
 ## Replay and evaluate this run

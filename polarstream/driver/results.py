@@ -28,6 +28,10 @@ class StepResult:
     entropy: float | None = None  # the trainer's step: mean entropy of the trained tokens, gradient norm,
     grad_norm: float | None = None  # and the learning rate it used (from the PolicyVersion it published)
     lr: float | None = None
+    mismatch_k3: float | None = None  # rollout-vs-trainer divergence on the trained tokens: k3 KL per token,
+    ratio_max: float | None = None  # the largest and 99th-percentile token ratio pi_trainer / pi_rollout,
+    ratio_p99: float | None = None
+    corrected_frac: float | None = None  # and the share of tokens the trainer's correction masked or capped
     group_ids: list[str] = field(default_factory=list)  # report.md links each to its viewer page
     # groups without signal (every sample scored the same): masked, they close the step but move nothing
     all_correct: int = 0  # every sample scored 1: too easy now
@@ -72,6 +76,10 @@ def step_result(step: int, groups: list[TrainingGroup], wall_s: float, version: 
         entropy=m.get("entropy"),
         grad_norm=m.get("grad_norm"),
         lr=m.get("lr"),
+        mismatch_k3=m.get("mismatch_k3"),
+        ratio_max=m.get("mismatch_ratio_max"),
+        ratio_p99=m.get("mismatch_ratio_p99"),
+        corrected_frac=m.get("corrected_frac"),
         all_correct=sum(outcome([t.reward for t in g.trajectories]) == "solved" for g in flat),
         all_wrong=sum(outcome([t.reward for t in g.trajectories]) == "unsolved" for g in flat),
         replaced=len(dropped),

@@ -173,7 +173,9 @@ class Steps:
                                        watcher.policy.version, watcher.policies.get(k + 1),
                                        [watcher.groups[g] for g in sorted(wanted) if self.dropped(g)]))
             r = results[-1]
-            self.tracker.step(k + 1, r.reward, r.groups, r.all_correct, r.all_wrong, r.replaced)
+            self.tracker.step(k + 1, r.reward, r.groups, r.all_correct, r.all_wrong, r.replaced,
+                              {"mismatch_k3": r.mismatch_k3, "mismatch_ratio_max": r.ratio_max,
+                               "mismatch_ratio_p99": r.ratio_p99, "corrected_frac": r.corrected_frac})
             if len(results) == cfg.steps:
                 self.loop.update(end=now, busy_end=engine_busy_s(self.urls["engine"]), cpu_end=machine_cpu())
             if on_step is not None:

@@ -39,10 +39,13 @@ class Tracker:
         if self.wandb is not None:
             self.wandb.log({"policy_version": version, **values})
 
-    def step(self, version: int, reward: float, groups: int, all_correct: int, all_wrong: int, replaced: int) -> None:
-        """Step ``version - 1`` trained into ``version``: its reward and groups without signal."""
+    def step(self, version: int, reward: float, groups: int, all_correct: int, all_wrong: int, replaced: int,
+             mismatch: dict[str, float | None] | None = None) -> None:
+        """Step ``version - 1`` trained into ``version``: its reward, groups without signal and the trainer's
+        rollout-vs-trainer ``mismatch`` figures (``{name: value}``, None where the trainer gave none)."""
+        extra = {f"driver/{k}": v for k, v in (mismatch or {}).items() if v is not None}
         self._log(version, {"driver/reward": reward, "driver/groups": groups, "driver/all_correct": all_correct,
-                            "driver/all_wrong": all_wrong, "driver/replaced": replaced})
+                            "driver/all_wrong": all_wrong, "driver/replaced": replaced, **extra})
 
     def eval(self, version: int, metrics: dict[str, float]) -> None:
         """The eval split at ``version`` (``pass@1`` and the like)."""

@@ -92,6 +92,13 @@ def _run_section(i: int, run: RunIndex) -> str:
                       f'{sparkline([(v, m["entropy"]) for v, m in steps], what="entropy", per_what="steps", unit_range=False)} '
                       f'<span class="meta">trainer, per policy version: step reward and policy entropy '
                       f'(last {steps[-1][1]["entropy"]:.4f})</span></div>')
+        mism = [(v, m["mismatch_k3"]) for v, m in steps if "mismatch_k3" in m]
+        if mism:  # how far the engines' policy is from the trained one (trainer/corrections.py)
+            last = steps[-1][1]
+            spark += (f'<div class="spark-box">{sparkline(mism, what="mismatch", per_what="steps", unit_range=False)} '
+                      f'<span class="meta">rollout/trainer mismatch, k3 KL per trained token (last {mism[-1][1]:.2e}; '
+                      f'ratio max {last.get("mismatch_ratio_max", 1.0):.2f}, p99 {last.get("mismatch_ratio_p99", 1.0):.3f}, '
+                      f'corrected {last.get("corrected_frac", 0.0):.1%})</span></div>')
         return head + spark + _cells_table(run.cells()) + _groups_table(i, run) + "</section>"
 
 

@@ -136,3 +136,31 @@ def test_the_demo_is_the_packaged_preset_of_the_arith_example(tmp_path):
     assert {k: getattr(pi, k) for k in CLI_SIZE} == {**CLI_SIZE, "group_size": 4}  # what the user gave wins
     cfg = run_config(pi, tmp_path, preset=arith_preset)
     assert (cfg.harness, cfg.api, cfg.model, cfg.train_tasks, cfg.seed) == ("pi", "responses", "", None, 1)
+
+
+def test_the_loss_correction_and_advantage_settings_reach_the_run(tmp_path):
+    """Issue 65: the experiment's loss, correction, std_normalize, overlong and engine_logit_noise reach the
+    RunConfig (components.py passes them to the trainer, the streams and the engine); the trainer: block may
+    not set the two the file owns; the defaults are today's (ppo_clip, no correction, std-normalized)."""
+    import pytest
+
+    from polarstream.demo.preset import demo_experiment
+    from polarstream.driver.experiment import ExperimentError
+
+    plain = run_config(load_experiment(EXAMPLES / "arith.yaml"), tmp_path, driver_only=True, preset=preset_for(load_experiment(None)))
+    assert (plain.loss, plain.correction, plain.std_normalize, plain.overlong, plain.engine_logit_noise) == (
+        "ppo_clip", "none", True, {}, 0.0)
+    exp = load_experiment(EXAMPLES / "arith.yaml", loss="cispo", correction="icepop", std_normalize=False,
+                          overlong={"max_tokens": 48, "buffer": 8}, engine_logit_noise=0.5)
+    cfg = run_config(exp, tmp_path, driver_only=True, preset=preset_for(exp))
+    assert (cfg.loss, cfg.correction, cfg.std_normalize, cfg.engine_logit_noise) == ("cispo", "icepop", False, 0.5)
+    assert cfg.overlong == {"max_tokens": 48, "buffer": 8, "penalty": 1.0}
+    exp.trainer = {"correction": "tis"}
+    with pytest.raises(ExperimentError, match="trainer.correction: set by the experiment's correction"):
+        run_config(exp, tmp_path, driver_only=True, preset=preset_for(exp))
+    with pytest.raises(ExperimentError, match="correction"):
+        load_experiment(EXAMPLES / "arith.yaml", correction="icepops")
+    with pytest.raises(ExperimentError, match="overlong.*buffer: 60 is more than max_tokens 48"):
+        load_experiment(EXAMPLES / "arith.yaml", overlong={"max_tokens": 48, "buffer": 60})
+    demo = demo_experiment(loss="gspo", correction="seq_mask_geo", std_normalize=False)  # polarstream demo's flags
+    assert (demo.loss, demo.correction, demo.std_normalize) == ("gspo", "seq_mask_geo", False)

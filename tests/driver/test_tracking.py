@@ -50,7 +50,7 @@ def test_steps_and_evals_reach_tensorboard_and_wandb_on_the_policy_version_axis(
     tracker = Tracker(tmp_path, "run-1", {"project": "p", "entity": None, "mode": "offline"}, {"seed": 3})
     tracker.eval(0, {"pass@1": 0.25, "pass@4": 0.5, "avg@4": 0.25})
     tracker.step(1, 0.5, 4, 1, 0, 2)
-    tracker.step(2, 0.75, 4, 2, 0, 1)
+    tracker.step(2, 0.75, 4, 2, 0, 1, {"mismatch_k3": 2e-3, "corrected_frac": None})  # the trainer's mismatch figures
     tracker.eval(2, {"pass@1": 0.75, "pass@4": 1.0, "avg@4": 0.75})
     tracker.close()
 
@@ -59,6 +59,8 @@ def test_steps_and_evals_reach_tensorboard_and_wandb_on_the_policy_version_axis(
     assert [(e.step, e.value) for e in tb.Scalars("eval/pass@1")] == [(0, 0.25), (2, 0.75)]
     assert [(e.step, e.value) for e in tb.Scalars("driver/reward")] == [(1, 0.5), (2, 0.75)]
     assert [e.value for e in tb.Scalars("driver/replaced")] == [2, 1]
+    assert [(e.step, round(e.value, 6)) for e in tb.Scalars("driver/mismatch_k3")] == [(2, 2e-3)]
+    assert "driver/corrected_frac" not in tb.Tags()["scalars"]  # None: the trainer gave none
 
     # wandb's service process writes the offline run file, and under load its last records land a little
     # after finish() returns (2 runs in 5 on a busy 2-core machine read an empty history): wait for them

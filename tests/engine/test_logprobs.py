@@ -70,3 +70,20 @@ def test_raw_logprobs_mode(tiny_model_dir, reference):
     want = torch.log_softmax(forward_logits(reference, choice["prompt_token_ids"], ids), dim=-1)
     want = want.gather(1, torch.tensor(ids)[:, None])[:, 0]
     assert (torch.tensor(choice["logprobs"]["token_logprobs"]) - want).abs().max() <= 1e-4
+
+
+def test_logit_noise_makes_the_engine_report_the_perturbed_policy(tiny_model_dir, reference):
+    """--logit-noise: the engine samples from, and reports logprobs of, logits + N(0, sigma^2); against the
+    unperturbed model (the trainer's view) its logprobs then differ by far more than the 1e-4 above."""
+    server = start_engine_server(tiny_model_dir, logit_noise=1.0)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 16, "temperature": 1.0, "seed": 7,
+                                                "logprobs": 0, "return_token_ids": True})
+        (choice,) = r.json()["choices"]
+    finally:
+        server.stop()
+    ids = choice["token_ids"]
+    want = torch.log_softmax(forward_logits(reference, choice["prompt_token_ids"], ids), dim=-1)
+    want = want.gather(1, torch.tensor(ids)[:, None])[:, 0]
+    assert (torch.tensor(choice["logprobs"]["token_logprobs"]) - want).abs().max() > 0.05

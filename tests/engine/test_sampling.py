@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from engine.sampling import draw, process, top_logprobs, truncate
+from engine.sampling import draw, perturb, process, top_logprobs, truncate
 
 
 def test_top_k_keeps_exactly_k_best():
@@ -70,3 +70,12 @@ def test_top_logprobs_engine_order_and_dedup():
     assert [t for t, _ in rows[0]] == [3, 0, 2]
     assert math.isclose(rows[0][0][1], float(lp[0, 3]))
     assert top_logprobs(lp, torch.tensor([1]), [0]) == [[(1, float(lp[0, 1]))]]
+
+
+def test_perturb_adds_seeded_gaussian_noise_and_sigma_0_is_off():
+    logits = torch.zeros(4, 5000)
+    assert perturb(logits, 0.0) is logits
+    a = perturb(logits, 0.5, torch.Generator().manual_seed(1))
+    b = perturb(logits, 0.5, torch.Generator().manual_seed(1))
+    assert torch.equal(a, b) and a.dtype == torch.float32
+    assert abs(float(a.std()) - 0.5) < 0.01 and abs(float(a.mean())) < 0.01

@@ -115,3 +115,23 @@ def test_state_round_trips_through_json():
     state = new_group(traj(0, 0.0), now=3.0, partition=2)
     add_member(state, traj(0, 1.0))
     assert GroupState.from_json(state.to_json()) == state
+
+
+def test_overlong_shaping_enters_the_advantages_and_trajectories_keep_their_reward():
+    """DAPO's soft overlong punishment on each trajectory's sampled tokens (L_max 3, L_cache 2): 1 token: 0; 2: -0.5;
+    4: -1. Rewards 1, 1, 1 become 1, 0.5, 0: advantages by hand with no_std (r - mean)."""
+    def sized(i, sampled):
+        t = traj(i, 1.0)
+        n = sampled + 1
+        return t.model_copy(update={"traces": [Trace(call_indices=[0], token_ids=[1] * n, loss_mask=[0] + [1] * sampled,
+                                                     logprobs=[0.0] * n, policy_versions=[3])]})
+
+    members = [sized(0, 1), sized(1, 2), sized(2, 4)]
+    cfg = StreamsConfig(advantage="no_std", overlong_max_tokens=3, overlong_buffer=2)
+    group = build_group("g", members, cfg)
+    assert group.advantages == pytest.approx([0.5, 0.0, -0.5])
+    assert [t.reward for t in group.trajectories] == [1.0, 1.0, 1.0]  # the evaluator's, as recorded
+    assert build_group("g", members, StreamsConfig(advantage="no_std")).zero_variance  # off: all rewards 1
+    assert group.event_id != build_group("g", members, StreamsConfig(advantage="no_std")).event_id
+    with pytest.raises(ValueError, match="overlong_buffer"):
+        StreamsConfig(overlong_max_tokens=3, overlong_buffer=5)

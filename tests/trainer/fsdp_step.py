@@ -23,7 +23,23 @@ from trainer.step import accumulate_gradients, loss_config  # noqa: E402
 
 # The trainer's settings for these steps (micro-batches of 64 tokens: several per rank)
 CFG = TrainConfig(clip_low=0.2, clip_high=0.28, tis_cap=2.0, token_budget=64, weight_decay=0.0)
-LOSS = loss_config(CFG)
+# Each loss and correction (trainer/corrections.py) on top of CFG. The random rollout logprobs here are far from
+# the tiny model's (log rho in about [-9, -6], median -7.2), so the bands are set to mask about half the tokens
+# (icepop) or sequences (seq_mask_geo); gspo and cispo run with CFG's TIS, whose ratio is the trainer's own (1),
+# inside GSPO's clip.
+VARIANTS = {
+    "ppo_clip": {},
+    "gspo": {"loss": "gspo"},
+    "cispo": {"loss": "cispo"},
+    "icepop": {"correction": "icepop", "icepop_low": 7.5e-4, "icepop_high": 1.0},
+    "seq_mask_geo": {"correction": "seq_mask_geo", "seq_mask_low": 7.5e-4, "seq_mask_high": 1.0},
+}
+
+
+def loss_of(variant: str):
+    from dataclasses import replace
+
+    return loss_config(replace(CFG, **VARIANTS[variant]))
 
 
 def samples(builder: str, loss_norm: str, vocab: int, seed: int = 0) -> list:
@@ -53,12 +69,15 @@ def micro_batches(all_samples: list, world: int = 1, rank: int = 0) -> list:
     return shard(pack(all_samples, CFG.token_budget), world, rank)
 
 
-CASES = (("per_request", "token_mean"), ("prefix_merging", "token_mean"), ("per_request", "seq_mean"))
+CASES = (("per_request", "token_mean", "ppo_clip"), ("prefix_merging", "token_mean", "ppo_clip"),
+         ("per_request", "seq_mean", "ppo_clip"), ("per_request", "seq_mean", "gspo"),
+         ("prefix_merging", "token_mean", "cispo"), ("per_request", "token_mean", "icepop"),
+         ("prefix_merging", "seq_mean", "seq_mask_geo"))
 
 
-def step(model, micro, device) -> tuple[dict, float, dict]:
+def step(model, micro, device, variant: str = "ppo_clip") -> tuple[dict, float, dict]:
     """Gradients of one step over ``micro`` (this rank's share), the norm over all ranks, the stat sums."""
-    sums = accumulate_gradients(model, micro, LOSS, 1.0, None, device, None, grad_scale=1.0)
+    sums = accumulate_gradients(model, micro, loss_of(variant), 1.0, None, device, None, grad_scale=1.0)
     from trainer.parallel import clip_grad_norm_
 
     norm = clip_grad_norm_(model.parameters(), 1e9)
@@ -79,13 +98,13 @@ def main(model_dir: str, out: str) -> None:
     model = build_model(model_dir, placement, torch.float32, "auto")
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
     results = {}
-    for builder, loss_norm in CASES:
+    for builder, loss_norm, variant in CASES:
         mine = micro_batches(samples(builder, loss_norm, vocab), placement.world, placement.rank)
-        grads, norm, sums = step(model, mine, placement.device)
+        grads, norm, sums = step(model, mine, placement.device, variant)
         keys = sorted(sums)
         total = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
         dist.all_reduce(total)
-        results[f"{builder}/{loss_norm}"] = {"grads": grads, "norm": norm, "sums": dict(zip(keys, total.tolist())),
+        results[f"{builder}/{loss_norm}/{variant}"] = {"grads": grads, "norm": norm, "sums": dict(zip(keys, total.tolist())),
                                              "strategy": placement.strategy}
     # one update, then the export: the trained weights as an HF directory, and the logits they give here
     from dataclasses import replace

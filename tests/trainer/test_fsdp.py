@@ -1,6 +1,6 @@
 """FSDP2 on 2 CPU ranks (gloo) takes the same step as one process on the same samples: every parameter's
 gradient, the gradient norm and the loss sums agree to 1e-5 in fp32, for per-request and prefix-merged
-traces and for seq_mean, on the tiny model, whose head is tied to its embedding. After an update the
+traces and for seq_mean, for each loss and correction (issue 65), on the tiny model, whose head is tied to its embedding. After an update the
 ranks export the weights (each writes its own shard file): transformers and our engine load the
 directory and give the trained model's logits (issue 50)."""
 
@@ -31,8 +31,8 @@ def sharded(tmp_path_factory):
     return torch.load(out, weights_only=False)
 
 
-@pytest.mark.parametrize("builder, loss_norm", CASES)
-def test_a_sharded_step_equals_one_process(sharded, builder, loss_norm):
+@pytest.mark.parametrize("builder, loss_norm, variant", CASES)
+def test_a_sharded_step_equals_one_process(sharded, builder, loss_norm, variant):
     from transformers import AutoConfig
 
     from trainer.attention import load_model
@@ -41,16 +41,18 @@ def test_a_sharded_step_equals_one_process(sharded, builder, loss_norm):
     assert AutoConfig.from_pretrained(model_dir).tie_word_embeddings  # the case FSDP2 setups get wrong
     model = load_model(model_dir, torch.float32, "auto").train()
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-    grads, norm, sums = step(model, micro_batches(samples(builder, loss_norm, vocab)), "cpu")
-    got = sharded[f"{builder}/{loss_norm}"]
+    grads, norm, sums = step(model, micro_batches(samples(builder, loss_norm, vocab)), "cpu", variant)
+    got = sharded[f"{builder}/{loss_norm}/{variant}"]
     assert got["strategy"] == "fsdp"
     assert set(got["grads"]) == set(grads)
     # each parameter's gradient to 1e-5, relative to its own size (a layer averaged over ranks is off by 0.5)
     worst = max(((got["grads"][n] - g).norm() / g.norm().clamp_min(1e-12)).item() for n, g in grads.items())
     assert worst <= 1e-5, f"largest relative gradient difference {worst:.2e}"
     assert got["norm"] == pytest.approx(norm, rel=1e-5) and norm > 0
-    for key in ("loss", "tokens"):
+    for key in ("loss", "tokens", "corrected"):
         assert got["sums"][key] == pytest.approx(sums[key], abs=1e-5, rel=1e-6), key
+    if variant in ("icepop", "seq_mask_geo"):  # the band masks some tokens, not all: the case tests the mask
+        assert 0 < sums["corrected"] < sums["tokens"], sums
 
 
 def _export_dir(sharded) -> Path:

@@ -73,3 +73,17 @@ def test_off_loopback_every_page_needs_the_admin_token_and_a_link_token_becomes_
     r = client.get("/r/0/group/g?token=s3cret", follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"].endswith("/r/0/group/g")  # the token leaves the URL
     assert client.get("/r/0/group/g").status_code == 200  # the cookie carries it now
+
+
+def test_run_section_shows_the_trainers_mismatch_per_policy_version():
+    from polarstream.viewer.index import RunIndex
+    from schemas import PolicyVersion
+
+    run = RunIndex("p")
+    for v, kl in ((1, 1e-6), (2, 3e-2)):
+        run.policies[v] = PolicyVersion(model="m", version=v, checkpoint_url="file:///x", step=v, metrics={
+            "entropy": 0.5, "reward_mean": 0.5, "mismatch_k3": kl, "mismatch_ratio_max": 7.5,
+            "mismatch_ratio_p99": 1.9, "corrected_frac": 0.05})
+    html = pages._run_section(0, run)
+    assert "rollout/trainer mismatch, k3 KL per trained token (last 3.00e-02; ratio max 7.50, p99 1.900, corrected 5.0%)" in html
+    assert "mismatch over time: 2 steps" in html

@@ -1,0 +1,171 @@
+"""Off-policy losses and corrections on the in-process demo loop (issue 65): does each learn, and does a
+correction keep learning where an engine/trainer mismatch degrades plain PPO?
+
+    .venv/bin/python bench/offpolicy.py [--runs NAME[:SEED],...] [--seeds 0,1] [--steps 20] [--noise SIGMA]
+                                        [--jobs 2] [--out DIR]
+
+Every run is ``polarstream.demo.learning.rl_run`` as tests/demo/test_learning.py runs it (its cached warm
+start, every problem every step, lr 1.2e-3, 8 samples, one torch thread per run), with one setting
+changed. ``--noise`` is the sampler's ``logit_noise`` (the engine's ``--logit-noise``) for the runs
+named ``noisy_*``: the sampler samples from, and reports logprobs of, logits + N(0, sigma^2).
+A run learns when its last-4 mean reward is at least its first-4 mean + 0.2 (the test's bar); its worst
+fall is the largest drop of the step reward below its best so far. Prints one
+JSON object (every run's rewards and per-step mismatch metrics); writes it and a plot (reward and
+mismatch k3 per step) to ``--out``. Not part of ``make bench`` (a full run is ~20-40 min of 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# name -> LearningConfig overrides; noisy_* also get logit_noise = --noise
+RUNS = {
+    "ppo_clip": {},
+    "gspo": {"loss": "gspo", "loss_norm": "seq_mean"},  # the paper's per-sequence mean
+    "gspo_token_mean": {"loss": "gspo"},
+    "cispo": {"loss": "cispo"},
+    "icepop": {"correction": "icepop"},
+    "seq_mask_geo": {"correction": "seq_mask_geo"},
+    "no_std": {"std_normalize": False},
+    "noisy_ppo_clip": {},
+    "noisy_icepop": {"correction": "icepop"},
+    "noisy_seq_mask_geo": {"correction": "seq_mask_geo"},
+    "noisy_tis": {"correction": "tis", "trainer": {"tis_cap": 2.0}},
+}
+BAR = 0.2
+KEEP = ("mismatch_k3", "mismatch_ratio_max", "mismatch_ratio_p99", "corrected_frac", "clip_frac",
+        "would_icepop_frac", "would_seq_mask_geo_frac")
+
+
+def learned(rewards: list[float]) -> bool:
+    return sum(rewards[-4:]) / 4 >= sum(rewards[:4]) / 4 + BAR
+
+
+def one(name: str, seed: int, steps: int, noise: float) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    from gateway.harnesses.builtin import SYSTEM, TOOLS
+    from polarstream.demo.learning import LearningConfig, rl_run
+    from tests.demo.test_learning import PROBLEMS, WARM_HALF_TOOL, _warm
+
+    settings = dict(RUNS[name])
+    if name.startswith("noisy_"):
+        settings["logit_noise"] = noise
+    cfg = LearningConfig(steps=steps, samples=8, lr=1.2e-3, seed=seed, all_problems=True, **settings)
+    t0 = time.time()
+    log, _ = rl_run(_warm(WARM_HALF_TOOL), PROBLEMS, cfg, system=SYSTEM, tools=TOOLS)
+    rewards = [round(r, 4) for r in log.rewards]
+    return {"run": name, "seed": seed, "settings": settings, "rewards": rewards, "learned": learned(rewards),
+            "seconds": round(time.time() - t0, 1),
+            "mismatch": {k: [round(s.mismatch.get(k, 0.0), 6) for s in log.steps] for k in KEEP}}
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(16, 4.5))
+    for ax in (ax0, ax1, ax2):
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)
+    for r in results:
+        style = "-" if r["seed"] == 0 else "--"
+        noisy = r["run"].startswith("noisy_")
+        noise = f" σ{r['noise']:g}" if noisy and "noise" in r else ""
+        line, = (ax1 if noisy else ax0).plot(r["rewards"], style, label=f"{r['run']}{noise} s{r['seed']}")
+        if noisy:
+            ax2.plot(r["mismatch"]["mismatch_k3"], style, color=line.get_color())
+    ax0.set(xlabel="step", ylabel="mean reward", title="reward, engine = trainer", ylim=(0, 1))
+    ax1.set(xlabel="step", ylabel="mean reward", title="reward, sampler logit noise σ", ylim=(0, 1))
+    ax2.set(xlabel="step", ylabel="k3 KL(rollout || trainer) per token", title="mismatch (noisy runs)")
+    ax2.set_yscale("log")
+    ax0.legend(fontsize=7)
+    ax1.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def drawdown(rewards: list[float]) -> float:
+    """The largest fall of the step reward below its best so far (peak to trough)."""
+    return max(max(rewards[:i + 1]) - r for i, r in enumerate(rewards))
+
+
+def table(results: list[dict]) -> str:
+    """Markdown: one row per run, reward first-4 / last-4 means, learned, and the mismatch over the run."""
+    rows = ["| run | noise σ | seed | reward first 4 → last 4 | learned | worst fall | mismatch k3 (mean) | "
+            "ratio p99 (mean) | ratio max (max) | corrected (mean) |", "|---|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    for r in results:
+        m, rw = r["mismatch"], r["rewards"]
+        rows.append(f"| {r['run']} | {r.get('noise', 0) if r['run'].startswith('noisy_') else 0} | {r['seed']} | "
+                    f"{mean(rw[:4]):.2f} → {mean(rw[-4:]):.2f} | {'yes' if r['learned'] else '**no**'} | "
+                    f"{drawdown(rw):.2f} | "
+                    f"{mean(m['mismatch_k3']):.2g} | {mean(m['mismatch_ratio_p99']):.3f} | "
+                    f"{max(m['mismatch_ratio_max']):.3g} | {mean(m['corrected_frac']):.3f} |")
+    return "\n".join(rows)
+
+
+def merged(dirs: list[Path]) -> list[dict]:
+    """Every run recorded in ``DIR/runs.jsonl`` of ``dirs`` (a later one replaces an earlier same run, noise, seed)."""
+    runs: dict = {}
+    for d in dirs:
+        for line in (d / "runs.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            runs[(r["run"], r["noise"] if r["run"].startswith("noisy_") else 0, r["seed"])] = r
+    return sorted(runs.values(), key=lambda r: (list(RUNS).index(r["run"]), r["noise"], r["seed"]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", default=",".join(RUNS))
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--noise", type=float, default=1.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/offpolicy"))
+    ap.add_argument("--merge", type=Path, nargs="*", help="run nothing: the table, JSON and plot of these --out folders")
+    args = ap.parse_args()
+    if args.merge:
+        results = merged(args.merge)
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot(results, args.out / "offpolicy.png")
+        print(table(results), file=sys.stderr)
+        print(json.dumps({"bar": BAR, "runs": results}))
+        return
+    todo = []
+    for item in (n for n in args.runs.split(",") if n):  # NAME (every --seeds) or NAME:SEED
+        name, _, seed = item.partition(":")
+        if name not in RUNS:
+            ap.error(f"--runs: unknown {name}; known: {', '.join(RUNS)}")
+        todo += [(name, int(s), args.steps, args.noise) for s in (seed.split() or args.seeds.split(","))]
+    t0, load0 = time.time(), os.getloadavg()[0]
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    with ProcessPoolExecutor(args.jobs) as pool, open(args.out / "runs.jsonl", "a") as partial:
+        for fut in as_completed([pool.submit(one, *t) for t in todo]):  # each run kept as it ends
+            results.append(fut.result())
+            partial.write(json.dumps({"noise": args.noise, "steps": args.steps, **results[-1]}) + "\n")
+            partial.flush()
+    results.sort(key=lambda r: (list(RUNS).index(r["run"]), r["seed"]))
+    for r in results:
+        r["noise"] = args.noise
+    print(table(results), file=sys.stderr)
+    out = {"noise": args.noise, "steps": args.steps, "bar": BAR, "seconds": round(time.time() - t0, 1),
+           "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)], "runs": results}
+    (args.out / "offpolicy.json").write_text(json.dumps(out, indent=1))
+    plot(results, args.out / "offpolicy.png")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
