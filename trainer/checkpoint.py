@@ -59,6 +59,10 @@ def weights_dir(root: str, version: int) -> str:
     return f"{root.rstrip('/')}/weights/v{version:08d}"
 
 
+def adapters_dir(root: str, version: int) -> str:
+    return f"{root.rstrip('/')}/adapters/v{version:08d}"
+
+
 def save_checkpoint(
     root: str,
     step: int,
@@ -68,12 +72,15 @@ def save_checkpoint(
     config: dict[str, Any] | None,
     model_dir: str | Path,
     settings: Settings,
+    adapter: dict[str, Any] | None = None,
 ) -> str:
     """Write a full checkpoint for ``step`` under ``root``; returns its URL once the manifest is in. Every
-    rank calls it (each writes its shards); ``state`` and ``config`` are rank 0's."""
+    rank calls it (each writes its shards); ``state`` and ``config`` are rank 0's. ``adapter``: a LoRA
+    run's adapter_config.json content; the checkpoint then holds the adapter in PEFT's layout instead of
+    the weights, and its train state the adapter and its AdamW moments (the base is ``model_dir``'s)."""
     url = step_dir(root, step)
     _start(url, settings)
-    files = export_hf(model, url, model_dir, settings)
+    files = _write_adapter(url, model, adapter, settings) if adapter else export_hf(model, url, model_dir, settings)
     train_state.save(f"{url}/{train_state.DIR}", model, optimizer, settings)
     if _rank() == 0:
         files.update(_listed(url, train_state.DIR, settings))
@@ -96,6 +103,25 @@ def export_weights(
         _finish(url, files, settings, {"kind": "weights", **meta})
     _barrier()
     return url
+
+
+def export_adapter(url: str, model: torch.nn.Module, adapter: dict[str, Any], settings: Settings,
+                   meta: dict[str, Any]) -> str:
+    """Write a LoRA model's adapter in PEFT's layout to ``url``, manifest last; returns ``url``. Every rank
+    calls it (the adapter is gathered: a collective); rank 0 writes."""
+    _start(url, settings)
+    files = _write_adapter(url, model, adapter, settings)
+    if _rank() == 0:
+        _finish(url, files, settings, {"kind": "adapter", **meta})
+    _barrier()
+    return url
+
+
+def _write_adapter(url: str, model: torch.nn.Module, adapter: dict[str, Any], settings: Settings) -> dict[str, int]:
+    from .lora import adapter_state_dict, write_adapter
+
+    state = adapter_state_dict(model)  # every rank: a gather per tensor under FSDP2
+    return write_adapter(url, state, adapter, settings) if _rank() == 0 else {}
 
 
 # safetensors' dtype codes (its format spec), for the exports written from broadcast buffers
@@ -272,12 +298,15 @@ def newest_export(root: str, settings: Settings) -> int:
     Complete or not: every version published between checkpoints was exported first, and pruning keeps
     the newest exports, so a restarted trainer that continues above this never reuses a published version.
     """
-    fs, path = filesystem(f"{root.rstrip('/')}/weights", settings)
-    fs.invalidate_cache()
-    if not fs.exists(path):
-        return 0
-    names = (e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(path, detail=False))
-    return max((int(n[1:]) for n in names if n.startswith("v") and n[1:].isdigit()), default=0)
+    newest = 0
+    for kind in ("weights", "adapters"):  # a LoRA run exports adapters
+        fs, path = filesystem(f"{root.rstrip('/')}/{kind}", settings)
+        fs.invalidate_cache()
+        if not fs.exists(path):
+            continue
+        names = (e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(path, detail=False))
+        newest = max(newest, max((int(n[1:]) for n in names if n.startswith("v") and n[1:].isdigit()), default=0))
+    return newest
 
 
 def _read_manifest(fs, dir_path: str) -> dict[str, Any] | None:
@@ -357,7 +386,7 @@ def prune(root: str, keep: int, settings: Settings) -> list[str]:
     fs, path = filesystem(root, settings)
     fs.invalidate_cache()
     deleted = []
-    for parent, prefix in ((path, "step-"), (f"{path}/weights", "v")):
+    for parent, prefix in ((path, "step-"), (f"{path}/weights", "v"), (f"{path}/adapters", "v")):
         if not fs.exists(parent):
             continue
         entries = (e.rstrip("/") for e in fs.ls(parent, detail=False))

@@ -33,6 +33,8 @@ class Engine(Protocol):
     def load(self, url: str, version: int) -> None: ...
     def resume(self) -> None: ...
     def served_version(self) -> int | None: ...
+    def load_adapter(self, name: str, url: str) -> None: ...
+    def unload_adapter(self, name: str) -> None: ...
 
 
 def _post(client: httpx.Client, base: str, path: str, **kw) -> httpx.Response:
@@ -63,6 +65,13 @@ class _HttpEngine:
 
     def resume(self) -> None:
         self._call("/resume")
+
+    def load_adapter(self, name: str, url: str) -> None:
+        """vLLM's runtime LoRA route: serve the adapter at ``url`` (PEFT layout) as model ``name``."""
+        self._call("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": _adapter_path(url)})
+
+    def unload_adapter(self, name: str) -> None:
+        self._call("/v1/unload_lora_adapter", json={"lora_name": name})
 
 
 @dataclass
@@ -98,6 +107,12 @@ class VllmEngine(_HttpEngine):
         return None  # not read back here: a resumed trainer always hands vLLM its weights again
 
 
+def _adapter_path(url: str) -> str:
+    """What ``lora_path`` takes: a directory the engine can read (file:// becomes its path; vLLM reads local
+    directories only, our engine also s3:// URLs)."""
+    return url.removeprefix("file://")
+
+
 def engine_from_spec(spec: str) -> Engine:
     """``polar=http://host:port`` or ``vllm=http://host:port``."""
     kind, _, url = spec.partition("=")
@@ -125,8 +140,9 @@ class Gateway:
         self._post("/admin/pause", params={"timeout_s": self.drain_timeout_s,
                                            "deadline_s": self.drain_timeout_s + self.swap_budget_s})
 
-    def stamp(self, version: int) -> None:
-        self._post("/admin/policy_version", json={"version": version})
+    def stamp(self, version: int, lora_name: str | None = None) -> None:
+        """Stamp ``version`` on later calls; ``lora_name``: and send them to that adapter (a LoRA run)."""
+        self._post("/admin/policy_version", json={"version": version, **({"lora_name": lora_name} if lora_name else {})})
 
     def resume(self) -> None:
         self._post("/admin/resume")
@@ -173,3 +189,30 @@ def sync_weights(engines: list[Engine], url: str, version: int, gateway: Gateway
                 errors.append(str(err))
         if errors:
             raise WeightSyncError("; ".join(errors))
+
+
+def sync_adapter(engines: list[Engine], url: str, version: int, name: str, gateway: Gateway | None = None,
+                 previous: str | None = None) -> list[str]:
+    """A LoRA run's sync: every engine loads the adapter at ``url`` as ``name`` beside the one it serves
+    (no engine pauses), the gateway drains its calls, is stamped with ``version`` and ``name`` and resumes,
+    and only then does every engine unload ``previous``: after the drain no call uses it any more.
+
+    Raises WeightSyncError when a load or the gateway fails (the old adapter then stays, and is still
+    what the gateway routes to). An unload that fails does not fail the sync: its errors are returned.
+    """
+    for e in engines:
+        e.load_adapter(name, url)
+    if gateway is not None:
+        gateway.pause()
+        try:
+            gateway.stamp(version, lora_name=name)
+        finally:
+            gateway.resume()
+    errors = []
+    if previous and previous != name:
+        for e in engines:
+            try:
+                e.unload_adapter(previous)
+            except WeightSyncError as err:
+                errors.append(str(err))
+    return errors

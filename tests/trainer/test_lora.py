@@ -1,0 +1,177 @@
+"""LoRA (trainer/lora.py, issue 64) on the tiny model: the base stays frozen and AdamW holds state for the
+adapter only; a LoRA step on 2 FSDP2 ranks (gloo) equals one process to 1e-5; the adapter written in PEFT's
+layout loads in ``peft`` with the trainer's logits, and merged into the base gives them too; its checkpoint
+(adapter + AdamW moments, DCP) saved on 2 ranks resumes in one process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from infra.models import ensure_model
+from infra.settings import Settings
+from trainer import lora
+from trainer.config import ConfigError, TrainConfig
+
+from tests.trainer.fsdp_step import PROBE, samples
+from tests.trainer.lora_step import CFG, run
+
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+SCRIPT = Path(__file__).with_name("lora_step.py")
+
+
+def test_peft_keys_and_adapter_names():
+    assert lora.peft_key("model.layers.0.self_attn.q_proj.lora_A.default.weight") == \
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    assert lora.peft_key("model.layers.1._checkpoint_wrapped_module.mlp.up_proj.lora_B.default.weight") == \
+        "base_model.model.model.layers.1.mlp.up_proj.lora_B.weight"
+    assert lora.adapter_name("run-a", 12) == "run-a-v12"
+    with pytest.raises(ValueError, match="adapter name"):
+        lora.adapter_name("run a/b", 1)
+
+
+@pytest.mark.parametrize("overrides, key", [({"lora_rank": -1}, "lora_rank"), ({"lora_dropout": 1.0}, "lora_dropout"),
+                                            ({"lora_alpha": 0}, "lora_alpha"),
+                                            ({"lora_rank": 8, "weight_transfer": "broadcast"}, "weight_transfer")])
+def test_bad_lora_settings_fail_in_one_line(overrides, key):
+    with pytest.raises(ConfigError, match=key):
+        TrainConfig.from_overrides(overrides)
+
+
+def test_lora_settings_from_strings():
+    cfg = TrainConfig.from_overrides({"lora_rank": "8", "lora_alpha": "16", "lora_target_modules": "q_proj,v_proj"})
+    assert (cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_modules) == (8, 16, ["q_proj", "v_proj"])
+    assert lora.enabled(cfg) and not lora.enabled(TrainConfig())
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    """CFG's two LoRA steps in this process, then its checkpoint."""
+    return run(str(ensure_model("tiny")), str(tmp_path_factory.mktemp("lora1") / "one.pt"))
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """The same on 2 FSDP2 ranks (gloo)."""
+    out = tmp_path_factory.mktemp("lora2") / "two.pt"
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(ensure_model("tiny")), str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return torch.load(out, weights_only=False)
+
+
+def _model():
+    from trainer.parallel import Placement, build_model
+
+    return build_model(ensure_model("tiny"), Placement(), torch.float32, "auto", lora=CFG)
+
+
+def test_the_base_is_frozen_and_adamw_holds_the_adapter_only():
+    from trainer.attention import load_model
+    from trainer.optim import build_optimizer
+    from trainer.step import train_step
+
+    model = _model()
+    optimizer = build_optimizer(model, CFG)
+    base = {n.replace(".base_layer.", "."): p.detach().clone() for n, p in model.named_parameters()
+            if not lora.is_adapter_param(n)}
+    adapter = {n for n, _ in lora.adapter_params(model)}
+    assert len(adapter) == 2 * 7 * 2  # A and B of the 7 projections of each of the 2 layers
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == adapter
+    out = train_step(model, optimizer, samples("per_request", "token_mean", model.config.vocab_size), CFG,
+                     reward_mean=0.0)
+    assert out.no_update is None
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    assert {by_id[id(p)] for p in optimizer.state} == adapter
+    assert all(set(s) == {"step", "exp_avg", "exp_avg_sq"} for s in optimizer.state.values())
+    start = load_model(ensure_model("tiny")).state_dict()
+    assert all(torch.equal(t, start[n]) for n, t in base.items())  # every base weight as it was
+    assert any(p.abs().max() > 0 for n, p in lora.adapter_params(model) if ".lora_B." in n)  # B moved off 0
+
+
+def test_a_lora_step_on_two_fsdp_ranks_equals_one_process(one, sharded):
+    assert sharded["strategy"] == "fsdp" and one["strategy"] == "single"
+    assert set(sharded["grads"]) == set(one["grads"]) and one["norm"] > 0
+    worst = max(((sharded["grads"][k] - g).norm() / g.norm().clamp_min(1e-12)).item() for k, g in one["grads"].items()
+                if g.norm() > 0)
+    assert worst <= 1e-5, f"largest relative gradient difference {worst:.2e}"
+    assert sharded["norm"] == pytest.approx(one["norm"], rel=1e-5)
+    assert set(sharded["adapter"]) == set(one["adapter"])
+    moved = max(a.abs().max().item() for k, a in one["adapter"].items() if ".lora_B." in k)
+    assert moved > 1e-4  # two steps at lr 1e-3 moved B away from 0
+    assert max((sharded["adapter"][k] - a).abs().max().item() for k, a in one["adapter"].items()) <= 1e-5
+
+
+def _logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([PROBE])).logits
+
+
+def test_peft_loads_the_written_adapter_with_the_trainers_logits(tmp_path):
+    from peft import PeftModel, get_peft_model, get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from trainer.optim import build_optimizer
+    from trainer.step import train_step
+
+    model = _model()
+    train_step(model, build_optimizer(model, CFG), samples("per_request", "token_mean", model.config.vocab_size), CFG,
+               reward_mean=0.0)
+    model.eval()
+    state = lora.adapter_state_dict(model)
+    # the keys peft itself saves for this config
+    assert set(state) == set(get_peft_model_state_dict(get_peft_model(
+        AutoModelForCausalLM.from_pretrained(ensure_model("tiny")), lora.lora_config(CFG))))
+    files = lora.write_adapter(tmp_path / "adapter", state, lora.adapter_config(CFG, ensure_model("tiny")))
+    assert set(files) == {"adapter_config.json", "adapter_model.safetensors"}
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["task_type"], config["r"], config["lora_alpha"]) == ("LORA", "CAUSAL_LM", 4, 8)
+    base = AutoModelForCausalLM.from_pretrained(ensure_model("tiny")).eval()
+    before = _logits(base)
+    loaded = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    expected = _logits(model)
+    assert (_logits(loaded) - expected).abs().max().item() <= 1e-5
+    assert (before - expected).abs().max().item() > 1e-4  # the adapter changes the logits
+    # merged into the base (what `polarstream export --merge` writes), saved and read back in HF layout
+    merged = lora.merge(ensure_model("tiny"), tmp_path / "adapter")
+    merged.save_pretrained(tmp_path / "merged")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert not any(".lora_" in k or "base_layer" in k for k in again.state_dict())
+    assert (_logits(again) - expected).abs().max().item() <= 1e-5
+
+
+def test_a_checkpoint_saved_on_two_ranks_resumes_in_one_process(one, sharded):
+    from trainer import checkpoint
+    from trainer.optim import build_optimizer
+
+    settings = Settings()
+    root = sharded["checkpoint"].rsplit("/", 1)[0]
+    info = checkpoint.latest(root, settings)
+    assert info is not None and info.url == sharded["checkpoint"] and checkpoint.has_train_state(info)
+    files = info.manifest["files"]
+    assert "adapter_model.safetensors" in files and not any(f.startswith("model") for f in files)
+    # the train state is the adapter and its moments, not the base (the tiny model's weights are ~5 MB)
+    assert sum(v for k, v in files.items() if k.startswith("train_state/")) < 1_000_000
+    model = _model()
+    optimizer = build_optimizer(model, CFG)
+    checkpoint.load_train_state(info, model, optimizer, settings)
+    got = lora.adapter_state_dict(model)
+    assert max((got[k] - a).abs().max().item() for k, a in sharded["adapter"].items()) == 0
+    # AdamW's moments and step count came back too: the one-process run's, to 1e-5
+    reference = _model()
+    ref_opt = build_optimizer(reference, CFG)
+    checkpoint.load_train_state(checkpoint.latest(one["checkpoint"].rsplit("/", 1)[0], settings), reference, ref_opt,
+                                settings)
+    names = {id(p): n for n, p in model.named_parameters()}
+    ref_names = {n: p for n, p in reference.named_parameters()}
+    assert len(optimizer.state) == len(lora.adapter_params(model))
+    for p, s in optimizer.state.items():
+        r = ref_opt.state[ref_names[names[id(p)]]]
+        assert float(s["step"]) == float(r["step"]) == 2
+        assert (s["exp_avg"] - r["exp_avg"]).abs().max().item() <= 1e-5
+        assert (s["exp_avg_sq"] - r["exp_avg_sq"]).abs().max().item() <= 1e-8
