@@ -169,6 +169,8 @@ class LearningConfig:
     lr_saturation: float | None = None  # None: the trainer's default (TrainConfig.lr_saturation); 1: off
     all_problems: bool = False  # every step trains on every problem (tasks_per_step unused): a step's mean
     # reward then measures the policy, not which problems the step happened to draw
+    lora_rank: int = 0  # > 0: train a LoRA adapter of this rank on the frozen model (trainer/lora.py), not every weight
+    lora_alpha: int = 32
 
 
 @dataclass
@@ -228,7 +230,12 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: Lear
     model = load_model(model_dir, torch.float32, "auto")
     train_attn = model.config._attn_implementation
     tcfg = TrainConfig(lr=cfg.lr, weight_decay=0.0, loss_norm=cfg.loss_norm, temperature=cfg.temperature,
+                       lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha, seed=cfg.seed,
                        **({} if cfg.lr_saturation is None else {"lr_saturation": cfg.lr_saturation}))
+    if cfg.lora_rank:  # the trainer's LoRA: peft's layers on the frozen model, the adapter seeded
+        from trainer.lora import apply_lora, init_adapter
+
+        init_adapter(apply_lora(model, tcfg), tcfg.seed)
     optimizer = build_optimizer(model, tcfg)
     log = RunLog()
     prompt_of, score = task_io(tok, system, tools, shape)

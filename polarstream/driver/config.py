@@ -55,6 +55,7 @@ class RunConfig:
     # --driver-only: the components run elsewhere; {"rollout": URL, "engine": URL} is all the driver needs
     attach: dict[str, str] = field(default_factory=dict)
     trainer_settings: dict[str, str] = field(default_factory=dict)  # more trainer --set key=value (polarstream run)
+    lora: dict = field(default_factory=dict)  # the experiment's lora: {rank, alpha, dropout, target_modules}; {}: full weights
     min_completion: float = 0.5  # a group counts once this fraction of its samples is usable
     early_stop_at: float = 0.0  # > 0: cancel a group's stragglers once this fraction is usable
     zero_signal: str = "mask"  # groups without signal: mask, or replace (drop; another task in each one's place)
