@@ -123,3 +123,48 @@ def export_hf(model: torch.nn.Module, url: str, model_dir: str | Path, settings:
 def _wanted(name: str) -> bool:
     """The staging files an export uploads (not the trainer's own, which checkpoint.py writes)."""
     return name not in {"manifest.json", "trainer_state.json", "train_config.json", "optimizer.pt"}
+
+
+def export_model(url: str, out: str, settings: Settings, merge: bool = False, base: str | None = None) -> dict:
+    """``polarstream export --checkpoint URL``: the model of a checkpoint (``url``: a checkpoint directory, or a
+    root whose newest complete checkpoint is taken) to ``out`` (a directory or URL). A LoRA run's checkpoint
+    gives its adapter in PEFT's layout, or with ``merge`` the base with the adapter folded in, in HF layout
+    (peft's merge_and_unload; the base is ``base`` or the adapter's base_model_name_or_path); a full-weight
+    checkpoint its HF directory. Returns {"checkpoint", "out", "kind", "files"}; CheckpointError in one line."""
+    from . import checkpoint, lora
+
+    fs, path = filesystem(url, settings)
+    if not fs.exists(f"{path}/{checkpoint.MANIFEST}"):
+        info = checkpoint.latest(url, settings)
+        if info is None:
+            raise checkpoint.CheckpointError(f"{url}: neither a complete checkpoint nor a root holding one")
+        url = info.url
+    out_fs, out_path = filesystem(out, settings)
+    with tempfile.TemporaryDirectory(prefix="polar-export-model-") as tmp:
+        local = checkpoint.download(url, Path(tmp) / "ckpt", settings)
+        adapter = (local / lora.WEIGHTS_FILE).is_file()
+        if merge and not adapter:
+            raise checkpoint.CheckpointError(f"{url}: --merge: a full-weight checkpoint has no adapter to merge")
+        if merge:
+            base_dir = base or json.loads((local / lora.CONFIG_FILE).read_text())["base_model_name_or_path"]
+            if not (Path(base_dir) / "config.json").is_file():
+                raise checkpoint.CheckpointError(f"--merge: base model {base_dir!r} is not a local model directory "
+                                                 "(give --base DIR)")
+            staging = Path(tmp) / "merged"
+            lora.merge(base_dir, local).save_pretrained(staging)
+            for f in Path(base_dir).iterdir():  # the tokenizer and chat template, as every export carries them
+                if f.is_file() and f.name not in NOT_COPIED and not f.name.endswith(WEIGHT_SUFFIXES) \
+                        and not (staging / f.name).exists():
+                    shutil.copy2(f, staging / f.name)
+            kind = "merged"
+        else:
+            staging, kind = local, "adapter" if adapter else "weights"
+        keep = (lambda n: n in (lora.CONFIG_FILE, lora.WEIGHTS_FILE)) if kind == "adapter" else \
+            (lambda n: _wanted(n) and n not in (checkpoint.STATE, checkpoint.CONFIG))
+        out_fs.makedirs(out_path, exist_ok=True)
+        files = {}
+        for f in sorted(staging.iterdir()):
+            if f.is_file() and keep(f.name):
+                out_fs.put_file(str(f), f"{out_path}/{f.name}")
+                files[f.name] = f.stat().st_size
+    return {"checkpoint": url, "out": out, "kind": kind, "files": files}

@@ -175,3 +175,28 @@ def test_a_checkpoint_saved_on_two_ranks_resumes_in_one_process(one, sharded):
         assert float(s["step"]) == float(r["step"]) == 2
         assert (s["exp_avg"] - r["exp_avg"]).abs().max().item() <= 1e-5
         assert (s["exp_avg_sq"] - r["exp_avg_sq"]).abs().max().item() <= 1e-8
+
+
+def test_polarstream_export_writes_the_adapter_and_with_merge_the_merged_model(one, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    from typer.testing import CliRunner
+
+    from polarstream.cli import app
+
+    root = one["checkpoint"].rsplit("/", 1)[0]
+    r = CliRunner().invoke(app, ["export", "--checkpoint", root, "--out", str(tmp_path / "adapter")])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["kind"] == "adapter"
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    base = AutoModelForCausalLM.from_pretrained(ensure_model("tiny")).eval()
+    before = _logits(base)  # from_pretrained injects the adapter into base itself
+    expected = _logits(PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval())
+    r = CliRunner().invoke(app, ["export", "--checkpoint", one["checkpoint"], "--out", str(tmp_path / "merged"), "--merge"])
+    assert r.exit_code == 0, r.output
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (tmp_path / "merged").iterdir()}
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert (_logits(merged) - expected).abs().max().item() <= 1e-5
+    assert (before - expected).abs().max().item() > 1e-4
+    r = CliRunner().invoke(app, ["export", "--checkpoint", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")])
+    assert r.exit_code == 1 and "neither a complete checkpoint" in r.output and r.output.count("\n") == 1
