@@ -101,7 +101,7 @@ class Experiment(BaseModel):
                                     "max_staleness via async_level, ...)")
     lora: LoraSettings | None = Field(None, description="train a LoRA adapter on the frozen model instead of every "
                                       "weight (trainer/lora.py); the engines serve each policy version's adapter by name. "
-                                      "LoRA wants a larger lr than full fine-tuning (the demo's --lora: 16, 32, lr 5e-3)")
+                                      "LoRA wants a larger lr than full fine-tuning (the demo's --lora: 16, 32, lr 1.5e-3)")
     wandb: WandbSettings | None = Field(None, description="also log each step's reward and each eval to Weights & "
                                        "Biases (needs pip install wandb); TensorBoard always gets them, in RUN_DIR/tb")
     run_id: str = Field("", pattern=r"^[A-Za-z0-9._-]{0,120}$", description="the run's id on Kafka and in storage; "

@@ -35,5 +35,5 @@ def test_the_demos_lora_flag():
     from polarstream.demo_cli import DEMO_LORA
 
     exp = demo_experiment(**DEMO_LORA)
-    assert exp.lora is not None and (exp.lora.rank, exp.lora.alpha, exp.lr) == (16, 32, 5e-3)
+    assert exp.lora is not None and (exp.lora.rank, exp.lora.alpha, exp.lr) == (16, 32, 1.5e-3)
     assert demo_experiment().lora is None

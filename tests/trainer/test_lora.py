@@ -20,6 +20,7 @@ from trainer.config import ConfigError, TrainConfig
 
 from tests.trainer.fsdp_step import PROBE, samples
 from tests.trainer.lora_step import CFG, run
+from tests.trainer.test_weight_sync import recorder  # noqa: F401 - a fixture: an HTTP server that records calls
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 SCRIPT = Path(__file__).with_name("lora_step.py")
@@ -200,3 +201,58 @@ def test_polarstream_export_writes_the_adapter_and_with_merge_the_merged_model(o
     assert (before - expected).abs().max().item() > 1e-4
     r = CliRunner().invoke(app, ["export", "--checkpoint", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")])
     assert r.exit_code == 1 and "neither a complete checkpoint" in r.output and r.output.count("\n") == 1
+
+
+@pytest.mark.integration
+def test_the_trainer_loop_trains_checkpoints_syncs_and_resumes_an_adapter(polar_settings, recorder, tmp_path):
+    """``train`` with LoRA on the real broker and S3 server: each version's adapter in PEFT's layout under
+    <root>/adapters, loaded into the engine under <model_name>-v<version> with the gateway stamped after it and
+    the old one unloaded; killed and restarted, it resumes from the adapter checkpoint and hands it back."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.plugins.trainer import make_group, publish_groups
+    from trainer import checkpoint
+    from trainer.train import train
+
+    handler, url = recorder
+    publish_groups(polar_settings, [make_group(f"g{i}", [[30 + i, 31, 32], [40, 41 + i]], [1.0, 0.0]) for i in range(3)])
+    overrides = {"model": str(ensure_model("tiny")), "groups_per_step": 1, "max_steps": 2, "lr": 1e-2,
+                 "idle_timeout_s": 2, "poll_timeout_s": 0.2, "run_dir": str(tmp_path / "run"), "progress": False,
+                 "tensorboard": False, "engines": [f"polar={url}"], "gateway": url, "model_name": "exp1",
+                 "lora_rank": 4, "lora_alpha": 8}
+    summary = train(TrainConfig.from_overrides(overrides), polar_settings)
+    assert summary["step"] == 2
+    root = polar_settings.checkpoint_url
+    adapters = [checkpoint.adapters_dir(root, v) for v in (1, 2)]
+    calls = [(p.split("?")[0], b) for p, b in handler.calls]
+    assert [c for c in calls if "lora" in c[0] or c[0] == "/admin/policy_version"] == [
+        ("/v1/load_lora_adapter", {"lora_name": "exp1-v1", "lora_path": adapters[0]}),
+        ("/admin/policy_version", {"version": 1, "lora_name": "exp1-v1"}),
+        ("/v1/load_lora_adapter", {"lora_name": "exp1-v2", "lora_path": adapters[1]}),
+        ("/admin/policy_version", {"version": 2, "lora_name": "exp1-v2"}),
+        ("/v1/unload_lora_adapter", {"lora_name": "exp1-v1"}),
+    ]
+    assert not any(p.startswith("/update_weights") for p, _ in calls)  # the base weights never move
+    # the version-2 adapter, as peft reads it, is the checkpoint's
+    local = checkpoint.download(adapters[1], tmp_path / "v2", polar_settings)
+    assert sorted(p.name for p in local.iterdir()) == ["adapter_config.json", "adapter_model.safetensors", "manifest.json"]
+    base = AutoModelForCausalLM.from_pretrained(ensure_model("tiny")).eval()
+    before = _logits(base)
+    served = _logits(PeftModel.from_pretrained(base, str(local)).eval())
+    assert (served - before).abs().max().item() > 1e-4
+    # a restart resumes from the step-2 checkpoint (the adapter and its moments), hands the engine that
+    # adapter again, and trains step 3 on the third group
+    handler.calls.clear()
+    summary = train(TrainConfig.from_overrides({**overrides, "max_steps": 3}), polar_settings)
+    assert summary["step"] == 3
+    events = [json.loads(x) for x in (tmp_path / "run" / "train.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "start"] == [0, 2]
+    assert [e for e in events if e["event"] == "resync"] == [{"event": "resync", "step": 2, "policy_version": 2,
+                                                              "adapter": True}]
+    loads = [b["lora_name"] for p, b in handler.calls if p == "/v1/load_lora_adapter"]
+    assert loads == ["exp1-v2", "exp1-v3"]
+    resumed = checkpoint.download(checkpoint.step_dir(root, 2), tmp_path / "s2", polar_settings)
+    again = _logits(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(ensure_model("tiny")).eval(),
+                                              str(resumed)).eval())
+    assert (again - served).abs().max().item() <= 1e-6  # the checkpoint's adapter is the synced one
