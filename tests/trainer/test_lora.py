@@ -256,3 +256,22 @@ def test_the_trainer_loop_trains_checkpoints_syncs_and_resumes_an_adapter(polar_
     again = _logits(PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(ensure_model("tiny")).eval(),
                                               str(resumed)).eval())
     assert (again - served).abs().max().item() <= 1e-6  # the checkpoint's adapter is the synced one
+
+
+def test_activation_checkpointing_and_shared_prefixes_take_the_same_lora_step():
+    """Recomputed layers (non-reentrant checkpointing: the frozen embedding's output needs no grad) and a group's
+    prefix fed once (polar_varlen's prefix branches) give the plain run's adapter update."""
+    from dataclasses import replace
+
+    from trainer.optim import build_optimizer
+    from trainer.parallel import Placement, build_model
+    from trainer.step import train_step
+
+    got = []
+    for ac, share in ((False, False), (True, True)):
+        model = build_model(ensure_model("tiny"), Placement(), torch.float32, "auto", activation_checkpointing=ac, lora=CFG)
+        out = train_step(model, build_optimizer(model, CFG), samples("prefix_merging", "token_mean", 8192),
+                         replace(CFG, share_prefix=share), reward_mean=0.0)
+        got.append((out.grad_norm, lora.adapter_state_dict(model)))
+    assert got[0][0] > 0 and got[1][0] == pytest.approx(got[0][0], rel=1e-5)
+    assert max((got[1][1][k] - v).abs().max().item() for k, v in got[0][1].items()) <= 1e-6
