@@ -117,7 +117,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         transfer = (WeightTransfer(engines, cfg.weight_transfer, cfg.weight_transfer_timeout_s,
                                    cfg.weight_transfer_buffer_mb << 20, master_address=cfg.weight_transfer_address,
                                    verify=cfg.weight_transfer_verify) if broadcasting else None)
-        gateway = Gateway(cfg.gateway, settings.admin_token) if cfg.gateway else None
+        gateway = Gateway(cfg.gateway, settings.admin_token, run=settings.topic_prefix) if cfg.gateway else None
         log = RunLog(run_dir / "train.jsonl")
         log.write({"event": "start", "step": step, "policy_version": version, "world_size": world,
                    "strategy": placement.strategy,

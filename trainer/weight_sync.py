@@ -67,8 +67,10 @@ class _HttpEngine:
         self._call("/resume")
 
     def load_adapter(self, name: str, url: str) -> None:
-        """vLLM's runtime LoRA route: serve the adapter at ``url`` (PEFT layout) as model ``name``."""
-        self._call("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": _adapter_path(url)})
+        """vLLM's runtime LoRA route: serve the adapter at ``url`` (PEFT layout) as model ``name``. In place:
+        a sync retried after some engines loaded ``name``, or a resumed trainer's, loads it again, not a 400."""
+        self._call("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": _adapter_path(url),
+                                                   "load_inplace": True})
 
     def unload_adapter(self, name: str) -> None:
         self._call("/v1/unload_lora_adapter", json={"lora_name": name})
@@ -131,6 +133,7 @@ class Gateway:
     admin_token: str
     drain_timeout_s: float = 600.0
     swap_budget_s: float = 600.0  # after draining: if no resume comes by then (we died), the gateway resumes itself
+    run: str = ""  # the run's topic prefix, named in a LoRA stamp ('' : the gateway's own run)
     client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=600.0))
 
     def _post(self, path: str, **kw) -> httpx.Response:
@@ -141,8 +144,10 @@ class Gateway:
                                            "deadline_s": self.drain_timeout_s + self.swap_budget_s})
 
     def stamp(self, version: int, lora_name: str | None = None) -> None:
-        """Stamp ``version`` on later calls; ``lora_name``: and send them to that adapter (a LoRA run)."""
-        self._post("/admin/policy_version", json={"version": version, **({"lora_name": lora_name} if lora_name else {})})
+        """Stamp ``version`` on later calls (``schemas.PolicyStamp``); ``lora_name``: and send this run's calls
+        (``run``, its topic prefix: a gateway may serve several) to that adapter."""
+        extra = {"lora_name": lora_name, "run": self.run} if lora_name else {}
+        self._post("/admin/policy_version", json={"version": version, **extra})
 
     def resume(self) -> None:
         self._post("/admin/resume")

@@ -226,11 +226,12 @@ def test_the_trainer_loop_trains_checkpoints_syncs_and_resumes_an_adapter(polar_
     root = polar_settings.checkpoint_url
     adapters = [checkpoint.adapters_dir(root, v) for v in (1, 2)]
     calls = [(p.split("?")[0], b) for p, b in handler.calls]
+    run = polar_settings.topic_prefix  # the run the gateway routes to the adapter (schemas.PolicyStamp)
     assert [c for c in calls if "lora" in c[0] or c[0] == "/admin/policy_version"] == [
-        ("/v1/load_lora_adapter", {"lora_name": "exp1-v1", "lora_path": adapters[0]}),
-        ("/admin/policy_version", {"version": 1, "lora_name": "exp1-v1"}),
-        ("/v1/load_lora_adapter", {"lora_name": "exp1-v2", "lora_path": adapters[1]}),
-        ("/admin/policy_version", {"version": 2, "lora_name": "exp1-v2"}),
+        ("/v1/load_lora_adapter", {"lora_name": "exp1-v1", "lora_path": adapters[0], "load_inplace": True}),
+        ("/admin/policy_version", {"version": 1, "lora_name": "exp1-v1", "run": run}),
+        ("/v1/load_lora_adapter", {"lora_name": "exp1-v2", "lora_path": adapters[1], "load_inplace": True}),
+        ("/admin/policy_version", {"version": 2, "lora_name": "exp1-v2", "run": run}),
         ("/v1/unload_lora_adapter", {"lora_name": "exp1-v1"}),
     ]
     assert not any(p.startswith("/update_weights") for p, _ in calls)  # the base weights never move

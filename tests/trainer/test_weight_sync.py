@@ -125,12 +125,12 @@ def test_a_lora_sync_loads_the_new_adapter_stamps_it_then_unloads_the_old(record
 
     handler, url = recorder
     errors = sync_adapter([PolarEngine(url), VllmEngine(url)], "file:///ckpt/adapters/v00000003", 3, "run-v3",
-                          Gateway(url, "token"), previous="run-v2")
+                          Gateway(url, "token", run="exp1."), previous="run-v2")
     assert errors == []
-    load = {"lora_name": "run-v3", "lora_path": "/ckpt/adapters/v00000003"}
+    load = {"lora_name": "run-v3", "lora_path": "/ckpt/adapters/v00000003", "load_inplace": True}
     assert [(p.split("?")[0], b) for p, b in handler.calls] == [
         ("/v1/load_lora_adapter", load), ("/v1/load_lora_adapter", load),
-        ("/admin/pause", None), ("/admin/policy_version", {"version": 3, "lora_name": "run-v3"}), ("/admin/resume", None),
+        ("/admin/pause", None), ("/admin/policy_version", {"version": 3, "lora_name": "run-v3", "run": "exp1."}), ("/admin/resume", None),
         ("/v1/unload_lora_adapter", {"lora_name": "run-v2"}), ("/v1/unload_lora_adapter", {"lora_name": "run-v2"}),
     ]
     # a load that fails leaves the gateway on the old adapter, and the old adapter loaded
