@@ -8,6 +8,7 @@ on the command line fails loudly instead of silently training with a default.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -156,6 +157,8 @@ class TrainConfig:
             (0 <= self.lora_dropout < 1, "lora_dropout", "must be in [0, 1)"),
             (not self.lora_rank or self.weight_transfer == "storage", "weight_transfer",
              "must be storage with lora_rank > 0 (adapters reach the engines through /v1/load_lora_adapter)"),
+            (not self.lora_rank or re.fullmatch(r"[A-Za-z0-9._:-]+", self.model_name) is not None, "model_name",
+             "with lora_rank > 0 it names the adapters (<model_name>-v<version>): letters, digits and . _ : - only"),
         ]
         for ok, key, why in checks:
             if not ok:

@@ -38,7 +38,8 @@ def test_peft_keys_and_adapter_names():
 
 @pytest.mark.parametrize("overrides, key", [({"lora_rank": -1}, "lora_rank"), ({"lora_dropout": 1.0}, "lora_dropout"),
                                             ({"lora_alpha": 0}, "lora_alpha"),
-                                            ({"lora_rank": 8, "weight_transfer": "broadcast"}, "weight_transfer")])
+                                            ({"lora_rank": 8, "weight_transfer": "broadcast"}, "weight_transfer"),
+                                            ({"lora_rank": 8, "model_name": "my run"}, "model_name")])
 def test_bad_lora_settings_fail_in_one_line(overrides, key):
     with pytest.raises(ConfigError, match=key):
         TrainConfig.from_overrides(overrides)
