@@ -61,7 +61,7 @@ demo: venv system
 # runs it in one process.
 TEST_WORKERS ?= 3
 test: venv system harnesses datasets-peer
-	$(PY) -m pytest -q -ra --durations=25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist load)
+	$(PY) -m pytest -q -ra --durations=25 --cpu 25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist load)
 
 test-fast: venv
 	$(PY) -m pytest -q -ra -m "not integration and not harness and not slow"

@@ -13,7 +13,7 @@ every step), each run under its own topic prefix and checkpoint root:
 2. **reference**: the same tasks, nothing killed.
 
 The workload is timing-independent, so the two runs must train the same groups: the engine is scripted
-and frozen (the trainer pushes no weights; ``--max-num-seqs 1`` and no prefix cache keep logprobs
+and frozen (the nodes' engine gets no weights; ``--max-num-seqs 1`` and no prefix cache keep logprobs
 bit-identical), and each session (bench/_chaos_agent.py) makes 2-4 calls decided by its sample index
 and keeps a ledger of the answers it received. At the end, per run:
 
@@ -24,6 +24,12 @@ and keeps a ledger of the answers it received. At the end, per run:
 - the trained groups hash equal to the reference's (sha256 over each member's sample index, token ids,
   loss mask, logprobs and advantage), and the trainer's last checkpoint has consumed polar.groups to
   its end.
+
+A kill during a weight sync: the chaos run's trainer also syncs every step, by broadcast (the default
+path), to an engine of its own that no node samples from (so the groups stay the reference's), each sync
+slowed to about a second (1 MiB buffers, a pause after each); the trainer's kill waits until that engine is
+receiving a transfer. The engine must roll back and then serve the last step's version, synced by the
+restarted trainer (``sync``: ``mid_transfer``, ``version_served``, ``last_step_version``).
 
 Prints one JSON object; top-level ``kills``, ``acked_calls_lost``, ``groups_trained_twice``,
 ``groups_skipped``, ``hashes_equal`` are the issue's figures; ``recovery_s`` is kill-to-healthy per
@@ -68,6 +74,9 @@ from tests.streams.helpers import PolarProcess  # noqa: E402
 AGENT = ROOT / "bench" / "_chaos_agent.py"
 SAMPLES = 4
 KINDS = ("node", "worker", "trainer", "broker", "s3")
+MOMENT_WAIT_S = 30.0  # a step (and its sync) comes every few seconds while tasks are submitted
+# The chaos trainer's weight sync: slow enough (~6 buffers of 1 MiB, 0.15 s after each) to be killed inside it
+SYNC_SETTINGS = ("weight_transfer_buffer_mb=1", "weight_transfer_throttle_s=0.15", "weight_transfer_timeout_s=10")
 SCRIPT = {"turns": [{"match": "step", "text": "Step done; moving on to the next one."}], "fallback": {"text": "Done."}}
 
 
@@ -100,6 +109,7 @@ class Component:
     alive: Callable[[], bool]
     finished: Callable[[], bool] = lambda: False  # exited on purpose (the trainer after its last group)
     exit_code: Callable[[], int | None] = lambda: None
+    moment: Callable[[], bool] | None = None  # the kill waits (up to MOMENT_WAIT_S) until this is true
 
 
 def kill_tree(proc: PolarProcess) -> None:
@@ -116,9 +126,10 @@ def kill_tree(proc: PolarProcess) -> None:
 
 
 def process_component(name: str, kind: str, p: PolarProcess, healthy: Callable[[], bool],
-                      kill: Callable[[], None] | None = None, finished: Callable[[], bool] = lambda: False) -> Component:
+                      kill: Callable[[], None] | None = None, finished: Callable[[], bool] = lambda: False,
+                      moment: Callable[[], bool] | None = None) -> Component:
     return Component(name, kind, kill=kill or p.kill, start=p.start, healthy=healthy, alive=p.alive, finished=finished,
-                     exit_code=lambda: p.proc.returncode)
+                     exit_code=lambda: p.proc.returncode, moment=moment)
 
 
 def relaunch(server) -> None:
@@ -202,7 +213,7 @@ def _answers(url: str) -> bool:
 class Pipeline:
     """One run's rollout server, two gateway nodes, streams worker and trainer, under its own prefix."""
 
-    def __init__(self, infra: Infra, name: str, model_dir: Path):
+    def __init__(self, infra: Infra, name: str, model_dir: Path, sync: bool = False):
         self.name, self.infra = name, infra
         self.dir = infra.base / name
         self.dir.mkdir()
@@ -223,7 +234,18 @@ class Pipeline:
         self.worker = PolarProcess(["streams", "worker", "--group-deadline", "900", "--missing-calls-grace", "5",
                                     "--tick-interval", "0.5", "--session-timeout", "6", "--stats-interval", "2"],
                                    env, self.dir / "worker.log")
-        self.trainer = PolarProcess(["train", "--model", str(model_dir), "--groups-per-step", "1", "--sync-every", "0",
+        # sync: the trainer's own engine (no node samples from it), loaded every step; it reads s3:// checkpoints
+        self.sync_engine = self.sync_url = None
+        syncing = ["--sync-every", "0"]
+        if sync:
+            sport = free_port()
+            self.sync_url = f"http://127.0.0.1:{sport}"
+            self.sync_engine = PolarProcess(["engine", "--model", str(model_dir), "--port", str(sport), "--threads", "1",
+                                             "--max-num-seqs", "1", "--prefix-cache-mb", "0"],
+                                            {**env, "POLAR_WEIGHT_TRANSFER_TIMEOUT_S": "10"}, self.dir / "sync-engine.log")
+            syncing = ["--sync-every", "1", "--engine", f"polar={self.sync_url}",
+                       *[a for kv in SYNC_SETTINGS for a in ("--set", kv)]]
+        self.trainer = PolarProcess(["train", "--model", str(model_dir), "--groups-per-step", "1", *syncing,
                                      "--idle-timeout", "30", "--run-dir", str(self.run_dir), "--lr", "1e-4",
                                      "--token-budget", "1024", "--set", "poll_timeout_s=0.2", "--set", "progress=false",
                                      "--set", "tensorboard=false", "--set", "keep_checkpoints=2",
@@ -235,12 +257,16 @@ class Pipeline:
 
     # -- lifecycle
     def start(self) -> None:
+        if self.sync_engine is not None:  # before the trainer, which forms its transfer group at the first sync
+            self.sync_engine.start()
         self.rollout.start()
         for n in self.nodes.values():
             n.start()
         self.worker.start()
         self.trainer.start()
         wait_for(f"{self.name} rollout", lambda: _answers(f"{self.rollout_url}/health"), 120)
+        if self.sync_url:
+            wait_for(f"{self.name} sync engine", lambda: _answers(f"{self.sync_url}/health"), 120)
         for nid, n in self.nodes.items():
             wait_for(f"{self.name} node {nid}", lambda n=n, nid=nid: log_count(n, f"node {nid} ready") >= n.starts, 120)
         wait_for(f"{self.name} worker", lambda: log_count(self.worker, "Worker ready") >= self.worker.starts, 120)
@@ -253,8 +279,9 @@ class Pipeline:
 
     def stop(self) -> None:
         """Kill everything: the audit has read what it needs, and a graceful stop takes a node 20 s."""
-        for p in (self.trainer, *self.nodes.values(), self.worker, self.rollout):
-            kill_tree(p)
+        for p in (self.trainer, *self.nodes.values(), self.worker, self.rollout, self.sync_engine):
+            if p is not None:
+                kill_tree(p)
 
     def components(self) -> list[Component]:
         t = self.trainer
@@ -263,8 +290,39 @@ class Pipeline:
         out.append(process_component("worker", "worker", self.worker,
                                      lambda: log_count(self.worker, "Worker ready") >= self.worker.starts))
         out.append(process_component("trainer", "trainer", t, lambda: self.trainer_starts() >= t.starts or self.all_trained(),
-                                     finished=lambda: not t.alive() and t.proc.returncode == 0 and self.all_trained()))
+                                     finished=lambda: not t.alive() and t.proc.returncode == 0 and self.all_trained(),
+                                     moment=self.receiving if self.sync_url else None))
         return out
+
+    # -- the weight sync
+    def transfer_state(self) -> dict:
+        try:
+            r = httpx.get(f"{self.sync_url}/weight_info", timeout=2)
+            return r.json() if r.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return {}
+
+    def receiving(self) -> bool:
+        """The sync engine is receiving a broadcast: the trainer is mid-transfer."""
+        return bool(self.transfer_state().get("transfer", {}).get("receiving"))
+
+    def sync_audit(self, timeout_s: float = 60.0) -> dict:
+        """Whether the sync engine came to serve the last step's version (the restarted trainer synced it after
+        the killed transfer), and how the trainer's syncs went."""
+        log = self.trainer_log()
+        steps = [r for r in log if r.get("event") == "step"]
+        want = steps[-1]["policy_version"] if steps else None
+        end = time.monotonic() + timeout_s
+        while (served := self.transfer_state().get("policy_version")) != want and time.monotonic() < end:
+            time.sleep(0.2)
+        log = self.trainer_log()
+        syncs = [r for r in log if r.get("event") in ("sync", "resync")]
+        state = self.transfer_state().get("transfer", {})
+        return {"version_served": served, "last_step_version": want,
+                "syncs": dict(collections.Counter("resync" if r["event"] == "resync" else
+                                                  "broadcast" if r.get("broadcast") else "storage" for r in syncs)),
+                "sync_errors": sum(1 for r in log if r.get("event") == "sync_error"),
+                "engine_aborted_transfers": state.get("aborted"), "engine_groups_formed": state.get("groups_formed")}
 
     # -- the workload
     def submit(self, task_id: str) -> None:
@@ -339,6 +397,7 @@ class Kill:
     at_s: float
     down_s: float
     recover_s: float | None = None
+    at_moment: bool | None = None  # a component with a moment (the trainer: mid-transfer) was killed in it
 
 
 @dataclass
@@ -366,8 +425,15 @@ class Chaos:
             return None
         c = self.rng.choice(choices)
         down = self.rng.uniform(0.5, 2.5)
-        k = Kill(c.name, kind, round(time.monotonic() - self.t0, 2), round(down, 2))
-        say(f"kill {c.name} (down {down:.1f} s)")
+        at_moment = None
+        if c.moment is not None:
+            try:
+                wait_for(f"{c.name}'s moment", c.moment, MOMENT_WAIT_S, poll=0.02)
+                at_moment = True
+            except RuntimeError:
+                at_moment = False
+        k = Kill(c.name, kind, round(time.monotonic() - self.t0, 2), round(down, 2), at_moment=at_moment)
+        say(f"kill {c.name} (down {down:.1f} s{', mid-transfer' if at_moment else ''})")
         t_kill = time.monotonic()
         c.kill()
         self.kills.append(k)
@@ -540,7 +606,7 @@ def main() -> None:
         infra = Infra(Path(tmp), brokers, model_dir)
         try:
             say(f"infra up ({brokers} broker{'s' * (brokers > 1)}, s3, engine) in {time.monotonic() - t_start:.0f} s")
-            chaotic = Pipeline(infra, "chaos", model_dir)
+            chaotic = Pipeline(infra, "chaos", model_dir, sync=True)
             chaotic.start()
             say("chaos pipeline up")
             try:
@@ -548,6 +614,8 @@ def main() -> None:
                                            min_tasks=3 if args.quick else 12, deadline_s=300 if args.quick else 1800)
                 time.sleep(2)  # late duplicates, if any, land before the audit reads
                 got = audit(chaotic)
+                got["sync"] = {**chaotic.sync_audit(),
+                               "mid_transfer": any(k.at_moment for k in chaos.kills if k.kind == "trainer")}
             finally:
                 chaotic.stop()
             say(f"chaos run: {len(chaos.kills)} kills, {got['tasks']} tasks in {chaos_s:.0f} s; reference run next")
@@ -579,6 +647,7 @@ def main() -> None:
         "recovery_s": recovery(chaos.kills),
         "masked_samples": got["masked_samples"],
         "trained_sessions_with_holes": got["trained_sessions_with_holes"],
+        "sync": got["sync"],
         "runs": {"chaos": {**got, "wall_s": round(chaos_s, 1)}, "reference": {**want, "wall_s": round(ref_s, 1)}},
         "kill_log": [k.__dict__ for k in chaos.kills],
         "wall_s": round(time.monotonic() - t_start, 1),

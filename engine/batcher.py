@@ -15,6 +15,10 @@ logprobs are conditioned on the window only (labelled as such in docs/engine.md)
 Pausing holds new jobs in the queue: ``wait`` lets running sequences finish (drain), ``abort`` ends
 them with ``finish_reason="abort"``, ``keep`` freezes them where they are. Weight swaps happen under
 the step lock, so no step ever sees half-updated weights.
+
+A job may name a LoRA adapter (``engine/lora.py``): its prefill runs with that adapter, and each
+decode step tells the adapter hooks which adapter each row uses, so one batch mixes adapters and the
+base. Prefix-cache entries are kept per adapter (KV computed with one adapter is wrong for another).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .kv import BatchKV, cache_of, layers_of
+from .lora import Adapter, Adapters
 from .prefix_cache import PrefixCache
 from .sampling import LOGPROBS_MODES, SamplingParams, draw, process, top_logprobs
 
@@ -65,6 +70,7 @@ class Job:
     seqs: list[Sequence]
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     policy_version: int = -1  # weights that generated it, set at admission
+    adapter: Adapter | None = None  # the LoRA adapter it runs with (None: the base model)
     cancelled: bool = False
     _left: int = 0
 
@@ -80,7 +86,8 @@ class Batcher:
 
     def __init__(self, model, tokenizer, eos_token_ids: list[int], *, max_num_seqs: int = 64,
                  logprobs_mode: str = "processed_logprobs", seed: int = 0, policy_version: int = 0,
-                 threads: int = 0, prefix_cache_bytes: int = 256 << 20, script_window: int = 0):
+                 threads: int = 0, prefix_cache_bytes: int = 256 << 20, script_window: int = 0,
+                 adapters: Adapters | None = None):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         self.model, self.tokenizer = model, tokenizer
@@ -92,6 +99,7 @@ class Batcher:
         self.prefix = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.script_window = script_window
         self.policy_version = policy_version
+        self.adapters = adapters if adapters is not None else Adapters(model)
         self._default_gen = torch.Generator(self.device).manual_seed(seed)
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()
@@ -164,6 +172,22 @@ class Batcher:
             if self.prefix is not None:
                 self.prefix.clear()  # cached KV was computed by the old weights
 
+    def between_steps(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` while no step runs (adapter hooks and tables must not change mid-forward)."""
+        with self._step_lock:
+            fn()
+
+    def in_use(self, adapter: Adapter) -> int:
+        """Jobs queued or running with ``adapter``."""
+        with self._cv:
+            jobs = {id(j): j for j in self._pending} | {id(s.job): s.job for s in self._rows}
+        return sum(1 for j in jobs.values() if j.adapter is adapter)
+
+    def forget_adapter(self, adapter: Adapter) -> None:
+        """Drop the prefix-cache entries computed with ``adapter`` (between steps)."""
+        if self.prefix is not None:
+            self.between_steps(lambda: self.prefix.drop_namespace(adapter))
+
     # ------------------------------------------------------------------ engine thread
 
     def _loop(self) -> None:
@@ -219,20 +243,21 @@ class Batcher:
 
     def _prefill(self, job: Job) -> None:
         prompt = job.prompt_ids
-        m, past = self.prefix.lookup(prompt) if self.prefix is not None else (0, None)
+        m, past = self.prefix.lookup(prompt, job.adapter) if self.prefix is not None else (0, None)
         ids = torch.tensor([prompt[m:]], device=self.device)
-        if m:  # only the new suffix is computed, on top of the cached KV of the first m tokens
-            pos = torch.arange(m, len(prompt), device=self.device)[None]
-            out = self.model(input_ids=ids, position_ids=pos, past_key_values=cache_of(past), use_cache=True, logits_to_keep=1)
-        else:
-            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        with self.adapters.rows([job.adapter]):
+            if m:  # only the new suffix is computed, on top of the cached KV of the first m tokens
+                pos = torch.arange(m, len(prompt), device=self.device)[None]
+                out = self.model(input_ids=ids, position_ids=pos, past_key_values=cache_of(past), use_cache=True, logits_to_keep=1)
+            else:
+                out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
         layers = layers_of(out.past_key_values)
         st = self.stats
         st["prefills"] += 1
         st["prefill_tokens"] += len(prompt) - m
         st["prefix_hit_tokens"] += m
         if self.prefix is not None:
-            self.prefix.put(prompt, layers)
+            self.prefix.put(prompt, layers, job.adapter)
         self._choose(job.seqs, out.logits[:, -1].expand(len(job.seqs), -1))
         live = [s for s in job.seqs if not s.finished]
         if live:
@@ -255,8 +280,9 @@ class Batcher:
         ids = prompt[start:] + forced[:-1]
         pos = torch.arange(start, start + len(ids), device=self.device)[None]
         # Only the last len(forced) positions are scored: the last prompt token's logits predict forced[0].
-        out = self.model(input_ids=torch.tensor([ids], device=self.device), position_ids=pos, use_cache=False,
-                         logits_to_keep=len(forced))
+        with self.adapters.rows([job.adapter]):
+            out = self.model(input_ids=torch.tensor([ids], device=self.device), position_ids=pos, use_cache=False,
+                             logits_to_keep=len(forced))
         self.stats["scripted_window_jobs"] += 1
         for t in range(len(forced)):
             live = [s for s in job.seqs if not s.finished]
@@ -273,7 +299,8 @@ class Batcher:
         # the position of each row's last token: the padding in front of it does not count
         pos = torch.tensor([[s.prompt_len + len(s.token_ids) - 1] for s in rows], device=self.device)
         mask = torch.cat([kv.mask, torch.ones(len(rows), 1, dtype=kv.mask.dtype, device=self.device)], dim=1)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self._cache, use_cache=True)
+        with self.adapters.rows([s.job.adapter for s in rows]):
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self._cache, use_cache=True)
         st = self.stats
         st["decode_steps"] += 1
         st["decoded_tokens"] += len(rows)
@@ -290,7 +317,7 @@ class Batcher:
                     # the row's KV covers prompt + output minus the last token (never fed back)
                     n = int(self._kv.mask[i].sum())
                     self.prefix.put(s.job.prompt_ids + s.token_ids[:-1],
-                                    [(k[i: i + 1, :, -n:], v[i: i + 1, :, -n:]) for k, v in self._kv.layers])
+                                    [(k[i: i + 1, :, -n:], v[i: i + 1, :, -n:]) for k, v in self._kv.layers], s.job.adapter)
         if not live:
             self._rows, self._kv, self._cache = [], None, None
             return

@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's --max-lora-rank choices (vllm/config/lora.py)
+
+
+def parse_lora_module(item: str) -> tuple[str, str]:
+    """One ``--lora-modules`` entry as vLLM reads it: ``name=path``, or JSON ``{"name", "path"}`` (vLLM's
+    ``base_model_name`` is accepted: this engine serves one base) -> (name, path); ValueError if neither."""
+    if "=" in item and "," not in item and not item.lstrip().startswith("{"):
+        name, _, path = item.partition("=")
+    else:
+        try:
+            raw = json.loads(item)
+        except ValueError:
+            raise ValueError(f"{item!r}: expected name=path or JSON {{\"name\": ..., \"path\": ...}}") from None
+        if not isinstance(raw, dict) or set(raw) - {"name", "path", "base_model_name"}:
+            raise ValueError(f"{item!r}: the JSON form takes name, path (and base_model_name)")
+        name, path = str(raw.get("name") or ""), str(raw.get("path") or "")
+    if not name or not path:
+        raise ValueError(f"{item!r}: both a name and a path are needed")
+    return name, path
+
 
 models_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Build models without a hub.")
 
@@ -51,8 +73,17 @@ def serve(
     prefix_cache_mb: int = typer.Option(256, "--prefix-cache-mb", help="KV memory kept for prefix reuse; 0 disables"),
     script_window: int = typer.Option(0, "--script-window", help="scripted mode: score scripted turns over the prompt's "
                                       "last N tokens instead of prefilling it all (fast, approximate logprobs; 0: off)"),
+    enable_lora: bool = typer.Option(False, "--enable-lora", help="vLLM's flag: accepted; adapters are served without "
+                                     "it too (nothing to preallocate here); with it, vLLM's default --max-lora-rank 16"),
+    max_loras: int = typer.Option(1, "--max-loras", min=1, help="vLLM: adapters in one batch; accepted, not enforced "
+                                  "(this engine batches any mix)"),
+    max_lora_rank: Optional[int] = typer.Option(None, "--max-lora-rank", help="refuse adapters of a higher rank "
+                                                "(1, 8, 16, 32, 64, 128, 256, 320 or 512, as vLLM)"),
+    lora_modules: Optional[list[str]] = typer.Option(None, "--lora-modules", help="name=path (or JSON "
+                                                     '{"name", "path"}) of an adapter to load at start; repeat the flag'),
 ) -> None:
     """Serve a model with vLLM's token-level OpenAI API (CPU or CUDA)."""
+    import asyncio
     import logging
 
     from infra.models import resolve_model
@@ -65,7 +96,18 @@ def serve(
 
     if logprobs_mode not in LOGPROBS_MODES:
         raise typer.BadParameter(f"expected one of {', '.join(LOGPROBS_MODES)}", param_hint="--logprobs-mode")
-    # The cheap checks first: a taken port, a bad script or a missing model fail before torch loads.
+    # The cheap checks first: bad LoRA flags, a taken port, a bad script or a missing model fail before torch loads.
+    if max_lora_rank is not None and max_lora_rank not in MAX_LORA_RANKS:
+        raise typer.BadParameter(f"expected one of {', '.join(map(str, MAX_LORA_RANKS))} (vLLM's choices)",
+                                 param_hint="--max-lora-rank")
+    try:
+        modules = [parse_lora_module(m) for m in lora_modules or []]
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--lora-modules") from None
+    for name, path in modules:  # local ones now; s3:// ones are read at start (a failure stops it)
+        local = Path(path.removeprefix("file://"))
+        if ("://" not in path or path.startswith("file://")) and not (local / "adapter_config.json").is_file():
+            raise typer.BadParameter(f"{name}={path}: no adapter_config.json there (PEFT's layout)", param_hint="--lora-modules")
     require_free_port(port, host)
     try:
         script_data = Script.read(script) if script else None
@@ -90,9 +132,15 @@ def serve(
     options = EngineOptions(served_model_names=list(served_model_name or []), max_model_len=max_model_len,
                             max_num_seqs=max_num_seqs, logprobs_mode=logprobs_mode, seed=seed, policy_version=policy_version,
                             threads=threads, prefix_cache_mb=prefix_cache_mb,
-                            script_window=script_window)
+                            script_window=script_window, enable_lora=enable_lora, max_loras=max_loras,
+                            max_lora_rank=max_lora_rank, lora_modules=modules)
     engine = Engine(lm, model, options, loaded_script)
-    uvicorn.run(create_app(engine, Settings()), host=host, port=port, log_level="info")
+    settings = Settings()
+    try:  # before the server answers, as vLLM loads them; the batching thread starts with the app
+        asyncio.run(engine.load_static_adapters(settings))
+    except RuntimeError as e:
+        raise typer.BadParameter(str(e).removeprefix("--lora-modules "), param_hint="--lora-modules") from None
+    uvicorn.run(create_app(engine, settings), host=host, port=port, log_level="info")
 
 
 def register(app: typer.Typer) -> None:

@@ -34,16 +34,21 @@ def start_engine_server(model_dir: str | Path, *, script: str | Path | None = No
 
     ``options`` are ``engine.serving.EngineOptions`` fields (max_model_len, logprobs_mode, threads...).
     """
+    import asyncio
+
     import uvicorn
 
     from engine.app import create_app
     from engine.models import load_model
     from engine.script import Script
     from engine.serving import Engine, EngineOptions
+    from infra.settings import Settings
 
     lm = load_model(str(model_dir))
     engine = Engine(lm, str(model_dir), EngineOptions(served_model_names=[name], **options),
                     Script.load(script, lm.tokenizer) if script else None)
+    if engine.options.lora_modules:
+        asyncio.run(engine.load_static_adapters(settings or Settings()))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))  # the OS picks the port and we hold it: no race with other tests

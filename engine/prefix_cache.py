@@ -5,7 +5,8 @@ prompt; without this every call would prefill the whole conversation again (10 s
 two busy CPU cores with the tiny model). The KV of position j depends only on tokens 0..j (causal
 attention), so any common prefix of a stored sequence is reusable as is, even where the conversation
 diverges later. Entries are evicted least-recently-used within a byte budget, and dropped on every
-weight update (the KV belongs to the weights that computed it).
+weight update (the KV belongs to the weights that computed it). Each entry belongs to a namespace, the
+LoRA adapter that computed it (None: the base model); a lookup only reuses its own namespace's KV.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class PrefixCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self._entries: OrderedDict[int, tuple[torch.Tensor, Layers]] = OrderedDict()
+        self._ns: dict[int, object] = {}  # entry key -> namespace (an adapter object, or None)
         self._bytes = 0
         self._next = 0
 
@@ -44,25 +46,33 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._ns.clear()
         self._bytes = 0
 
-    def put(self, tokens: list[int], layers: Layers) -> None:
-        """Remember the KV of ``tokens`` (one row, unpadded; the tensors are copied)."""
+    def drop_namespace(self, ns: object) -> None:
+        """Forget every entry of namespace ``ns`` (an unloaded adapter's KV)."""
+        for key in [k for k, n in self._ns.items() if n is ns]:
+            self._drop(key)
+
+    def put(self, tokens: list[int], layers: Layers, ns: object = None) -> None:
+        """Remember the KV of ``tokens`` (one row, unpadded; the tensors are copied) under ``ns``."""
         size = self._size(layers)
         if size > self.max_bytes or len(tokens) < MIN_REUSE:
             return
         t = torch.tensor(tokens, dtype=torch.long)
         for key, (other, _) in list(self._entries.items()):  # an entry this one extends is redundant
-            if len(other) <= len(t) and common_prefix(other, t) == len(other):
+            if self._ns[key] is ns and len(other) <= len(t) and common_prefix(other, t) == len(other):
                 self._drop(key)
         self._entries[self._next] = (t, [(k.clone(), v.clone()) for k, v in layers])
+        self._ns[self._next] = ns
         self._next += 1
         self._bytes += size
         while self._bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
 
-    def lookup(self, prompt: list[int]) -> tuple[int, Layers | None]:
-        """(m, KV of the first m tokens) for the longest stored prefix of ``prompt``; (0, None) if none.
+    def lookup(self, prompt: list[int], ns: object = None) -> tuple[int, Layers | None]:
+        """(m, KV of the first m tokens) for the longest stored prefix of ``prompt`` in namespace ``ns``;
+        (0, None) if none.
 
         At least one prompt token is always left to compute, since its logits give the first output.
         """
@@ -71,6 +81,8 @@ class PrefixCache:
         p = torch.tensor(prompt, dtype=torch.long)
         best, best_key = 0, None
         for key, (tokens, _) in self._entries.items():
+            if self._ns[key] is not ns:
+                continue
             m = min(common_prefix(tokens, p), len(prompt) - 1)
             if m > best:
                 best, best_key = m, key
@@ -82,4 +94,5 @@ class PrefixCache:
 
     def _drop(self, key: int) -> None:
         _, layers = self._entries.pop(key)
+        self._ns.pop(key, None)
         self._bytes -= self._size(layers)

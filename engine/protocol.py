@@ -27,12 +27,12 @@ class EngineError(Exception):
 
     TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, type: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.type = status, message, param, type
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "BadRequestError"),
+        return {"error": {"message": self.message, "type": self.type or self.TYPES.get(self.status, "BadRequestError"),
                           "param": self.param, "code": self.status}}
 
 
@@ -199,6 +199,23 @@ class ChatRequest(_Sampling):
         if self.max_completion_tokens is not None:
             return "max_completion_tokens", self.max_completion_tokens
         return "max_tokens", self.max_tokens
+
+
+class LoadLoRAAdapterRequest(BaseModel):
+    """POST /v1/load_lora_adapter (vLLM's runtime adapter API)."""
+
+    model_config = ConfigDict(extra="allow")
+    lora_name: str = ""
+    lora_path: str = ""
+    load_inplace: bool = False  # vLLM: replace an adapter already loaded under this name
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    """POST /v1/unload_lora_adapter."""
+
+    model_config = ConfigDict(extra="allow")
+    lora_name: str = ""
+    lora_int_id: int | None = None  # vLLM accepts it; adapters here are known by name only
 
 
 def with_seed(params: SamplingParams, index: int) -> SamplingParams:

@@ -1,7 +1,7 @@
 """Request handling: wire request -> validated prompts and jobs -> batcher -> vLLM-shaped body.
 
-``Engine`` is everything one server holds (model, tokenizer, batcher, optional script, names). Routes
-in ``engine/app.py`` call its methods and never touch the model themselves.
+``Engine`` is everything one server holds (model, tokenizer, batcher, optional script, names, LoRA
+adapters). Routes in ``engine/app.py`` call its methods and never touch the model themselves.
 """
 
 from __future__ import annotations
@@ -15,9 +15,13 @@ from typing import Any
 
 import torch
 
+from infra.settings import Settings
+
 from .batcher import Batcher, Job, Sequence
+from .lora import VLLM_MAX_LORA_RANK, Adapter, AdapterError, Adapters, read_adapter
 from .models import LoadedModel
-from .protocol import ChatRequest, CompletionRequest, EngineError, bad_param, with_seed
+from .protocol import (ChatRequest, CompletionRequest, EngineError, LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest,
+                       bad_param, with_seed)
 from .responses import TokenText, chat_body, chat_choice, completion_body
 from .sampling import SamplingParams
 from .script import Script
@@ -38,6 +42,12 @@ class EngineOptions:
     threads: int = 0  # CPU threads of the engine thread; 0: 1 for tiny models, else torch's default
     prefix_cache_mb: int = 256  # KV kept for prefix reuse across requests; 0 disables it
     script_window: int = 0  # scripted mode: score forced turns over the prompt's last N tokens only (0: full prefill)
+    # LoRA, as vLLM's flags (docs/engine.md "LoRA adapters"): adapters are served with or without
+    # enable_lora (nothing is preallocated here); enable_lora applies vLLM's default rank limit.
+    enable_lora: bool = False
+    max_loras: int = 1  # vLLM: distinct adapters in one batch; accepted, not enforced (any mix is batched here)
+    max_lora_rank: int | None = None  # adapters of a higher rank are refused; None: 16 with enable_lora, else none
+    lora_modules: list[tuple[str, str]] = field(default_factory=list)  # (name, path) loaded at start
 
 
 class Engine:
@@ -49,10 +59,13 @@ class Engine:
         self.vocab_size = len(self.tokenizer)
         # vLLM rejects text that could not fit even if every token were the longest vocab entry
         self.max_token_chars = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
+        self.adapters = Adapters(lm.model)
+        self.max_lora_rank = options.max_lora_rank or (VLLM_MAX_LORA_RANK if options.enable_lora else None)
+        self._adapter_lock = asyncio.Lock()  # one load/unload at a time: the name checks hold until the change
         self.batcher = Batcher(lm.model, lm.tokenizer, lm.eos_token_ids, max_num_seqs=options.max_num_seqs,
                                logprobs_mode=options.logprobs_mode, seed=options.seed, policy_version=options.policy_version,
                                threads=options.threads, prefix_cache_bytes=options.prefix_cache_mb << 20,
-                               script_window=options.script_window if script is not None else 0)
+                               script_window=options.script_window if script is not None else 0, adapters=self.adapters)
         self.created = int(time.time())
 
     @property
@@ -68,9 +81,89 @@ class Engine:
     # ------------------------------------------------------------------ validation helpers
 
     def check_model(self, name: str | None) -> str:
-        if name is not None and name not in self.names:
-            raise EngineError(404, f"The model `{name}` does not exist. Valid aliases: {', '.join(self.names)}.", "model")
+        """The requested model name: a served base alias or a loaded adapter (vLLM's 404 otherwise)."""
+        self.resolve(name)
         return name or self.names[0]
+
+    def resolve(self, name: str | None) -> Adapter | None:
+        """The adapter a request's ``model`` names (None: the base model)."""
+        if name is None or name in self.names:
+            return None
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            raise EngineError(404, f"The model `{name}` does not exist. Valid aliases: "
+                                   f"{', '.join([*self.names, *self.adapters.loaded])}.", "model")
+        return adapter
+
+    # ------------------------------------------------------------------ LoRA adapters (vLLM's runtime API)
+
+    async def load_adapter(self, req: LoadLoRAAdapterRequest, settings: Settings) -> str:
+        """Read the adapter at ``lora_path`` (while serving), then register it between two steps."""
+        async with self._adapter_lock:
+            return await self._load_adapter(req, settings)
+
+    async def _load_adapter(self, req: LoadLoRAAdapterRequest, settings: Settings) -> str:
+        name, path = req.lora_name, req.lora_path
+        if not name or not path:
+            raise EngineError(400, "Both 'lora_name' and 'lora_path' must be provided.", None, "InvalidUserInput")
+        if name in self.adapters.loaded and not req.load_inplace:
+            raise EngineError(400, f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
+                                   "in place, set 'load_inplace' to True.", None, "InvalidUserInput")
+        if name in self.names:
+            raise EngineError(400, f"The lora adapter name '{name}' conflicts with a served base model.", "lora_name",
+                              "InvalidUserInput")
+        try:
+            adapter = await asyncio.to_thread(read_adapter, name, path, self.lm.model, settings)
+        except AdapterError as e:
+            not_found = str(e).startswith("No adapter found")
+            raise EngineError(404 if not_found else 400, str(e), None, "NotFoundError" if not_found else "BadRequestError") from None
+        except (OSError, ValueError) as e:
+            raise EngineError(400, f"cannot load adapter {name!r} from {path}: {e}", None, "BadRequestError") from None
+        if self.max_lora_rank is not None and adapter.rank > self.max_lora_rank:  # vLLM's words
+            raise EngineError(400, f"LoRA rank {adapter.rank} is greater than max_lora_rank {self.max_lora_rank}.", None,
+                              "BadRequestError")
+        old = self.adapters.get(name)
+        await asyncio.to_thread(self.batcher.between_steps, lambda: self.adapters.hook(adapter))
+        self.adapters.add(adapter)  # on the event loop, where requests look names up
+        if old is not None:  # in place: running requests keep the old tensors, new ones get the new
+            await asyncio.to_thread(self.batcher.forget_adapter, old)
+        log.info("loaded LoRA adapter %r from %s (r=%d, %d modules)", name, path, adapter.rank, len(adapter.weights))
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    async def load_static_adapters(self, settings: Settings) -> None:
+        """``--lora-modules``: whoever builds the engine loads them before serving it (as vLLM does), and
+        stops if one fails (RuntimeError naming it)."""
+        for name, path in self.options.lora_modules:
+            try:
+                await self.load_adapter(LoadLoRAAdapterRequest(lora_name=name, lora_path=path), settings)
+            except EngineError as e:
+                raise RuntimeError(f"--lora-modules {name}={path}: {e.message}") from None
+
+    async def unload_adapter(self, req: UnloadLoRAAdapterRequest) -> str:
+        """Remove the name at once; requests already admitted with it finish with its tensors."""
+        async with self._adapter_lock:
+            return await self._unload_adapter(req)
+
+    async def _unload_adapter(self, req: UnloadLoRAAdapterRequest) -> str:
+        if not req.lora_name and req.lora_int_id is None:
+            raise EngineError(400, "either 'lora_name' and 'lora_int_id' needs to be provided.", None, "InvalidUserInput")
+        adapter = self.adapters.remove(req.lora_name)
+        if adapter is None:
+            raise EngineError(404, f"The lora adapter '{req.lora_name}' cannot be found.", None, "NotFoundError")
+        await asyncio.to_thread(self.batcher.forget_adapter, adapter)
+        log.info("unloaded LoRA adapter %r (%d requests still running with it)", req.lora_name, self.batcher.in_use(adapter))
+        return f"Success: LoRA adapter '{req.lora_name}' removed successfully."
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        """/v1/models: the base aliases, then every adapter with the base as its parent (vLLM's cards)."""
+        base = [{"id": n, "object": "model", "created": self.created, "owned_by": "polarstream", "root": self.lm.path,
+                 "parent": None, "max_model_len": self.max_model_len, "permission": [],
+                 # Ours only (vLLM does not report it): which logprobs it returns, so a gateway can check.
+                 "logprobs_mode": self.options.logprobs_mode} for n in self.names]
+        loras = [{"id": a.name, "object": "model", "created": self.created, "owned_by": "polarstream", "root": a.path,
+                  "parent": self.names[0], "max_model_len": None, "permission": [],
+                  "logprobs_mode": self.options.logprobs_mode} for a in self.adapters.loaded.values()]
+        return base + loras
 
     def encode_text(self, text: str, add_special_tokens: bool) -> list[int]:
         M = self.max_model_len
@@ -104,7 +197,7 @@ class Engine:
             raise bad_param("max_tokens", 0, "max_tokens must be at least 1, got 0.")
         return M - N if max_tokens is None else min(max_tokens, M - N)
 
-    def make_job(self, ids: list[int], params: SamplingParams, n: int) -> Job:
+    def make_job(self, ids: list[int], params: SamplingParams, n: int, adapter: Adapter | None = None) -> Job:
         if n > self.batcher.max_num_seqs:  # it could never be admitted
             raise bad_param("n", n, f"n must be at most {self.batcher.max_num_seqs} (the engine's --max-num-seqs), got {n}.")
         forced = None
@@ -119,7 +212,7 @@ class Engine:
             p = with_seed(params, i)
             gen = torch.Generator(self.batcher.device).manual_seed(p.seed) if p.seed is not None else None
             seqs.append(Sequence(len(ids), p, forced=forced, generator=gen))
-        return Job(list(ids), seqs)
+        return Job(list(ids), seqs, adapter=adapter)
 
     async def run(self, jobs: list[Job]) -> list[Job]:
         """Submit jobs and wait for all; a cancelled request (client gone) aborts its sequences."""
@@ -138,6 +231,7 @@ class Engine:
     async def completions(self, req: CompletionRequest, request_id: str | None = None) -> tuple[dict[str, Any], int]:
         """/v1/completions -> (body, policy version)."""
         model = self.check_model(req.model)
+        adapter = self.resolve(req.model)
         if req.stream:
             raise bad_param("stream", True, "stream is not supported by this engine")
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
@@ -147,7 +241,7 @@ class Engine:
             ids = self.encode_text(p, req.add_special_tokens) if isinstance(p, str) else list(p)
             self.check_ids(ids)
             room = self.room(ids, isinstance(p, str), max_tokens, "max_tokens")
-            jobs.append(self.make_job(ids, replace(base, max_tokens=room), req.n))
+            jobs.append(self.make_job(ids, replace(base, max_tokens=room), req.n, adapter))
         done = await self.run(jobs)
         version = max(j.policy_version for j in done)
         body = completion_body(request_id or secrets.token_hex(8), model, [(j.prompt_ids, j.seqs) for j in done],
@@ -184,6 +278,7 @@ class Engine:
     async def chat(self, req: ChatRequest, request_id: str | None = None) -> tuple[dict[str, Any], int]:
         """/v1/chat/completions -> (body, policy version)."""
         model = self.check_model(req.model)
+        adapter = self.resolve(req.model)
         if req.stream:
             raise bad_param("stream", True, "stream is not supported by this engine")
         parse_tools = self.tool_mode(req)
@@ -195,7 +290,7 @@ class Engine:
         ids = self.encode_text(prompt, req.add_special_tokens)
         self.check_ids(ids)
         room = self.room(ids, True, max_tokens, param)
-        (job,) = await self.run([self.make_job(ids, replace(base, max_tokens=room), req.n)])
+        (job,) = await self.run([self.make_job(ids, replace(base, max_tokens=room), req.n, adapter)])
         text_of = TokenText(self.tokenizer, req.return_tokens_as_token_ids)
         choices = [chat_choice(i, s, parse_tools=parse_tools, logprobs_k=k, return_token_ids=req.return_token_ids,
                                return_weight_versions=req.return_weight_versions, text_of=text_of,

@@ -157,8 +157,15 @@ class Receiver:
         self._staging: dict[str, torch.Tensor] | None = None
         self._receiving = False
         self._gen = 0  # bumped by every abort and init: a rendezvous that ends after an abort is discarded
+        # Receive buffers are recycled: the tensors of a packed buffer become the model's parameters (no copy at
+        # the swap), so the buffers the previous update installed are free once the next one replaces all their
+        # tensors, and the update after it receives into them instead of page-faulting fresh memory as the bytes
+        # arrive (which cost as much as the transfer). The price: one spare copy of the weights between updates.
+        self._staged_bufs: list[tuple[torch.Tensor, frozenset[str]]] = []  # (buffer, its tensors' names)
+        self._serving: list[tuple[torch.Tensor, frozenset[str]]] = []  # installed: the model holds views of them
+        self._spare: list[torch.Tensor] = []
         self.stats = {"groups_formed": 0, "updates": 0, "aborted": 0, "buffers": 0, "bytes": 0, "last_error": None,
-                      "last_update_s": None, "last_pause_s": None}
+                      "last_update_s": None, "last_pause_s": None, "buffers_reused": 0}
 
     # ------------------------------------------------------------------ state
     def describe(self) -> dict[str, Any]:
@@ -220,7 +227,7 @@ class Receiver:
         with self._lock:
             if self._group is None:
                 raise TransferError(409, "no weight-transfer group: call /init_weight_transfer_engine first")
-            self._staging = {}
+            self._staging, self._staged_bufs = {}, []
 
     def receive(self, info: UpdateInfo) -> dict[str, Any]:
         """Receive ``info``'s tensors into the staging dict (blocking; each collective has the group's
@@ -240,9 +247,11 @@ class Receiver:
             dtypes, sizes = info.dtypes, info.nbytes()
             timeout = datetime.timedelta(seconds=g.timeout_s)
             got: list[tuple[str, torch.Tensor]] = []
+            bufs: list[tuple[torch.Tensor, frozenset[str]]] = []
             if info.packed:
                 for idx in packed_chunks(sizes, info.packed_buffer_size_bytes):
-                    buf = torch.empty(sum(sizes[i] for i in idx), dtype=torch.uint8)
+                    buf = self._take(sum(sizes[i] for i in idx))
+                    bufs.append((buf, frozenset(info.names[i] for i in idx)))
                     g.pg.broadcast(buf, 0, timeout).wait()
                     got += unpack(buf, [info.names[i] for i in idx], [info.shapes[i] for i in idx],
                                   [dtypes[i] for i in idx], [sizes[i] for i in idx])
@@ -270,19 +279,41 @@ class Receiver:
             if self._group is not g or self._staging is not staging:  # aborted meanwhile (a route's deadline)
                 raise TransferError(504, "weight transfer aborted while receiving")
             staging.update(got)
+            self._staged_bufs += bufs
             self.stats["bytes"] += nbytes
         return {"tensors": len(got), "bytes": nbytes, "buffers": buffers, "seconds": round(time.monotonic() - t0, 4)}
 
-    def take_staged(self) -> dict[str, torch.Tensor]:
-        """The staged tensors, closing the update (a finish without an open update is refused)."""
+    def take_staged(self) -> tuple[dict[str, torch.Tensor], list]:
+        """The staged tensors and the buffers they are views of, closing the update (a finish without an open
+        update is refused); once installed, hand the buffers to ``installed``."""
         with self._lock:
             if self._staging is None:
                 raise TransferError(409, "no weight update open (never started, or aborted: see /weight_info)")
             if self._receiving:
                 raise TransferError(409, "tensors are still being received")
             staged, self._staging = self._staging, None
+            bufs, self._staged_bufs = self._staged_bufs, []
             self.stats["updates"] += 1
-        return staged
+        return staged, bufs
+
+    def installed(self, names: set[str], bufs: list) -> None:
+        """``names`` were swapped in from ``bufs``: a buffer installed before whose every tensor was replaced
+        is no longer read by the model and becomes spare."""
+        with self._lock:
+            keep = []
+            for buf, held in self._serving:
+                (self._spare.append(buf) if held <= names else keep.append((buf, held)))
+            self._serving = keep + list(bufs)
+            self._spare = self._spare[-len(self._serving) - 1:]  # never more than one copy of the weights
+
+    def _take(self, nbytes: int) -> torch.Tensor:
+        """A receive buffer of ``nbytes``: a spare one of that size, or a new one."""
+        with self._lock:
+            for i, b in enumerate(self._spare):
+                if b.numel() == nbytes:
+                    self.stats["buffers_reused"] += 1
+                    return self._spare.pop(i)
+        return torch.empty(nbytes, dtype=torch.uint8)
 
     def _check(self, info: UpdateInfo) -> None:
         own = self.model.state_dict()

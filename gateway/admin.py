@@ -1,7 +1,8 @@
 """Admin routes (``Authorization: Bearer <settings.admin_token>``): pause/resume, policy version, sessions.
 
 The trainer pauses the gateway around a weight swap: ``POST /admin/pause`` holds new calls and returns
-once in-flight ones drained; it sets the new version, then ``POST /admin/resume``. A gateway node mints
+once in-flight ones drained; it sets the new version, then ``POST /admin/resume``. The version set is a
+``schemas.PolicyStamp``: for a LoRA run also the adapter serving it, for a shared gateway the run. A gateway node mints
 session keys here (or with ``schemas.session_keys.mint_session_key`` and the shared secret) and reads a
 session's ``num_calls`` when the session ends.
 """
@@ -14,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
 
+from schemas.policy_stamp import PolicyStamp
 from schemas.session_keys import OPEN_PREFIX, mint_session_key
 
 from .service import Gateway
@@ -33,10 +35,6 @@ AdminGateway = Annotated[Gateway, Depends(require_admin)]
 router = APIRouter(prefix="/admin")
 
 
-class PolicyVersionIn(BaseModel):
-    version: int = Field(ge=0)
-
-
 class SessionIn(BaseModel):
     session_id: str = Field(min_length=1)
     group_id: str = ""
@@ -44,11 +42,13 @@ class SessionIn(BaseModel):
     sample_index: int = Field(0, ge=0)
     attempt: int = Field(0, ge=0)
     harness: str = ""
+    run: str = ""  # the run's topic prefix on a gateway shared by several runs ('' = the gateway's own)
 
 
 def _status(gw: Gateway) -> dict[str, Any]:
     return {"paused": gw.gate.paused, "in_flight": gw.gate.in_flight, "policy_version": gw.policy_version,
-            "pauses_expired": gw.gate.auto_resumed}
+            "lora_name": gw.policy().lora_name, "pauses_expired": gw.gate.auto_resumed,
+            "adapters_in_flight": dict(gw.adapters_in_flight)}
 
 
 @router.post("/pause")
@@ -76,17 +76,37 @@ async def status(gw: AdminGateway) -> dict[str, Any]:
     return {**_status(gw), "sessions": len(gw.sessions), **gw.counters}
 
 
+def _stamp(gw: Gateway, run: str) -> dict[str, Any]:
+    """``{"version"}`` as before LoRA; the adapter (and its calls at the engine now) and the run when set."""
+    p = gw.policy(run)
+    out: dict[str, Any] = {"version": p.version}
+    if p.lora_name:
+        out.update(lora_name=p.lora_name, adapter_in_flight=gw.adapters_in_flight.get(p.lora_name, 0))
+    if run:
+        out["run"] = run
+    return out
+
+
 @router.get("/policy_version")
-async def get_policy_version(gw: AdminGateway) -> dict[str, int]:
-    """The version stamped on calls whose engine reports none."""
-    return {"version": gw.policy_version}
+async def get_policy_version(gw: AdminGateway, run: str = "") -> dict[str, Any]:
+    """The version (and LoRA adapter) stamped on ``run``'s calls."""
+    return _stamp(gw, run)
 
 
 @router.post("/policy_version")
-async def set_policy_version(body: PolicyVersionIn, gw: AdminGateway) -> dict[str, int]:
-    """Stamp ``version`` on every later call (engines that report their own version win)."""
-    gw.policy_version = body.version
-    return {"version": gw.policy_version}
+async def set_policy_version(body: PolicyStamp, gw: AdminGateway) -> dict[str, Any]:
+    """Stamp ``version`` on ``run``'s later calls (``schemas.PolicyStamp``). Full weights: engines that
+    report their own version win. LoRA (``lora_name``): calls go to that adapter and carry ``version``."""
+    gw.stamp(body.version, body.lora_name, body.run)
+    return _stamp(gw, body.run)
+
+
+@router.get("/adapters")
+async def adapters(gw: AdminGateway) -> dict[str, Any]:
+    """Calls at the engine now, per LoRA adapter: an old adapter may be unloaded once it has none
+    and no run is stamped with it."""
+    return {"in_flight": dict(gw.adapters_in_flight),
+            "stamped": {run or gw.topic_prefix: p.lora_name for run, p in gw.runs.items() if p.lora_name}}
 
 
 @router.post("/sessions")
@@ -96,7 +116,7 @@ async def create_session(body: SessionIn, request: Request, gw: AdminGateway) ->
         raise HTTPException(422, f"session_id: {OPEN_PREFIX!r} is the namespace of open-mode sessions")
     key = mint_session_key(body.session_id, request.app.state.settings.session_secret, group_id=body.group_id,
                            task_id=body.task_id, sample_index=body.sample_index, attempt=body.attempt, harness=body.harness,
-                           ttl_s=request.app.state.settings.session_key_ttl_s)
+                           ttl_s=request.app.state.settings.session_key_ttl_s, run=body.run)
     return {"session_id": body.session_id, "session_key": key}
 
 

@@ -70,6 +70,9 @@ def create_app(
         template = load_template(config)
     gw = Gateway(config, template)
     gw.redactor.key = redaction_key(settings.session_secret).encode()  # stable per deployment, not guessable
+    gw.topic_prefix = settings.topic_prefix
+    # another run sharing this gateway: its calls go to its own topics (service.py, "Runs")
+    gw.publisher_for_prefix = lambda prefix: publisher_factory(settings.model_copy(update={"topic_prefix": prefix}))
     if settings.admin_token == DEV_ADMIN_TOKEN or settings.session_secret == DEV_SESSION_SECRET:
         log.warning("gateway runs with the development admin token / session secret: set POLAR_ADMIN_TOKEN and "
                     "POLAR_SESSION_SECRET before exposing it")
@@ -95,6 +98,8 @@ def create_app(
         finally:
             await gw.upstream.aclose()
             await _close(gw.publisher)
+            for p in gw.run_publishers.values():
+                await _close(p)
 
     app = FastAPI(title="polarstream gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gw

@@ -13,8 +13,9 @@ Admin routes (gateway/admin.py) and the process-wide GETs:
 
 - ``POST /admin/pause``, ``/admin/resume``, ``/admin/policy_version`` are writes to per-process state:
   sent to every worker at once, answered when all answered. ``GET /admin/status``,
-  ``GET /admin/policy_version`` and ``GET /health`` read every worker too. Their JSON is merged
-  (``merge_json``): numbers summed (in flight, sessions, counters), ``policy_version`` taken from
+  ``GET /admin/policy_version``, ``GET /admin/adapters`` and ``GET /health`` read every worker too. Their
+  JSON is merged (``merge_json``): numbers summed (in flight, sessions, counters; per name in a dict of
+  numbers, as LoRA adapters in flight), ``policy_version`` taken from
   worker 0 (the fan-out writes keep them equal), ``paused``/``drained``/``status`` true or ``ok``
   only if so on every worker, and ``workers`` lists each worker's own answer. A worker that answers
   other than 200 (a bad admin token: all do) has its answer returned as is. A worker that does not
@@ -55,7 +56,7 @@ ROUTES_REMEMBERED = 65_536  # credentials -> worker entries kept before the memo
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"expect", b"te", b"transfer-encoding",
               b"content-length", b"upgrade"}
 FANOUT = {(b"POST", "/admin/pause"), (b"POST", "/admin/resume"), (b"POST", "/admin/policy_version"),
-          (b"GET", "/admin/policy_version"), (b"GET", "/admin/status")}
+          (b"GET", "/admin/policy_version"), (b"GET", "/admin/status"), (b"GET", "/admin/adapters")}
 SAME_ON_EVERY_WORKER = {"policy_version", "version", "resumes_by_itself_in_s"}  # set by the fan-out writes: worker 0's is the answer
 ANY_WORKER = {"event_log_stalled"}  # true if true on any worker (other flags: only if true on all)
 NO_BODY_STATUS = {204, 304}
@@ -477,6 +478,12 @@ def merge_json(answers: list[Response]) -> tuple[bytes, bytes]:
             merged[key] = any(values) if key in ANY_WORKER else all(values)
         elif isinstance(first, (int, float)) and key not in SAME_ON_EVERY_WORKER:
             merged[key] = sum(v for v in values if isinstance(v, (int, float)))
+        elif isinstance(first, dict) and all(isinstance(v, (int, float)) for b in values if isinstance(b, dict)
+                                             for v in b.values()):  # counts per name (adapters in flight)
+            merged[key] = {}
+            for b in values:
+                for name, n in (b or {}).items():
+                    merged[key][name] = merged[key].get(name, 0) + n
         elif key == "status":
             merged[key] = first if all(v == first for v in values) else "degraded"
         else:

@@ -11,6 +11,12 @@ last answered call. A call refused because the event log is down is, necessarily
 broker does not confirm within ``publish_timeout_s`` the harness gets a 503 at once; the publish keeps
 going in the background and the session refuses further calls until its outcome is known, so the
 state always agrees with what is in the topic.
+
+Runs: a session's key names its run (the ``run`` claim: the run's topic prefix, '' = this gateway's
+own). Each run has its own stamp (``RunPolicy``: the policy version and, for LoRA, the adapter name the
+trainer set through /admin/policy_version), and its calls are recorded under its own topic prefix. A
+LoRA run's calls go to the engine with ``model`` = its current adapter, whatever the harness named,
+and are stamped with that adapter's version: the engine reports its base weights' version only.
 """
 
 from __future__ import annotations
@@ -38,13 +44,22 @@ from .template import ChatTemplate, TemplateError, TurnHistory
 from .tokens import PromptPlan, plan_prompt
 from .tombstones import TombstoneFile
 from .toolparse import ParsedOutput, choose
-from .upstream import GenerateParams, Generation, Upstream, UpstreamError
+from .upstream import GenerateParams, Generation, Upstream, UpstreamBadResponse, UpstreamError
 
 log = logging.getLogger("polarstream.gateway")
 
 
 class Publisher(Protocol):
     async def publish(self, record: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    """What the gateway stamps on a run's calls; read once per call, so the version and the adapter
+    that served the call always agree."""
+
+    version: int = 0
+    lora_name: str = ""  # '' = the engine's base model (full-weight training)
 
 
 @dataclass
@@ -71,15 +86,56 @@ class Gateway:
         self.turns = TurnHistory(config.history, self.parsers.split_reasoning)
         self.sessions = SessionStore(config.max_sessions, tombstones=TombstoneFile(config.tombstones) if config.tombstones else None)
         self.gate = Gate()
-        self.policy_version = config.policy_version
+        self.runs: dict[str, RunPolicy] = {"": RunPolicy(config.policy_version)}  # run ('' = own) -> its stamp
+        self.topic_prefix = ""  # this gateway's own run (create_app sets it from the settings)
         self.upstream: Upstream | None = None  # set in the app's lifespan
-        self.publisher: Publisher | None = None
+        self.publisher: Publisher | None = None  # this gateway's own run's
+        self.publisher_for_prefix: Callable[[str], Publisher] | None = None  # another run's (create_app sets it)
+        self.run_publishers: dict[str, Publisher] = {}
+        self.adapters_in_flight: dict[str, int] = {}  # adapter name -> calls at the engine now
         self.served_model = config.served_model or config.model
         self.max_model_len = config.max_model_len
         self.kafka_stalled = False  # a publish timed out and is unresolved: refuse calls quickly
         self.counters = {"calls": 0, "errors": 0, "publish_failures": 0}
         self.redactor = Redactor(config.redact)  # create_app keys its placeholders with the session secret
         self._decode_one = token_decoder(getattr(template, "tokenizer", None))
+
+    # -- runs and their stamps ----------------------------------------------------------------------
+
+    def run_key(self, run: str) -> str:
+        """'' for this gateway's own run (its own topic prefix named explicitly included)."""
+        return "" if run == self.topic_prefix else run
+
+    def policy(self, run: str = "") -> RunPolicy:
+        """The stamp of ``run``; a run never stamped starts at the configured version, on the base model."""
+        return self.runs.get(self.run_key(run)) or RunPolicy(self.config.policy_version)
+
+    def stamp(self, version: int, lora_name: str = "", run: str = "") -> RunPolicy:
+        """Stamp ``version`` (served by adapter ``lora_name``, '' = base) on ``run``'s later calls."""
+        self.runs[self.run_key(run)] = p = RunPolicy(version, lora_name)
+        return p
+
+    @property
+    def policy_version(self) -> int:
+        """This gateway's own run's version."""
+        return self.runs[""].version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        self.runs[""] = RunPolicy(version, self.runs[""].lora_name)
+
+    def publisher_of(self, run: str) -> Publisher:
+        """The publisher recording ``run``'s calls (its topic prefix); made on first use."""
+        key = self.run_key(run)
+        if key == "":
+            assert self.publisher is not None, "gateway used outside its lifespan"
+            return self.publisher
+        if key not in self.run_publishers:
+            if self.publisher_for_prefix is None:
+                raise errors.unavailable(f"this gateway records only its own run; a key of run {key!r} cannot be "
+                                         "recorded", self.config.retry_after_s)
+            self.run_publishers[key] = self.publisher_for_prefix(key)
+        return self.run_publishers[key]
 
     # -- public -----------------------------------------------------------------------------------
 
@@ -147,17 +203,22 @@ class Gateway:
             if st.evicted and plan.break_reason == "first_call":
                 plan.break_reason = "state_evicted"
             sampling = self.config.sampling.effective(req.sampling, st.claims)
-            gen = await self._generate(st, req, plan, sampling)
+            run = self.policy(st.claims.run)  # read once: the adapter called and the version stamped agree
+            gen = await self._generate(st, req, plan, sampling, run)
             marks.append(time.perf_counter())
         except RequestError as e:
             # The harness sees this error: record it (nothing sampled, never trained on) before answering.
             await self._record_failure(st, prev, req, plan, scrubbed, harness, e, received_at, t0)
             raise
         parsed, finish, matched = self._interpret(req, gen)
-        policy = gen.policy_version if gen.policy_version is not None else self.policy_version
+        if run.lora_name:  # the engine reports its base weights' version; the adapter carries the policy's
+            policy, served = run.version, run.lora_name
+        else:
+            policy = gen.policy_version if gen.policy_version is not None else run.version
+            served = self.served_model
         record = build_call_record(  # call_index is provisional: the real one is assigned at publish
             claims=st.claims, call_index=st.next_call_index, req=req, plan=plan, gen=gen, parsed=parsed, finish_reason=finish,
-            policy_version=policy, served_model=self.served_model, harness=harness, base=self._delta_base(st, plan, prev),
+            policy_version=policy, served_model=served, harness=harness, base=self._delta_base(st, plan, prev),
             received_at=received_at, total_ms=(time.perf_counter() - t0) * 1000, event_id=new_event_id(),
         )
         record.sampling = sampling
@@ -201,9 +262,10 @@ class Gateway:
         but it never becomes a chain tip or a delta base: the next call extends the last answered one.
         If the event log cannot take it either, ``_publish`` raises its 503 instead of ``err``.
         """
+        run = self.policy(st.claims.run)
         record = build_failed_record(
             claims=st.claims, call_index=st.next_call_index, req=req, plan=plan, error=f"{err.status} {err.kind}: {err.message}",
-            policy_version=self.policy_version, served_model=self.served_model, harness=harness,
+            policy_version=run.version, served_model=run.lora_name or self.served_model, harness=harness,
             base=self._delta_base(st, plan, prev) if plan.prompt_ids else None,
             received_at=received_at,
             total_ms=(time.perf_counter() - t0) * 1000, event_id=new_event_id(),
@@ -213,7 +275,7 @@ class Gateway:
         metrics.record_call(req.provider, "error", time.perf_counter() - t0)
 
     async def _generate(self, st: SessionState, req: ChatRequest, plan: PromptPlan,
-                        sampling: EngineSampling) -> Generation:
+                        sampling: EngineSampling, run: RunPolicy) -> Generation:
         assert self.upstream is not None, "gateway used outside its lifespan"
         n = len(plan.prompt_ids)
         limit = self.max_model_len
@@ -227,11 +289,24 @@ class Gateway:
         # generation_config (e.g. top_k 20), which would truncate behind the record's back.
         params = GenerateParams(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
                                 top_k=sampling.top_k, seed=s.seed, stop=list(s.stop))
+        lora = run.lora_name
+        if lora:
+            self.adapters_in_flight[lora] = self.adapters_in_flight.get(lora, 0) + 1
         try:
             rid, st.next_request = f"{st.claims.session_id}-{st.next_request}", st.next_request + 1
-            gen = await self.upstream.generate(plan.prompt_ids, params, request_id=rid, affinity=st.claims.session_id)
+            gen = await self.upstream.generate(plan.prompt_ids, params, request_id=rid, affinity=st.claims.session_id,
+                                               model=lora)
+            if lora and gen.model and gen.model != lora:
+                raise UpstreamBadResponse(f"engine answered as model {gen.model!r}, not the adapter {lora!r} it was asked for")
         except UpstreamError as e:
             raise errors.from_upstream(e) from None
+        finally:
+            if lora:
+                left = self.adapters_in_flight[lora] - 1
+                if left:
+                    self.adapters_in_flight[lora] = left
+                else:
+                    del self.adapters_in_flight[lora]
         if gen.finish_reason == "abort":  # e.g. the engine was paused with mode=abort for a weight swap
             raise errors.unavailable("generation aborted by the engine; retry", self.config.retry_after_s)
         return gen
@@ -266,8 +341,7 @@ class Gateway:
             await self._publish_locked(st, record, apply)
 
     async def _publish_locked(self, st: SessionState, record: CallRecorded, apply: Callable[[], None]) -> None:
-        assert self.publisher is not None, "gateway used outside its lifespan"
-        task = asyncio.ensure_future(self.publisher.publish(record))
+        task = asyncio.ensure_future(self.publisher_of(st.claims.run).publish(record))
         if self.config.publish_mode == "async":
             apply()  # optimistic: answer now, report a failed delivery in the log
             t_publish = time.perf_counter()

@@ -85,6 +85,7 @@ class Generation:
     matched_stop: str = ""  # the stop string that ended it, if one did
     policy_version: int | None = None  # as the engine reports it, when it does
     upstream_ms: float = 0.0
+    model: str = ""  # the model (or LoRA adapter) the engine says served it, when it does
 
 
 @dataclass
@@ -98,8 +99,9 @@ class Upstream(Protocol):
     kind: str
 
     async def generate(self, prompt_ids: list[int], params: GenerateParams, *, request_id: str = "",
-                       affinity: str = "") -> Generation:
-        """Sample a completion for ``prompt_ids``; raises UpstreamError."""
+                       affinity: str = "", model: str = "") -> Generation:
+        """Sample a completion for ``prompt_ids`` (``model``: a LoRA adapter's name, '' = the served
+        model); raises UpstreamError."""
 
     async def model_info(self) -> ModelInfo:
         """The served model's id and context length, as far as the engine says."""
@@ -245,10 +247,11 @@ class CompletionsUpstream(HTTPUpstream):
     path = "/v1/completions"
 
     async def generate(self, prompt_ids: list[int], params: GenerateParams, *, request_id: str = "",
-                       affinity: str = "") -> Generation:
-        """Sample with ``return_token_ids`` and the sampled token's logprob (``logprobs: 0``)."""
+                       affinity: str = "", model: str = "") -> Generation:
+        """Sample with ``return_token_ids`` and the sampled token's logprob (``logprobs: 0``); a LoRA
+        adapter is selected by sending its name as ``model`` (vLLM's runtime adapters)."""
         body: dict[str, Any] = {
-            "model": self.served_model, "prompt": prompt_ids, "max_tokens": params.max_tokens,
+            "model": model or self.served_model, "prompt": prompt_ids, "max_tokens": params.max_tokens,
             "logprobs": 0, "return_token_ids": True, "return_weight_versions": True,
             "skip_special_tokens": False,  # the gateway decodes ids itself; keep text comparable anyway
         }
@@ -280,7 +283,8 @@ def _parse_completions(data: dict[str, Any], prompt_ids: list[int], ms: float) -
     if version is None and choice.get("weight_versions"):
         version = _int_version(choice["weight_versions"][-1].get("version"))
     return Generation(ids, logprobs, str(choice.get("finish_reason") or "stop"),
-                      matched_stop=stop if isinstance(stop, str) else "", policy_version=version, upstream_ms=ms)
+                      matched_stop=stop if isinstance(stop, str) else "", policy_version=version, upstream_ms=ms,
+                      model=str(data.get("model") or ""))
 
 
 class SGLangUpstream(HTTPUpstream):
@@ -290,8 +294,9 @@ class SGLangUpstream(HTTPUpstream):
     path = "/generate"
 
     async def generate(self, prompt_ids: list[int], params: GenerateParams, *, request_id: str = "",
-                       affinity: str = "") -> Generation:
-        """Sample with ``return_logprob`` over output tokens only (``logprob_start_len: -1``)."""
+                       affinity: str = "", model: str = "") -> Generation:
+        """Sample with ``return_logprob`` over output tokens only (``logprob_start_len: -1``); a LoRA
+        adapter by name in SGLang's ``lora_path`` field (not run against a real SGLang)."""
         sp: dict[str, Any] = {"max_new_tokens": params.max_tokens, "skip_special_tokens": False, "no_stop_trim": True}
         for k in ("temperature", "top_p", "top_k", "seed"):
             if (v := getattr(params, k)) is not None:
@@ -302,6 +307,8 @@ class SGLangUpstream(HTTPUpstream):
                 "top_logprobs_num": 0, "return_prompt_token_ids": True}
         if request_id:
             body["rid"] = request_id
+        if model:
+            body["lora_path"] = model
         data, ms = await self._post(self._url(affinity), body, len(prompt_ids), request_id)
         return _parse_sglang(data, prompt_ids, ms)
 

@@ -47,12 +47,13 @@ class SessionClaims:
     sample_index: int = 0
     attempt: int = 0
     harness: str = ""  # the harness the node runs in this session ('' = tell by User-Agent)
+    run: str = ""  # the run's topic prefix, for a gateway shared by several runs ('' = the gateway's own)
     expires_at: int = field(default=0, compare=False)  # unix seconds; 0 = an open-mode session (no key)
     minted_at: int = field(default=0, compare=False)  # unix milliseconds; 0 = unknown (open mode, older keys)
 
 
 _CLAIM_KEYS = (("s", "session_id"), ("g", "group_id"), ("t", "task_id"), ("i", "sample_index"), ("a", "attempt"),
-               ("h", "harness"), ("e", "expires_at"), ("m", "minted_at"))
+               ("h", "harness"), ("e", "expires_at"), ("m", "minted_at"), ("r", "run"))
 
 
 def _b64(data: bytes) -> str:
@@ -69,7 +70,7 @@ def _sign(payload: str, secret: str) -> str:
 
 def mint_session_key(session_id: str, secret: str, *, group_id: str = "", task_id: str = "", sample_index: int = 0,
                      attempt: int = 0, harness: str = "", ttl_s: float = DEFAULT_KEY_TTL_S,
-                     now: float | None = None) -> str:
+                     now: float | None = None, run: str = "") -> str:
     """A key scoped to ``session_id`` (and its group/task/sample), signed with ``secret``, valid ``ttl_s``."""
     if not session_id:
         raise ValueError("session_id: must not be empty")
@@ -78,7 +79,8 @@ def mint_session_key(session_id: str, secret: str, *, group_id: str = "", task_i
     if ttl_s <= 0:
         raise ValueError("ttl_s: must be positive")
     now = time.time() if now is None else now
-    claims = SessionClaims(session_id, group_id, task_id, sample_index, attempt, harness, int(now + ttl_s), int(now * 1000))
+    claims = SessionClaims(session_id, group_id, task_id, sample_index, attempt, harness, run=run,
+                           expires_at=int(now + ttl_s), minted_at=int(now * 1000))
     raw = {short: getattr(claims, name) for short, name in _CLAIM_KEYS if getattr(claims, name) not in ("", 0)}
     payload = _b64(orjson.dumps(raw))
     return f"{KEY_PREFIX}{payload}.{_sign(payload, secret)}"

@@ -135,13 +135,13 @@ class BackgroundExport:
     """One sync's export, written in a thread (rank 0 alone: no collective) while training goes on.
     ``wait()`` returns once it is written and raises WeightSyncError if it failed."""
 
-    def __init__(self, url: str | None, write: Callable[[], Any]):
+    def __init__(self, url: str | None, write: Callable[[], Any], after: Callable[[], Any] | None = None):
         self.url, self.error, self.seconds = url, None, None
         self._t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._run, args=(write,), daemon=True, name="polar-export")
+        self._thread = threading.Thread(target=self._run, args=(write, after), daemon=True, name="polar-export")
         self._thread.start()
 
-    def _run(self, write: Callable[[], Any]) -> None:
+    def _run(self, write: Callable[[], Any], after: Callable[[], Any] | None) -> None:
         try:
             write()
         except Exception as e:  # noqa: BLE001 - reported by wait()
@@ -149,6 +149,8 @@ class BackgroundExport:
             logger.warning("export to %s failed: %s", self.url, self.error)
         finally:
             self.seconds = round(time.monotonic() - self._t0, 4)
+            if after is not None:
+                after()  # written or failed, the buffers are no longer read (WeightTransfer.release)
 
     @property
     def done(self) -> bool:
@@ -181,6 +183,14 @@ class WeightTransfer:
         self._meta: list[tuple[str, torch.dtype, list[int]]] = []
         self.checksums: dict[str, str] = {}  # the sent tensors' sha256 (verify=True)
         self.last: dict[str, Any] = {}  # the last sync's report
+        # Send buffers live across syncs: a fresh 64 MiB buffer is page-faulted in as it is first written,
+        # which cost more than the packing copy itself (bench/weight_sync.py). Two for double buffering, or,
+        # when the buffers are kept for the background export, one per buffer of the sync, lent to that
+        # export and taken back by ``release`` once it is written (one copy of the weights in CPU memory).
+        self._ring: list[torch.Tensor] = []
+        self._kept: list[torch.Tensor] = []
+        self._kept_lent = False
+        self._pool_lock = threading.Lock()
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -344,6 +354,7 @@ class WeightTransfer:
         td = datetime.timedelta(seconds=self.timeout_s)
         sizes = [math_prod(s) * d.itemsize for _, d, s in self._meta]
         chunks = packed_chunks(sizes, self.buffer_bytes)
+        out = self._buffers([sum(sizes[i] for i in idx) for idx in chunks], keep)
         it = iter(tensors)
         in_flight: list[tuple[_Pending, Any]] = []
         kept: list[Packed] = []
@@ -360,7 +371,7 @@ class WeightTransfer:
             in_flight.clear()
 
         try:
-            for idx in chunks:
+            for j, idx in enumerate(chunks):
                 if not keep and not self.verify and not self.live():
                     break  # every engine dropped out: only the draining below is left
                 parts = []
@@ -373,18 +384,24 @@ class WeightTransfer:
                     if self.verify:
                         self.checksums[name] = tensor_sha256(t)
                     parts.append(flat)
-                buf = torch.cat(parts) if len(parts) > 1 else parts[0].clone()  # a copy either way
+                # A buffer of one tensor (an embedding, say) is that tensor's bytes already: it goes from its
+                # own memory, and its copy for the export (keep) is made while it is in flight.
+                single = len(parts) == 1
+                buf = parts[0] if single else torch.cat(parts, out=out(j))  # out(j) is not in flight: see _buffers
                 if keep:
-                    kept.append(Packed(buf, [self._meta[i] for i in idx]))
+                    kept.append(Packed(out(j) if single else buf, [self._meta[i] for i in idx]))
                 wait_all()  # the previous buffer is out before this one goes (double buffering: packed meanwhile)
-                if not self.live():
-                    continue
+                live = self.live()
                 for p in self._pending.values():
-                    if not p.dead:
+                    if live and not p.dead:
                         try:
                             in_flight.append((p, p.link.broadcast(buf, td)))
                         except Exception as err:  # noqa: BLE001
                             self._drop(p, f"broadcast: {str(err)[:200]}")
+                if keep and single:
+                    kept[-1].buf.copy_(buf)
+                if not live:
+                    continue
                 sent += buf.numel() * sum(not p.dead for p in self._pending.values())
                 if self.throttle_s:
                     time.sleep(self.throttle_s)  # tests and benchmarks: a transfer slow enough to interrupt
@@ -395,6 +412,28 @@ class WeightTransfer:
         self.last["bytes_sent"] = sent
         self.last["send_s"] = round(time.monotonic() - t0, 4)
         return kept if keep else None
+
+    def _buffers(self, nbytes: list[int], keep: bool) -> Callable[[int], torch.Tensor]:
+        """The send buffer of each packed buffer ``j`` (``nbytes[j]`` bytes), reused across syncs."""
+        if keep:
+            with self._pool_lock:
+                lend = not self._kept_lent  # else the last export still reads them: fresh ones this once
+                if lend:
+                    self._kept_lent = True
+                    if [b.numel() for b in self._kept] != nbytes:
+                        self._kept = [torch.empty(n, dtype=torch.uint8) for n in nbytes]
+            bufs = self._kept if lend else [torch.empty(n, dtype=torch.uint8) for n in nbytes]
+            return bufs.__getitem__
+        most = max(nbytes, default=0)
+        if len(self._ring) != 2 or self._ring[0].numel() < most:
+            self._ring = [torch.empty(most, dtype=torch.uint8) for _ in range(2)]
+        return lambda j: self._ring[j % 2][:nbytes[j]]
+
+    def release(self, packed: list[Packed] | None) -> None:
+        """``send(keep=True)``'s buffers are no longer read (their export is written): the next sync reuses them."""
+        with self._pool_lock:
+            if packed and self._kept and packed[0].buf is self._kept[0]:
+                self._kept_lent = False
 
     def _drop(self, p: _Pending, why: str) -> None:
         p.dead = True
@@ -507,7 +546,8 @@ class WeightTransfer:
             meta, tensors = model_or_tensors()
         t0 = time.monotonic()
         packed = self.send(tensors, keep=write_export is not None) if self.prepare(meta) else None
-        export = BackgroundExport(url, lambda: write_export(packed)) if write_export is not None else None
+        export = (BackgroundExport(url, lambda: write_export(packed), after=lambda: self.release(packed))
+                  if write_export is not None else None)
         report = self.finish(url, version, gateway, url_ready=export.wait if export else None)
         report["sync_s"] = round(time.monotonic() - t0, 4)
         if export is not None:

@@ -30,7 +30,7 @@ def train_command(
     metrics_port: Annotated[int, typer.Option(help="serve Prometheus /metrics on this port (0: off; docs/operations.md)")] = 0,
     weight_transfer: Annotated[str, typer.Option(help="storage: engines load the checkpoint URL; broadcast: "
                                                       "in memory (vLLM's weight-transfer routes); auto: broadcast "
-                                                      "where GET /weight_info answers, else storage")] = "storage",
+                                                      "where GET /weight_info answers, else storage")] = "auto",
     strategy: Annotated[str, typer.Option(help="auto: FSDP2 under torchrun with several processes, else one plain "
                                                "model; fsdp: FSDP2 in one process too")] = "auto",
     config: Annotated[str, typer.Option(help="YAML settings file (infra settings, see infra/settings.py)")] = "",

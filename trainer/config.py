@@ -93,15 +93,18 @@ class TrainConfig:
     # stuck on an old policy would make every later step more off-policy (0: never stop)
     engines: list[str] = field(default_factory=list)  # "polar=http://host:port" or "vllm=http://host:port"
     gateway: str = ""  # gateway base URL whose /admin/policy_version is stamped after a sync
-    weight_transfer: Literal["storage", "broadcast", "auto"] = "storage"  # how weights reach the engines:
+    weight_transfer: Literal["storage", "broadcast", "auto"] = "auto"  # how weights reach the engines:
     # storage: each loads the checkpoint URL; broadcast: in memory over vLLM's weight-transfer routes (gloo for
     # our engine; trainer/broadcast.py); auto: broadcast to every engine that answers GET /weight_info, storage
-    # for the others. An engine that fails a broadcast is marked stale and loads from storage at the next sync.
+    # for the others (a vLLM server without its dev routes, or without vllm here). An engine that fails a
+    # broadcast is marked stale and loads from storage at the next sync.
     weight_transfer_timeout_s: float = 60.0  # deadline of every collective and group rendezvous of a broadcast
     weight_transfer_buffer_mb: int = 64  # packed broadcast buffer size (vLLM's packed_buffer_size_bytes)
     weight_transfer_address: str = ""  # address the engines reach the trainer at ('' : derived per engine URL)
     weight_transfer_verify: bool = False  # after each broadcast, /weight_checker compare against the trainer's
     # sha256 of every tensor sent (costs a hash pass on both sides)
+    weight_transfer_throttle_s: float = 0.0  # a pause after each broadcast buffer: fault tests (bench/chaos.py)
+    # slow a transfer down enough to kill something inside it; 0 in real runs
     model_name: str = "policy"  # PolicyVersion.model
     # -- logging --
     entropy_floor: float = 0.01  # warn (one line, and in train.jsonl) when the trained tokens' mean entropy
@@ -151,6 +154,7 @@ class TrainConfig:
             (self.dist_timeout_s > 0, "dist_timeout_s", "must be > 0"),
             (self.weight_transfer_timeout_s > 0, "weight_transfer_timeout_s", "must be > 0"),
             (self.weight_transfer_buffer_mb >= 1, "weight_transfer_buffer_mb", "must be >= 1"),
+            (self.weight_transfer_throttle_s >= 0, "weight_transfer_throttle_s", "must be >= 0"),
             (0 < self.heartbeat_s < self.dist_timeout_s, "heartbeat_s", "must be in (0, dist_timeout_s)"),
             (self.lora_rank >= 0, "lora_rank", "must be >= 0 (0: full fine-tuning)"),
             (self.lora_alpha > 0, "lora_alpha", "must be > 0"),

@@ -116,7 +116,8 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         engines = [engine_from_spec(s) for s in cfg.engines]
         transfer = (WeightTransfer(engines, cfg.weight_transfer, cfg.weight_transfer_timeout_s,
                                    cfg.weight_transfer_buffer_mb << 20, master_address=cfg.weight_transfer_address,
-                                   verify=cfg.weight_transfer_verify) if broadcasting else None)
+                                   verify=cfg.weight_transfer_verify, throttle_s=cfg.weight_transfer_throttle_s)
+                    if broadcasting else None)
         gateway = Gateway(cfg.gateway, settings.admin_token, run=settings.topic_prefix) if cfg.gateway else None
         log = RunLog(run_dir / "train.jsonl")
         log.write({"event": "start", "step": step, "policy_version": version, "world_size": world,
@@ -299,8 +300,9 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 if sending and _broadcast(packed is not None if master else None, distributed):
                     if master:
                         pending_export = BackgroundExport(url, partial(checkpoint.write_packed_export, url, packed,
-                                                                       model, model_dir, settings, export_meta))
-                        packed = None  # the thread holds the buffers until they are written, no longer
+                                                                       model, model_dir, settings, export_meta),
+                                                          after=partial(transfer.release, packed))
+                        packed = None  # the thread holds the buffers until they are written, then gives them back
                 else:  # nothing was gathered (no engine to broadcast to, or the send failed): as without broadcast
                     checkpoint.export_weights(url, model, model_dir, settings, export_meta)
             if master:
@@ -325,9 +327,10 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                                    "sync_s": round(time.perf_counter() - t_sync, 4),
                                    **({"unload_errors": unload_errors} if unload_errors else {})})
                     else:
-                        sync_weights(engines, url, version, gateway)
+                        pauses = sync_weights(engines, url, version, gateway)
                         log.write({"event": "sync", "step": step, "policy_version": version, "mode": "storage",
-                                   "sync_s": round(time.perf_counter() - t_sync, 4)})
+                                   "sync_s": round(time.perf_counter() - t_sync, 4),
+                                   **({"storage": sorted(pauses), "engine_pause_s": pauses} if pauses else {})})
                     synced, sync_failures = version, 0
                     checkpoint.write_engine_version(root, version, settings)
                     record_sync(True, 0)

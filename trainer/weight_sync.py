@@ -16,6 +16,7 @@ Two engines implement ``Engine``:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -171,29 +172,34 @@ def already_served(engines: list[Engine], version: int, gateway: Gateway | None 
     return all(e.served_version() == version for e in engines) and (gateway is None or gateway.stamped_version() == version)
 
 
-def sync_weights(engines: list[Engine], url: str, version: int, gateway: Gateway | None = None) -> None:
+def sync_weights(engines: list[Engine], url: str, version: int, gateway: Gateway | None = None) -> dict[str, float]:
     """Pause the gateway and all engines, load ``url`` into each engine, stamp ``version``, resume all.
 
+    Returns each engine's pause, seconds from its pause to its resume (what its rollouts lost), by base URL.
     Raises WeightSyncError naming the first failure; whatever was paused before it is resumed anyway.
     """
-    paused: list[Engine | Gateway] = []
+    paused: list[tuple[Engine | Gateway, float]] = []
+    pauses: dict[str, float] = {}
     try:
         for part in ([gateway] if gateway else []) + list(engines):
             part.pause()
-            paused.append(part)
+            paused.append((part, time.monotonic()))
         for e in engines:
             e.load(url, version)
         if gateway is not None:
             gateway.stamp(version)
     finally:
         errors = []
-        for part in reversed(paused):  # engines first, the gateway last: calls resume on new weights
+        for part, t in reversed(paused):  # engines first, the gateway last: calls resume on new weights
             try:
                 part.resume()
             except WeightSyncError as err:
                 errors.append(str(err))
+            if part is not gateway:
+                pauses[getattr(part, "base_url", part.name)] = round(time.monotonic() - t, 4)
         if errors:
             raise WeightSyncError("; ".join(errors))
+    return pauses
 
 
 def sync_adapter(engines: list[Engine], url: str, version: int, name: str, gateway: Gateway | None = None,

@@ -244,13 +244,15 @@ class SessionIntake:
     # -- event loop -------------------------------------------------------------------------------
 
     def job_for(self, record: SessionAssigned, partition: int, offset: int, attempt: int, lost: int | None) -> Job:
-        """A pipeline Job; re-runs get a key minted for their own attempt (and session id)."""
+        """A pipeline Job; re-runs get a key minted for their own attempt (and session id). The re-minted
+        key keeps the run claim: the node takes sessions from its run's topics, so the run is its topic
+        prefix, as the rollout producer's fan-out put it in the original key."""
         key = record.session_key
         if attempt != record.attempt:
             key = mint_session_key(run_session_id(record.session_id, attempt), self.settings.session_secret,
                                    group_id=record.group_id, task_id=record.task_id, sample_index=record.sample_index,
                                    attempt=attempt, harness=record.task.harness.name,
-                                   ttl_s=self.settings.session_key_ttl_s)
+                                   ttl_s=self.settings.session_key_ttl_s, run=self.settings.topic_prefix)
         job = Job(assigned=record, attempt=attempt, key=key, partition=partition, offset=offset, lost_attempt=lost)
         reason = self.cancelled.get(record.task_id) or record.task.cancelled
         if reason:

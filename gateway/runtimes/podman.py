@@ -140,7 +140,10 @@ class ContainerRuntime:
             if node is None:
                 raise RuntimeUnavailable("the harness needs node on the host to bring into the container")
             argv += ["-v", f"{os.path.realpath(node)}:{NODE_BIN}:ro"]
-        await _engine(self.engine, "rm", "-f", name)  # a leftover of an earlier attempt with this root
+        if Path(self.engine).name == "podman":  # a leftover of an earlier attempt with this root goes in the same call
+            argv.insert(2, "--replace")
+        else:  # docker has no --replace: one more call
+            await _engine(self.engine, "rm", "-f", name)
         rc, out = await _engine(self.engine, *argv, "--entrypoint", IDLE[0], image, *IDLE[1:])
         if rc != 0:
             raise RuntimeUnavailable(f"{self.engine}: cannot start the session container: {out.strip()[-300:]}")

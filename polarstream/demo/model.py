@@ -3,6 +3,7 @@ everything that determines it, with the warm start's pass rate on the train spli
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -31,8 +32,6 @@ def demo_model(cfg: "RunConfig", settings: Settings, train: list[tuple[str, str]
     from gateway.harnesses.builtin import SYSTEM, TOOLS
     from infra.models import ensure_model
 
-    from .warmstart import warm_start
-
     family = arith.family()
     if shape is None:
         key = json.dumps(["family-v3", cfg.seed, cfg.sft_steps, cfg.sft_lr, cfg.sft_batch, cfg.sft_drills, cfg.p_tool,
@@ -44,6 +43,21 @@ def demo_model(cfg: "RunConfig", settings: Settings, train: list[tuple[str, str]
                           cfg.p_tool, cfg.seed, shape.to_json()], sort_keys=True)
         steps = cfg.shape_sft_steps
     out = settings.cache_dir / "models" / f"demo-sft-{uuid.uuid5(uuid.NAMESPACE_OID, key).hex[:12]}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # One builder at a time: another process wanting the same warm start (a second run, a test worker)
+    # waits for this one instead of building it again on the same cores.
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released with the file, also when this process dies
+        return _built(cfg, out, base, steps, family, train, shape)
+
+
+def _built(cfg: "RunConfig", out: Path, base: Path, steps: int, family, train: list[tuple[str, str]],
+           shape: Shape | None) -> tuple[Path, dict]:
+    """``out`` (the warm start and its record), built unless it is there; under demo_model's lock."""
+    from gateway.harnesses.builtin import SYSTEM, TOOLS
+
+    from .warmstart import warm_start
+
     record = out / "warmstart.json"
     if (out / "config.json").exists() and record.exists():
         info = json.loads(record.read_text())
@@ -67,7 +81,7 @@ def demo_model(cfg: "RunConfig", settings: Settings, train: list[tuple[str, str]
         shutil.rmtree(out, ignore_errors=True)  # a half-built one from an older layout
     try:
         tmp.rename(out)
-    except OSError:  # a concurrent process finished the same warm start first: theirs is the same, keep it
+    except OSError:  # finished by a process that held no lock (an older polarstream): theirs is the same, keep it
         shutil.rmtree(tmp, ignore_errors=True)
         info = json.loads((out / "warmstart.json").read_text())
     return out, info

@@ -175,7 +175,8 @@ def write_report(run_dir: Path, cfg: "RunConfig", results: list["StepResult"], p
     rows = "\n".join(
         f"| {r.step + 1} | {r.reward:.3f} | {dash(r.entropy, '.4f')} | {dash(r.grad_norm, '.3f')} | {dash(r.lr, '.2e')} | "
         f"{r.samples} | {r.traces} | {r.calls} | {r.merge_rate:.0%} | "
-        f"{r.sampled_tokens} | {r.wall_s:.1f} | {r.policy_version} | {group_links(viewer_url, r.group_ids)} |"
+        f"{r.sampled_tokens} | {r.wall_s:.1f} | {r.policy_version} | {dash(r.sync_s, '.3f')} | {r.sync_mode or '-'} | "
+        f"{dash(r.engine_pause_s, '.3f')} | {group_links(viewer_url, r.group_ids)} |"
         for r in results)
     fmt = lambda v: dash(v, ".3f")  # noqa: E731
     own = "".join(f"{line}\n" for line in (preset_lines(summary) if preset_lines is not None else ()))
@@ -197,8 +198,8 @@ def write_report(run_dir: Path, cfg: "RunConfig", results: list["StepResult"], p
 
 ## Per step
 
-| step | reward | entropy | grad norm | lr | samples | traces | calls | merge rate | sampled tokens | wall s | policy | groups |
-|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|
+| step | reward | entropy | grad norm | lr | samples | traces | calls | merge rate | sampled tokens | wall s | policy | sync s | sync | engine pause s | groups |
+|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|
 {rows}
 
 ## Replay and evaluate this run

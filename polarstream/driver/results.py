@@ -4,7 +4,9 @@ share, the machine's busy cores: bench/driver.py compares async levels on them).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from schemas import PolicyVersion, TaskRequest, TrainingGroup
 
@@ -31,6 +33,12 @@ class StepResult:
     all_correct: int = 0  # every sample scored 1: too easy now
     all_wrong: int = 0  # every sample scored 0: too hard now
     replaced: int = 0  # zero_signal replace: groups without signal dropped (counted above) and replaced
+    # the weight sync that put this step's weights into the engines (the trainer's train.jsonl, when the
+    # trainer runs here): seconds in all, how (broadcast, storage, or mixed: some engines each way), and the
+    # longest an engine held new requests for it (what rollouts lost)
+    sync_s: float | None = None
+    sync_mode: str | None = None
+    engine_pause_s: float | None = None
 
     @property
     def merge_rate(self) -> float:
@@ -68,6 +76,47 @@ def step_result(step: int, groups: list[TrainingGroup], wall_s: float, version: 
         all_wrong=sum(outcome([t.reward for t in g.trajectories]) == "unsolved" for g in flat),
         replaced=len(dropped),
     )
+
+
+def sync_figures(record: dict) -> dict:
+    """A trainer ``sync`` event (trainer/train.py) as StepResult's sync fields."""
+    how = [m for m in ("broadcast", "storage") if record.get(m)]
+    pauses = [v for v in (record.get("engine_pause_s") or {}).values() if v is not None]
+    return {"sync_s": record.get("sync_s"), "sync_mode": "mixed" if len(how) == 2 else how[0] if how else record.get("mode"),
+            "engine_pause_s": max(pauses) if pauses else None}
+
+
+class SyncLog:
+    """The trainer's sync events by policy version, read incrementally from its train.jsonl (a restarted
+    trainer appends to it; the later sync of a version wins). A missing file reads as no syncs."""
+
+    def __init__(self, path: Path):
+        self.path, self.pos, self.by_version = path, 0, {}
+
+    def poll(self) -> dict[int, dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                data = f.read()
+        except OSError:
+            return self.by_version
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self.pos += end
+        for line in data[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("event") == "sync" and "policy_version" in record:
+                self.by_version[int(record["policy_version"])] = sync_figures(record)
+        return self.by_version
+
+    def fill(self, results: list[StepResult]) -> None:
+        """Give each step without its sync yet the sync of the version it trained (step k: version k + 1)."""
+        syncs = self.poll()
+        for r in results:
+            if r.sync_s is None and (got := syncs.get(r.step + 1)):
+                r.sync_s, r.sync_mode, r.engine_pause_s = got["sync_s"], got["sync_mode"], got["engine_pause_s"]
 
 
 def per_task(trained: dict[str, TaskRequest], groups: dict[str, TrainingGroup]) -> dict[str, dict]:

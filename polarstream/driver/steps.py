@@ -21,7 +21,7 @@ from schemas import HarnessSpec, TaskRequest
 from .config import RunConfig
 from .evaluation import HELDOUT_SET, Evals
 from .processes import Processes, ProcessFailed
-from .results import StepResult, loop_figures, per_task, step_result
+from .results import StepResult, SyncLog, loop_figures, per_task, step_result
 from .schedule import (Curriculum, Schedule, eval_tag, outcome, replacement, replacements_due, retired, step_batches,
                        step_tag, submitted, task_id, zero_signal_wish)
 from .serving import Served, engine_busy_s, stamped
@@ -55,6 +55,7 @@ class Steps:
         self.results: list[StepResult] = []
         self.steps_out: dict[int, tuple[set[str], float]] = {}  # step -> (its groups, when they went out)
         self.lag: dict[str, int] = {}
+        self.syncs = SyncLog(cfg.run_dir.absolute() / "trainer" / "train.jsonl")  # the trainer started here writes it
         # The training loop's span (first step out -> last step trained) and the engine's busy seconds in it:
         # steps per hour and the engine's idle fraction there (bench/driver.py compares async levels on them).
         self.loop: dict[str, float | None] = {}
@@ -181,6 +182,7 @@ class Steps:
             if on_step is not None:
                 on_step(k, metrics)
             self.lag = consumer_lag(self.settings)
+        self.syncs.fill(results)
         if (v := self.schedule.due_eval(served, set(evals.evaluated), set(evals.out))) is not None:
             evals.out[v] = (self.send(self.eval_tasks(v)), now)
         for k in self.schedule.due_steps(len(steps_out), served, set(evals.evaluated)):
@@ -197,6 +199,7 @@ class Steps:
         """What the report adds for the run: the loop's figures, per-task statistics, every eval, retired tasks."""
         cfg = self.cfg
         trained = {g: self.item(r.step, self.index(g)) for r in self.results for g in r.group_ids}
+        self.syncs.fill(self.results)
         return {**loop_figures(self.loop, cfg.steps), "per_task": per_task(trained, self.watcher.groups),
                 "heldout_metrics": self.evals.metrics,
                 "retired": sorted(retired(self.history(len(self.results)), cfg.retire, cfg.retire_after))}

@@ -6,6 +6,10 @@ recognisably the same sessions, and every consumer can dedupe on event_id.
 A task may mix harnesses within its group: ``harness = {"name": "mix", "config": {"harnesses": [spec,
 spec, ...]}}`` gives sample ``i`` the spec ``i mod n`` (so one GRPO group compares, say, Qwen Code and pi
 rollouts of the same task). Each session embeds the task with its own resolved harness.
+
+Each key carries its run (``run``: the run's topic prefix, ``settings.topic_prefix``), so a gateway shared
+by several runs records the session's calls in that run's topics and stamps them with that run's policy
+(docs/gateway.md, "LoRA runs and several runs on one gateway"); '' (the default prefix) adds no claim.
 """
 
 from __future__ import annotations
@@ -44,15 +48,15 @@ def harness_for(task: TaskRequest, sample_index: int) -> HarnessSpec:
     return spec
 
 
-def fan_out(task: TaskRequest, secret: str, key_ttl_s: float = DEFAULT_KEY_TTL_S) -> list[SessionAssigned]:
-    """The task's sessions, sample 0..num_samples-1, attempt 0, each with a key scoped to it."""
+def fan_out(task: TaskRequest, secret: str, key_ttl_s: float = DEFAULT_KEY_TTL_S, *, run: str = "") -> list[SessionAssigned]:
+    """The task's sessions, sample 0..num_samples-1, attempt 0, each with a key scoped to it (and to ``run``)."""
     out = []
     for i in range(task.num_samples):
         sid = session_id(task, i)
         spec = harness_for(task, i)
         sample_task = task if spec is task.harness else task.model_copy(update={"harness": spec})
         key = mint_session_key(sid, secret, group_id=task.group_id, task_id=task.task_id, sample_index=i, attempt=0,
-                               harness=spec.name, ttl_s=key_ttl_s)
+                               harness=spec.name, ttl_s=key_ttl_s, run=run)
         out.append(SessionAssigned(event_id=derived_event_id("assigned", sid, 0), session_id=sid, group_id=task.group_id,
                                    task_id=task.task_id, sample_index=i, attempt=0, session_key=key, task=sample_task))
     return out

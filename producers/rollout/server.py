@@ -75,7 +75,8 @@ class Rollout:
         if task.task_id in self.tasks:
             raise ApiError(409, "duplicate_task", f"task {task.task_id!r} was already submitted; use a new task_id")
         try:
-            sessions = fan_out(task, self.settings.session_secret, self.settings.session_key_ttl_s)
+            sessions = fan_out(task, self.settings.session_secret, self.settings.session_key_ttl_s,
+                               run=self.settings.topic_prefix)
             for record in (task, *sessions[:1]):  # the first session embeds the task: one level deeper
                 encode(record)
         except FanOutError as e:
@@ -129,7 +130,8 @@ class Rollout:
             return
         if state is None:
             try:
-                sessions = fan_out(task, self.settings.session_secret, self.settings.session_key_ttl_s)
+                sessions = fan_out(task, self.settings.session_secret, self.settings.session_key_ttl_s,
+                                   run=self.settings.topic_prefix)
             except FanOutError:
                 return
             self.tasks[task.task_id] = new_task_state(task, [s.session_id for s in sessions])

@@ -38,6 +38,7 @@ KINDS = {
     "tasks_file": ("missing", "malformed_json", "not_a_task_dir", "docker_task"),
     "image_name": ("no_standin",),
     "from_offsets": ("missing", "malformed_json"),
+    "lora_modules": ("missing",),
     "out": ("under_file",),
     "run_dir": ("under_file",),
     "work_dir": ("under_file",),

@@ -74,9 +74,11 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
     from engine.weights import apply_state, check_state, read_checkpoint
 
     # a warm start this short (and this small a step: 4 conversations, 16 drills) solves almost nothing: the
-    # gate is off here (its rule has its own test); it is built from nothing in every CI run
+    # gate is off here (its rule has its own test); it is built from nothing in every CI run, and these are
+    # test_cli_demo's settings (p_tool 1.0 included), so the two share one build (demo_model's lock)
     cfg = RunConfig(steps=2, tasks_per_step=2, samples=2, heldout=2, heldout_samples=2, sft_steps=15, sft_batch=4,
-                     sft_drills=16, min_pass_rate=0.0, run_dir=tmp_path / "demo", runtime="subprocess", step_timeout_s=240)
+                     sft_drills=16, p_tool=1.0, min_pass_rate=0.0, run_dir=tmp_path / "demo", runtime="subprocess",
+                     step_timeout_s=240)
     base = infra.settings.model_copy(update={"topic_prefix": "", "storage_url": ""})
     scraped: dict = {}
 
@@ -109,6 +111,8 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
         assert step["all_correct"] + step["all_wrong"] <= step["groups"]
         assert (step["reward"] == 0.0) <= (step["all_wrong"] == step["groups"])
         assert (step["reward"] == 1.0) <= (step["all_correct"] == step["groups"])
+        # the weights went to the engine in memory (the default), and the report shows how long that took
+        assert step["sync_mode"] == "broadcast" and step["sync_s"] > 0 and step["engine_pause_s"] >= 0, step
     assert summary["zero_signal_groups"] == {"all_correct": sum(s["all_correct"] for s in summary["per_step"]),
                                              "all_wrong": sum(s["all_wrong"] for s in summary["per_step"]), "groups": 4,
                                              "replaced": 0}  # the demo masks them
@@ -116,6 +120,7 @@ def test_short_demo_runs_end_to_end_and_its_checkpoint_loads(infra, tmp_path):
         assert (cfg.run_dir / name).stat().st_size > 0
     report = (cfg.run_dir / "report.md").read_text()
     assert summary["checkpoint_url"] in report
+    assert "| sync s | sync | engine pause s |" in report and report.count(" | broadcast | ") == 2
     for step in summary["per_step"]:  # each step links its groups' viewer pages
         assert len(step["group_ids"]) == 2 and all(f"/r/0/group/{g})" in report for g in step["group_ids"])
 

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.transfer import InitInfo, UpdateInfo, packed_chunks, tensor_sha256
-from trainer.broadcast import WeightTransfer, named_tensors
+from trainer.broadcast import WeightTransfer, named_tensors, tensor_meta
 from trainer.weight_sync import PolarEngine
 
 ROOT = Path(__file__).parents[2]
@@ -118,6 +118,20 @@ def test_broadcast_is_bit_exact_and_sampling_follows(module_engine_server, tiny_
         wt.sync(model, None, 4)
         assert httpx.post(f"{url}/weight_checker", json={"action": "compare", "baseline": ours}).json()["match"]
         assert httpx.get(f"{url}/weight_info").json()["transfer"]["groups_formed"] == groups_before + 1
+        # Buffers are reused across syncs on both ends: the engine receives into the buffers an update installed
+        # two updates ago. Two more syncs, each staged first and checked before its swap: what arrives never
+        # lands in the buffers the engine serves from.
+        reused = httpx.get(f"{url}/weight_info").json()["transfer"]["buffers_reused"]
+        for version, seed in ((5, 2), (6, 3)):
+            new = perturbed(tiny_model_dir, seed)
+            serving = checksums(url)
+            assert wt.prepare(tensor_meta(new))
+            wt.send(named_tensors(new))
+            assert checksums(url) == serving  # staged, not served
+            wt.finish(None, version)
+            want = {n: tensor_sha256(t) for n, t in named_tensors(new)}
+            assert {n: h for n, h in checksums(url).items() if n in want} == want
+        assert httpx.get(f"{url}/weight_info").json()["transfer"]["buffers_reused"] > reused
     finally:
         wt.close()
     # the bodies are vLLM's

@@ -116,3 +116,24 @@ async def test_pause_abort_ends_running_requests(engine_server):
         assert choice["finish_reason"] == "abort" and 0 < len(choice["token_ids"]) < 2000
         await c.post("/resume")
         assert (await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})).status_code == 200
+
+
+async def test_a_storage_update_honours_a_keep_pause(engine_server, new_checkpoint):
+    """Both weight routes swap through one helper that keeps the pause the engine was given: under ``keep``
+    the frozen request is not drained (the old route re-paused with ``wait`` and hung on it), the engine
+    stays paused after the swap, and the request goes on after /resume."""
+    async with httpx.AsyncClient(base_url=engine_server.url, timeout=60) as c:
+        batcher = engine_server.engine.batcher
+        running = asyncio.create_task(c.post("/v1/completions", json={"prompt": "long", "max_tokens": 40, "ignore_eos": True}))
+        while not batcher.running:
+            await asyncio.sleep(0.005)
+        assert (await c.post("/pause", params={"mode": "keep"})).json() == {"status": "paused"}
+        version = batcher.policy_version + 1
+        r = await c.post("/update_weights", json={"checkpoint_url": f"file://{new_checkpoint}", "version": version})
+        assert r.status_code == 200 and r.json()["policy_version"] == version, r.text
+        assert r.json()["pause_s"] >= 0
+        assert (await c.get("/is_paused")).json() == {"is_paused": True}
+        assert batcher.running and not running.done()  # frozen, not drained
+        await c.post("/resume")
+        done = await running
+        assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 40

@@ -22,7 +22,7 @@ import pytest
 
 from bench._procs import spawn, stop, wait_http
 from bench.gateway import CALL, Conversation, make_world, tool_call_id
-from gateway.router import _label_worker
+from gateway.router import _label_worker, merge_json
 from infra.process import free_port
 from infra.topics import delete_topics, ensure_topics
 from tests.plugins.gateway import CallsReader
@@ -152,6 +152,13 @@ def test_metrics_of_every_worker_are_labelled():
     assert _label_worker("polar_gateway_sessions 3.0", 1) == 'polar_gateway_sessions{worker="1"} 3.0'
     assert _label_worker('polar_gateway_calls_total{provider="chat",status="ok"} 4.0', 0) == \
         'polar_gateway_calls_total{worker="0",provider="chat",status="ok"} 4.0'
+
+
+def test_counts_per_adapter_are_summed_over_workers():
+    answers = [httpx.Response(200, json={"in_flight": {"a-v3": 2}, "stamped": {"": "a-v3"}}),
+               httpx.Response(200, json={"in_flight": {"a-v3": 1, "b-v7": 4}, "stamped": {"": "a-v3"}})]
+    merged = json.loads(merge_json(answers)[0])
+    assert merged["in_flight"] == {"a-v3": 3, "b-v7": 4} and merged["stamped"] == {"": "a-v3"}
 
 
 def test_workers_die_with_the_router(gateway):

@@ -17,6 +17,9 @@ from gateway.node.config import NodeConfig
 from gateway.node.intake import RESUME_RETRY_S, SessionIntake
 from gateway.node.node import Node
 from producers.publisher import Publisher
+from producers.rollout.fanout import fan_out
+from schemas import TaskRequest
+from schemas.session_keys import verify_session_key
 from tests.node.test_pipeline import job, pipeline
 
 pytestmark = pytest.mark.integration
@@ -51,6 +54,21 @@ def poll_for(intake: SessionIntake, seconds: float) -> list[tuple[int, int]]:
         if one is not None:
             got.append((one[1], one[2]))
     return got
+
+
+def test_a_rerun_key_keeps_its_run(polar_settings, tmp_path):
+    """A re-run's key, minted on the node, names the same run as the rollout producer's key: on a gateway
+    shared by several runs its calls still land in this run's topics."""
+    task = TaskRequest(task_id="t", instruction="do", num_samples=2, min_valid=1)
+    (s0, _) = fan_out(task, polar_settings.session_secret, run=polar_settings.topic_prefix)
+    cfg = NodeConfig(work_dir=tmp_path, cache_dir=tmp_path, runtime="subprocess", node_id="n1")
+    intake = SessionIntake(polar_settings, cfg, pipeline(tmp_path, []))
+    try:
+        assert intake.job_for(s0, 0, 0, 0, None).key == s0.session_key  # attempt 0: the producer's key as is
+        claims = verify_session_key(intake.job_for(s0, 0, 0, 1, 0).key, polar_settings.session_secret)
+        assert (claims.session_id, claims.attempt, claims.run) == ("t.s0.a1", 1, polar_settings.topic_prefix)
+    finally:
+        intake._close()
 
 
 @pytest.mark.parametrize("per_partition", [False, True], ids=["call-fails", "partition-errors"])

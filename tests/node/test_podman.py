@@ -78,6 +78,8 @@ async def test_a_node_that_died_leaves_containers_its_successor_removes(tmp_path
     rt = ContainerRuntime(None, owner=str(tmp_path))
     boxes = [await rt.open(image_task(), tmp_path / f"s{i}") for i in range(2)]
     assert all(not b.dead for b in boxes)
+    again = await rt.open(image_task(), tmp_path / "s0")  # a session rerun in its root: the leftover is replaced
+    assert again.cname == boxes[0].cname and again.pid and again.pid != boxes[0].pid
     assert await ContainerRuntime(None, owner=str(tmp_path)).cleanup() == 2  # a restarted node, same work dir
     assert await ContainerRuntime(None, owner=str(tmp_path)).cleanup() == 0
 

@@ -23,6 +23,14 @@ def test_fan_out_mints_scoped_keys_with_deterministic_ids():
     assert (claims.session_id, claims.group_id, claims.task_id, claims.sample_index, claims.attempt) == ("t1.s2", "t1", "t1", 2, 0)
     assert [s.event_id for s in fan_out(task(), SECRET)] == [s.event_id for s in sessions]  # same task, same records
     assert len({s.session_key for s in sessions}) == 4
+    assert claims.run == ""  # the default topic prefix: no run claim, the key as before runs existed
+
+
+def test_fan_out_keys_name_their_run():
+    """The run's topic prefix rides in every key, so a shared gateway records the calls in that run's topics."""
+    sessions = fan_out(task(), SECRET, run="exp7.")
+    assert {verify_session_key(s.session_key, SECRET).run for s in sessions} == {"exp7."}
+    assert [s.event_id for s in sessions] == [s.event_id for s in fan_out(task(), SECRET)]  # same sessions either way
 
 
 def test_mix_alternates_harnesses_per_sample():

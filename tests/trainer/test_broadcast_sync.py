@@ -27,7 +27,7 @@ from infra.settings import Settings
 from infra.storage import filesystem
 from tests.plugins.engine import ENGINE_PROCESS_DEADLINE_S as DEADLINE_S
 from trainer import checkpoint
-from trainer.broadcast import WeightTransfer, named_tensors
+from trainer.broadcast import Packed, WeightTransfer, named_tensors
 from trainer.config import ConfigError, TrainConfig
 from trainer.weight_sync import PolarEngine, WeightSyncError
 
@@ -89,7 +89,7 @@ def run_sync_killing(wt, model, url, version, victim, sig):
 
 
 def test_config_takes_the_transfer_mode():
-    assert TrainConfig().weight_transfer == "storage"  # the default is unchanged
+    assert TrainConfig().weight_transfer == "auto"  # broadcast where the engine speaks the protocol, else storage
     assert TrainConfig.from_overrides({"weight_transfer": "broadcast"}).weight_transfer == "broadcast"
     with pytest.raises(ConfigError):
         TrainConfig.from_overrides({"weight_transfer": "nccl"})
@@ -321,3 +321,21 @@ def test_a_training_step_broadcasts_to_the_engine(polar_settings, tiny_model_dir
     served = httpx.post(f"{engine.url}/weight_checker", json={"action": "checksum"}, timeout=60).json()["checksums"]
     assert {n: tensor_sha256(t) for n, t in fs_state.items()} == {n: served[n] for n in fs_state}
     assert checkpoint.newest_export(polar_settings.checkpoint_url, polar_settings) == 1
+
+
+def test_send_buffers_live_across_syncs_and_a_set_lent_to_an_export_is_reused_once_given_back():
+    wt = WeightTransfer([], "broadcast")
+    try:
+        ring = wt._buffers([8, 4, 6], keep=False)  # double buffering: buffer j and j + 2 share memory
+        assert ring(0).data_ptr() == ring(2).data_ptr() != ring(1).data_ptr()
+        assert [ring(j).numel() for j in range(3)] == [8, 4, 6]
+        assert wt._buffers([8, 4, 6], keep=False)(0).data_ptr() == ring(0).data_ptr()  # the next sync's
+        lent = wt._buffers([8, 4], keep=True)
+        busy = wt._buffers([8, 4], keep=True)  # the first set's export is still being written: a fresh set
+        assert busy(0).data_ptr() != lent(0).data_ptr() and busy(1).numel() == 4
+        wt.release([Packed(busy(0), [])])  # not the lent set: changes nothing
+        assert wt._buffers([8, 4], keep=True)(0).data_ptr() != lent(0).data_ptr()
+        wt.release([Packed(lent(0), []), Packed(lent(1), [])])
+        assert wt._buffers([8, 4], keep=True)(0).data_ptr() == lent(0).data_ptr()
+    finally:
+        wt.close()
