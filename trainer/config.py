@@ -159,8 +159,8 @@ class TrainConfig:
             (self.lora_rank >= 0, "lora_rank", "must be >= 0 (0: full fine-tuning)"),
             (self.lora_alpha > 0, "lora_alpha", "must be > 0"),
             (0 <= self.lora_dropout < 1, "lora_dropout", "must be in [0, 1)"),
-            (not self.lora_rank or self.weight_transfer == "storage", "weight_transfer",
-             "must be storage with lora_rank > 0 (adapters reach the engines through /v1/load_lora_adapter)"),
+            (not self.lora_rank or self.weight_transfer != "broadcast", "weight_transfer",
+             "must be storage or auto with lora_rank > 0 (adapters reach the engines through /v1/load_lora_adapter)"),
             (not self.lora_rank or re.fullmatch(r"[A-Za-z0-9._:-]+", self.model_name) is not None, "model_name",
              "with lora_rank > 0 it names the adapters (<model_name>-v<version>): letters, digits and . _ : - only"),
         ]

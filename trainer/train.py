@@ -107,7 +107,8 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
 
     # -- rank 0: the group source, the run log, the publisher, the engines --------------------------
     stop = _StopFlag()
-    broadcasting = cfg.weight_transfer != "storage" and bool(cfg.engines) and bool(cfg.sync_every)
+    # (a LoRA run's adapters go through the engines' adapter routes, whatever weight_transfer says)
+    broadcasting = cfg.weight_transfer != "storage" and bool(cfg.engines) and bool(cfg.sync_every) and not lora.enabled(cfg)
     source = publisher = log = sinks = None
     if master:
         seen = SeenIds(state.get("seen", []))

@@ -277,3 +277,35 @@ def test_activation_checkpointing_and_shared_prefixes_take_the_same_lora_step():
         got.append((out.grad_norm, lora.adapter_state_dict(model)))
     assert got[0][0] > 0 and got[1][0] == pytest.approx(got[0][0], rel=1e-5)
     assert max((got[1][1][k] - v).abs().max().item() for k, v in got[0][1].items()) <= 1e-6
+
+
+def test_the_engine_samples_with_the_trainers_adapter(engine_server, tmp_path):
+    """The trainer's sync (``sync_adapter``) into our engine: its sampled tokens' logprobs with the adapter equal
+    the trainer's model's to 1e-5; the next sync unloads the old name (404 from then on)."""
+    import httpx
+
+    from trainer import checkpoint
+    from trainer.optim import build_optimizer
+    from trainer.step import train_step
+    from trainer.weight_sync import PolarEngine, sync_adapter
+
+    model = _model()
+    train_step(model, build_optimizer(model, CFG), samples("per_request", "token_mean", model.config.vocab_size), CFG,
+               reward_mean=0.0)
+    model.eval()
+    url = checkpoint.export_adapter(checkpoint.adapters_dir(f"file://{tmp_path}", 1), model,
+                                    lora.adapter_config(CFG, ensure_model("tiny")), Settings(), {"policy_version": 1})
+    assert sync_adapter([PolarEngine(engine_server.url)], url, 1, "exp-v1") == []
+    with httpx.Client(base_url=engine_server.url, timeout=60) as c:
+        r = c.post("/v1/completions", json={"model": "exp-v1", "prompt": PROBE, "max_tokens": 8, "temperature": 1.0,
+                                            "seed": 1, "logprobs": 0, "return_token_ids": True, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        ids, served = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+        with torch.no_grad():
+            full = torch.log_softmax(model(torch.tensor([PROBE + ids])).logits[0].double(), -1)
+        expected = [full[len(PROBE) - 1 + i, t].item() for i, t in enumerate(ids)]
+        assert max(abs(a - b) for a, b in zip(served, expected)) <= 1e-5, (served, expected)
+        assert sync_adapter([PolarEngine(engine_server.url)], url, 2, "exp-v2", previous="exp-v1") == []
+        assert c.post("/v1/completions", json={"model": "exp-v1", "prompt": PROBE, "max_tokens": 1}).status_code == 404
+        assert c.post("/v1/completions", json={"model": "exp-v2", "prompt": PROBE, "max_tokens": 1}).status_code == 200
