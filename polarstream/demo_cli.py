@@ -12,7 +12,7 @@ import typer
 
 # `polarstream demo --lora`: the adapter and the rate it learns the demo with (LoRA moves a few weights, and
 # needs a larger rate than full fine-tuning's 5e-4): 3x; in the in-process loop (polarstream/demo/learning.py) 2.5x
-# learned as fast as full weights and 8x collapsed (docs/trainer.md "LoRA" has the curves)
+# learned about as fast as full weights and 8x collapsed (docs/trainer.md "LoRA" has the curves)
 DEMO_LORA = {"lora": {"rank": 16, "alpha": 32}, "lr": 1.5e-3}
 
 
