@@ -152,8 +152,15 @@ def _pct(v) -> str:
 
 
 def export_command(
-    format: Annotated[str, typer.Option("--format", help="jsonl | parquet")],
-    out: Annotated[str, typer.Option(help="output file: a path, file:// or s3:// URL")],
+    out: Annotated[str, typer.Option(help="output file (a directory with --checkpoint): a path, file:// or s3:// URL")],
+    format: Annotated[Optional[str], typer.Option("--format", help="jsonl | parquet (datasets)")] = None,
+    checkpoint: Annotated[Optional[str], typer.Option(help="export a model instead: this checkpoint directory, or "
+                                                      "the newest under this checkpoint root; a LoRA run's gives its "
+                                                      "adapter (PEFT layout)")] = None,
+    merge: Annotated[bool, typer.Option(help="with --checkpoint of a LoRA run: the base with the adapter merged "
+                                             "in, as an HF model directory")] = False,
+    base: Annotated[Optional[str], typer.Option(help="--merge: the base model directory (default: the adapter's "
+                                                     "base_model_name_or_path)")] = None,
     source: Annotated[str, typer.Option(help="trajectories | groups (groups add each trace's advantage)")] = "trajectories",
     min_reward: Annotated[Optional[float], typer.Option(help="only trajectories with at least this reward")] = None,
     harness: Annotated[Optional[str], typer.Option(help="only this harness")] = None,
@@ -163,9 +170,19 @@ def export_command(
     prefix: Annotated[Optional[str], typer.Option(help=_PREFIX_HELP)] = None,
     config: Annotated[Optional[Path], typer.Option(help=_CONFIG_HELP)] = None,
 ) -> None:
-    """SFT / offline datasets: one row per trace with input_ids, loss_mask, logprobs, reward (and advantage)."""
+    """SFT / offline datasets: one row per trace with input_ids, loss_mask, logprobs, reward (and advantage);
+    with --checkpoint, a trained model (a LoRA run's adapter, or merged with --merge)."""
     from infra.reach import require_kafka, require_storage
     from infra.storage import StorageError
+
+    settings = _settings(config, prefix)  # a bad config file is named before anything else is checked
+    if checkpoint is not None:
+        _export_model(checkpoint, out, merge, base, settings)
+        return
+    if format is None:
+        raise _fail("--format jsonl|parquet (a dataset) or --checkpoint URL (a model) is required", 2)
+    if merge or base:
+        raise _fail("--merge and --base go with --checkpoint", 2)
 
     from .tools.export import FORMATS, ExportStats, Filters, rows_from, write_rows
     from producers.kafka_read import ReadError, fresh_group, merged, plan_spans
@@ -179,7 +196,6 @@ def export_command(
             import pyarrow  # noqa: F401
         except ImportError:
             raise _fail("--format parquet needs pyarrow: pip install 'polarstream[export]'", 2) from None
-    settings = _settings(config, prefix)
     require_storage(settings, out)
     require_kafka(settings)
     filters = Filters(min_reward, harness, policy_version, include_unusable, side_calls)
@@ -191,6 +207,18 @@ def export_command(
     except (ReadError, StorageError) as e:
         raise _fail(str(e)) from None
     _json({"out": out, "format": format, "source": settings.topic(source), **stats.to_dict()})
+
+
+def _export_model(url: str, out: str, merge: bool, base: str | None, settings) -> None:
+    from infra.reach import require_storage
+    from infra.storage import StorageError
+    from trainer.checkpoint import CheckpointError, export_model
+
+    require_storage(settings, url)
+    try:
+        _json(export_model(url, out, settings, merge=merge, base=base))
+    except (CheckpointError, StorageError, OSError) as e:
+        raise _fail(str(e).splitlines()[0]) from None
 
 
 def cat_command(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from infra.settings import Settings
 from infra.storage import filesystem, write_bytes
 
 from . import train_state
-from .export import export_hf
+from .export import NOT_COPIED, WEIGHT_SUFFIXES, export_hf, is_export_file
 
 MANIFEST = "manifest.json"
 STATE = "trainer_state.json"
@@ -59,6 +60,10 @@ def weights_dir(root: str, version: int) -> str:
     return f"{root.rstrip('/')}/weights/v{version:08d}"
 
 
+def adapters_dir(root: str, version: int) -> str:
+    return f"{root.rstrip('/')}/adapters/v{version:08d}"
+
+
 def save_checkpoint(
     root: str,
     step: int,
@@ -68,12 +73,15 @@ def save_checkpoint(
     config: dict[str, Any] | None,
     model_dir: str | Path,
     settings: Settings,
+    adapter: dict[str, Any] | None = None,
 ) -> str:
     """Write a full checkpoint for ``step`` under ``root``; returns its URL once the manifest is in. Every
-    rank calls it (each writes its shards); ``state`` and ``config`` are rank 0's."""
+    rank calls it (each writes its shards); ``state`` and ``config`` are rank 0's. ``adapter``: a LoRA
+    run's adapter_config.json content; the checkpoint then holds the adapter in PEFT's layout instead of
+    the weights, and its train state the adapter and its AdamW moments (the base is ``model_dir``'s)."""
     url = step_dir(root, step)
     _start(url, settings)
-    files = export_hf(model, url, model_dir, settings)
+    files = _write_adapter(url, model, adapter, settings) if adapter else export_hf(model, url, model_dir, settings)
     train_state.save(f"{url}/{train_state.DIR}", model, optimizer, settings)
     if _rank() == 0:
         files.update(_listed(url, train_state.DIR, settings))
@@ -96,6 +104,25 @@ def export_weights(
         _finish(url, files, settings, {"kind": "weights", **meta})
     _barrier()
     return url
+
+
+def export_adapter(url: str, model: torch.nn.Module, adapter: dict[str, Any], settings: Settings,
+                   meta: dict[str, Any]) -> str:
+    """Write a LoRA model's adapter in PEFT's layout to ``url``, manifest last; returns ``url``. Every rank
+    calls it (the adapter is gathered: a collective); rank 0 writes."""
+    _start(url, settings)
+    files = _write_adapter(url, model, adapter, settings)
+    if _rank() == 0:
+        _finish(url, files, settings, {"kind": "adapter", **meta})
+    _barrier()
+    return url
+
+
+def _write_adapter(url: str, model: torch.nn.Module, adapter: dict[str, Any], settings: Settings) -> dict[str, int]:
+    from .lora import adapter_state_dict, write_adapter
+
+    state = adapter_state_dict(model)  # every rank: a gather per tensor under FSDP2
+    return write_adapter(url, state, adapter, settings) if _rank() == 0 else {}
 
 
 # safetensors' dtype codes (its format spec), for the exports written from broadcast buffers
@@ -272,12 +299,15 @@ def newest_export(root: str, settings: Settings) -> int:
     Complete or not: every version published between checkpoints was exported first, and pruning keeps
     the newest exports, so a restarted trainer that continues above this never reuses a published version.
     """
-    fs, path = filesystem(f"{root.rstrip('/')}/weights", settings)
-    fs.invalidate_cache()
-    if not fs.exists(path):
-        return 0
-    names = (e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(path, detail=False))
-    return max((int(n[1:]) for n in names if n.startswith("v") and n[1:].isdigit()), default=0)
+    newest = 0
+    for kind in ("weights", "adapters"):  # a LoRA run exports adapters
+        fs, path = filesystem(f"{root.rstrip('/')}/{kind}", settings)
+        fs.invalidate_cache()
+        if not fs.exists(path):
+            continue
+        names = (e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(path, detail=False))
+        newest = max(newest, max((int(n[1:]) for n in names if n.startswith("v") and n[1:].isdigit()), default=0))
+    return newest
 
 
 def _read_manifest(fs, dir_path: str) -> dict[str, Any] | None:
@@ -357,7 +387,7 @@ def prune(root: str, keep: int, settings: Settings) -> list[str]:
     fs, path = filesystem(root, settings)
     fs.invalidate_cache()
     deleted = []
-    for parent, prefix in ((path, "step-"), (f"{path}/weights", "v")):
+    for parent, prefix in ((path, "step-"), (f"{path}/weights", "v"), (f"{path}/adapters", "v")):
         if not fs.exists(parent):
             continue
         entries = (e.rstrip("/") for e in fs.ls(parent, detail=False))
@@ -368,3 +398,48 @@ def prune(root: str, keep: int, settings: Settings) -> list[str]:
             fs.rm(d, recursive=True)
             deleted.append(_url(fs, d))
     return deleted
+
+
+def export_model(url: str, out: str, settings: Settings, merge: bool = False, base: str | None = None) -> dict:
+    """``polarstream export --checkpoint URL``: the model of a checkpoint (``url``: a checkpoint directory, or a
+    root whose newest complete checkpoint is taken) to ``out`` (a directory or URL). A LoRA run's checkpoint
+    gives its adapter in PEFT's layout, or with ``merge`` the base with the adapter folded in, in HF layout
+    (peft's merge_and_unload; the base is ``base`` or the adapter's base_model_name_or_path); a full-weight
+    checkpoint its HF directory. Returns {"checkpoint", "out", "kind", "files"}; CheckpointError in one line."""
+    from . import lora
+
+    fs, path = filesystem(url, settings)
+    if not fs.exists(f"{path}/{MANIFEST}"):
+        info = latest(url, settings)
+        if info is None:
+            raise CheckpointError(f"{url}: neither a complete checkpoint nor a root holding one")
+        url = info.url
+    out_fs, out_path = filesystem(out, settings)
+    with tempfile.TemporaryDirectory(prefix="polar-export-model-") as tmp:
+        local = download(url, Path(tmp) / "ckpt", settings)
+        adapter = (local / lora.WEIGHTS_FILE).is_file()
+        if merge and not adapter:
+            raise CheckpointError(f"{url}: --merge: a full-weight checkpoint has no adapter to merge")
+        if merge:
+            base_dir = base or json.loads((local / lora.CONFIG_FILE).read_text())["base_model_name_or_path"]
+            if not (Path(base_dir) / "config.json").is_file():
+                raise CheckpointError(f"--merge: base model {base_dir!r} is not a local model directory "
+                                                 "(give --base DIR)")
+            staging = Path(tmp) / "merged"
+            lora.merge(base_dir, local).save_pretrained(staging)
+            for f in Path(base_dir).iterdir():  # the tokenizer and chat template, as every export carries them
+                if f.is_file() and f.name not in NOT_COPIED and not f.name.endswith(WEIGHT_SUFFIXES) \
+                        and not (staging / f.name).exists():
+                    shutil.copy2(f, staging / f.name)
+            kind = "merged"
+        else:
+            staging, kind = local, "adapter" if adapter else "weights"
+        keep = (lambda n: n in (lora.CONFIG_FILE, lora.WEIGHTS_FILE)) if kind == "adapter" else \
+            (lambda n: is_export_file(n) and n not in (STATE, CONFIG))
+        out_fs.makedirs(out_path, exist_ok=True)
+        files = {}
+        for f in sorted(staging.iterdir()):
+            if f.is_file() and keep(f.name):
+                out_fs.put_file(str(f), f"{out_path}/{f.name}")
+                files[f.name] = f.stat().st_size
+    return {"checkpoint": url, "out": out, "kind": kind, "files": files}

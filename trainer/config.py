@@ -8,6 +8,7 @@ on the command line fails loudly instead of silently training with a default.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -29,6 +30,12 @@ class TrainConfig:
     # flash varlen on CUDA; no mask, cost = sum of each sequence's square) | sdpa | flash_attention_2 | eager
     activation_checkpointing: bool = False  # recompute each layer in backward: long traces fit in memory
     temperature: float = 1.0  # the engine's sampling temperature: logprobs are taken of logits / temperature
+    # -- LoRA (trainer/lora.py: peft's layers on the frozen base; AdamW state for the adapter only) --
+    lora_rank: int = 0  # > 0: train a LoRA adapter of this rank, the base frozen; 0: full fine-tuning
+    lora_alpha: int = 16  # the adapter's output is scaled by lora_alpha / lora_rank
+    lora_dropout: float = 0.0  # dropout on the adapter's input while training (0: steps are deterministic)
+    lora_target_modules: list[str] = field(default_factory=list)  # module names adapted; []: every attention
+    # and MLP projection (q, k, v, o, gate, up, down _proj), the set vLLM serves for most models
     # -- data --
     groups_per_step: int = 4  # groups consumed per optimizer step
     token_budget: int = 4096  # tokens per micro-batch; a longer trace gets a micro-batch of its own
@@ -177,6 +184,13 @@ class TrainConfig:
             (self.weight_transfer_buffer_mb >= 1, "weight_transfer_buffer_mb", "must be >= 1"),
             (self.weight_transfer_throttle_s >= 0, "weight_transfer_throttle_s", "must be >= 0"),
             (0 < self.heartbeat_s < self.dist_timeout_s, "heartbeat_s", "must be in (0, dist_timeout_s)"),
+            (self.lora_rank >= 0, "lora_rank", "must be >= 0 (0: full fine-tuning)"),
+            (self.lora_alpha > 0, "lora_alpha", "must be > 0"),
+            (0 <= self.lora_dropout < 1, "lora_dropout", "must be in [0, 1)"),
+            (not self.lora_rank or self.weight_transfer != "broadcast", "weight_transfer",
+             "must be storage or auto with lora_rank > 0 (adapters reach the engines through /v1/load_lora_adapter)"),
+            (not self.lora_rank or re.fullmatch(r"[A-Za-z0-9._:-]+", self.model_name) is not None, "model_name",
+             "with lora_rank > 0 it names the adapters (<model_name>-v<version>): letters, digits and . _ : - only"),
         ]
         for ok, key, why in checks:
             if not ok:

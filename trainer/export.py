@@ -73,7 +73,7 @@ def upload_rest(staging: Path, model, model_dir: str | Path, fs, path: str) -> d
             shutil.copy2(f, staging / f.name)
     written = {}
     for f in sorted(staging.iterdir()):
-        if f.is_file() and _wanted(f.name):
+        if f.is_file() and is_export_file(f.name):
             fs.put_file(str(f), f"{path}/{f.name}")
             written[f.name] = f.stat().st_size
     return written
@@ -120,6 +120,6 @@ def export_hf(model: torch.nn.Module, url: str, model_dir: str | Path, settings:
     return written
 
 
-def _wanted(name: str) -> bool:
+def is_export_file(name: str) -> bool:
     """The staging files an export uploads (not the trainer's own, which checkpoint.py writes)."""
     return name not in {"manifest.json", "trainer_state.json", "train_config.json", "optimizer.pt"}

@@ -80,14 +80,22 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def build_model(model_dir: str | Path, placement: Placement, dtype: torch.dtype, attn: str,
-                activation_checkpointing: bool = False, weights: bool = True) -> torch.nn.Module:
+                activation_checkpointing: bool = False, weights: bool = True, lora=None) -> torch.nn.Module:
     """The model to train, in train mode on ``placement.device``: a plain one, or FSDP2-sharded.
     ``weights=False``: the architecture of ``model_dir`` without reading its weights files, for a resume
-    whose train state fills every parameter next (a large model is read once, not twice)."""
+    whose train state fills every parameter next (a large model is read once, not twice).
+    ``lora``: a TrainConfig with ``lora_rank > 0``: peft's LoRA layers on the frozen base (trainer/lora.py),
+    injected before sharding, the adapter at its seeded initial value."""
+    from . import lora as lora_mod
     from .attention import load_model
 
+    lora = lora if lora is not None and lora_mod.enabled(lora) else None
     if placement.strategy == "fsdp":
-        return _fsdp_model(model_dir, placement, dtype, attn, activation_checkpointing, weights)
+        return _fsdp_model(model_dir, placement, dtype, attn, activation_checkpointing, weights, lora)
+    if lora is not None:  # a LoRA train state holds the adapter only: the base is always read
+        model = lora_mod.apply_lora(load_model(model_dir, dtype, attn, activation_checkpointing), lora)
+        lora_mod.init_adapter(model, lora.seed)
+        return model.to(placement.device).train()
     if weights:
         return load_model(model_dir, dtype, attn, activation_checkpointing).to(placement.device).train()
     return _unloaded_model(model_dir, placement.device, dtype, attn, activation_checkpointing).train()
@@ -109,7 +117,7 @@ def _unloaded_model(model_dir, device: torch.device, dtype: torch.dtype, attn: s
 
 
 def _fsdp_model(model_dir, placement: Placement, dtype: torch.dtype, attn: str, activation_checkpointing: bool,
-                weights: bool = True):
+                weights: bool = True, lora=None):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -122,6 +130,10 @@ def _fsdp_model(model_dir, placement: Placement, dtype: torch.dtype, attn: str, 
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=impl)
     if activation_checkpointing:  # before sharding: the recomputed layer gathers its weights again
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora is not None:  # before sharding: each adapter is sharded with the decoder layer that holds it
+        from .lora import apply_lora
+
+        apply_lora(model, lora)
     # An explicit CPU mesh on a CUDA host would otherwise put the shards on the GPU (pytorch #132471).
     mesh = init_device_mesh(placement.device.type, (placement.world,))
     # bf16 compute with fp32 gradient reduction on CUDA; fp32 throughout on CPU (gloo's mixed precision is untested upstream)
@@ -138,8 +150,12 @@ def _fsdp_model(model_dir, placement: Placement, dtype: torch.dtype, attn: str, 
             m.set_force_sum_reduction_for_comms(True)
     model.to_empty(device=placement.device)
     _rotary_tables(model, placement.device)
-    if weights:
+    if weights or lora is not None:  # a LoRA train state holds the adapter only: the base is read here
         load_slices(model, model_dir)
+    if lora is not None:
+        from .lora import init_adapter
+
+        init_adapter(model, lora.seed)
     return model.train()
 
 
@@ -163,7 +179,10 @@ def load_slices(model: torch.nn.Module, model_dir: str | Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
 
-    state = model.state_dict()
+    from .lora import is_adapter_param
+
+    # a LoRA model's base weights sit under peft's base_layer; its adapter is not in the files
+    state = {k.replace(".base_layer.", "."): v for k, v in model.state_dict().items() if not is_adapter_param(k)}
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)  # the embedding's own tensor: files of tied models omit it
     dcp.load(state, storage_reader=HuggingFaceStorageReader(str(model_dir)))

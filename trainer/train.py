@@ -34,7 +34,7 @@ from infra.settings import Settings
 from producers.publisher import Publisher, PublishError
 from schemas import PolicyVersion
 
-from . import checkpoint
+from . import checkpoint, lora
 from .config import TrainConfig
 from .kafka_io import GroupSource, offsets_from_json
 from .loss import summarize
@@ -45,7 +45,7 @@ from .parallel import build_model, place
 from .selection import SeenIds, StepPlan, plan_step
 from .step import train_step
 from .broadcast import BackgroundExport, WeightTransfer, named_tensors, tensor_meta
-from .weight_sync import Gateway, WeightSyncError, already_served, engine_from_spec, sync_weights
+from .weight_sync import Gateway, WeightSyncError, already_served, engine_from_spec, sync_adapter, sync_weights
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,9 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
     attn = "sdpa" if cfg.packing == "padded" and cfg.attn_implementation == "auto" else cfg.attn_implementation
     # resuming from a train state: --model gives the architecture only (its weights would be overwritten)
     weights = info is None or not checkpoint.has_train_state(info)
-    model = build_model(model_dir, placement, dtype, attn, cfg.activation_checkpointing, weights)
+    model = build_model(model_dir, placement, dtype, attn, cfg.activation_checkpointing, weights, lora=cfg)
+    # a LoRA run checkpoints and syncs its adapter (PEFT's layout; trainer/lora.py), not the weights
+    adapter = lora.adapter_config(cfg, model_dir) if lora.enabled(cfg) else None
     ref_model = None
     if cfg.kl_coef > 0:  # the reference is the run's starting model, not the newest checkpoint
         ref_model = build_model(cfg.model, placement, dtype, attn).eval().requires_grad_(False)
@@ -105,7 +107,8 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
 
     # -- rank 0: the group source, the run log, the publisher, the engines --------------------------
     stop = _StopFlag()
-    broadcasting = cfg.weight_transfer != "storage" and bool(cfg.engines) and bool(cfg.sync_every)
+    # (a LoRA run's adapters go through the engines' adapter routes, whatever weight_transfer says)
+    broadcasting = cfg.weight_transfer != "storage" and bool(cfg.engines) and bool(cfg.sync_every) and not lora.enabled(cfg)
     source = publisher = log = sinks = None
     if master:
         seen = SeenIds(state.get("seen", []))
@@ -116,7 +119,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                                    cfg.weight_transfer_buffer_mb << 20, master_address=cfg.weight_transfer_address,
                                    verify=cfg.weight_transfer_verify, throttle_s=cfg.weight_transfer_throttle_s)
                     if broadcasting else None)
-        gateway = Gateway(cfg.gateway, settings.admin_token) if cfg.gateway else None
+        gateway = Gateway(cfg.gateway, settings.admin_token, run=settings.topic_prefix) if cfg.gateway else None
         log = RunLog(run_dir / "train.jsonl")
         log.write({"event": "start", "step": step, "policy_version": version, "world_size": world,
                    "strategy": placement.strategy,
@@ -133,7 +136,11 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         # weights this run resumes from, under the version that names them (one still up reloads them).
         try:
             resumed = int(state["policy_version"])
-            if already_served(engines, resumed, gateway):  # alive through our restart: reloading would only pause them
+            if adapter is not None:  # the checkpoint directory holds the adapter in PEFT's layout
+                sync_adapter(engines, info.url, resumed, lora.adapter_name(cfg.model_name, resumed), gateway,
+                             previous=lora.adapter_name(cfg.model_name, synced) if synced and synced != resumed else None)
+                log.write({"event": "resync", "step": step, "policy_version": resumed, "adapter": True})
+            elif already_served(engines, resumed, gateway):  # alive through our restart: reloading would only pause them
                 log.write({"event": "resync", "step": step, "policy_version": resumed, "skipped": "already served"})
             else:
                 sync_weights(engines, info.url, resumed, gateway)
@@ -168,7 +175,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                     "synced_version": synced, "sync_failures": sync_failures,
                     "counters": dict(counters), "time": time.time()} if master else None
         url = checkpoint.save_checkpoint(root, step, model, optimizer, snapshot, config_record if master else None,
-                                         model_dir, settings)
+                                         model_dir, settings, adapter)
         if master:
             checkpoint.prune(root, cfg.keep_checkpoints, settings)
             source.commit(offsets)  # for lag monitoring only; the checkpoint is what a restart reads
@@ -263,6 +270,9 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 if master:
                     join_export()  # the previous sync's (long written, normally)
                     checkpoint.begin_export(url, tensor_meta(model), settings)
+            elif adapter is not None:  # every version's adapter in a directory of its own (engines load it by name)
+                url = checkpoint.export_adapter(checkpoint.adapters_dir(root, version), model, adapter, settings,
+                                                export_meta)
             elif url is None:
                 url = checkpoint.export_weights(checkpoint.weights_dir(root, version), model, model_dir, settings,
                                                 export_meta)
@@ -314,6 +324,12 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                                    **{k: report.get(k) for k in ("broadcast", "storage", "stale", "errors", "bytes_sent",
                                                                  "engine_pause_s", "export_wait_s", "verified")
                                       if report.get(k)}})
+                    elif adapter is not None:
+                        unload_errors = sync_adapter(engines, url, version, lora.adapter_name(cfg.model_name, version),
+                                                     gateway, previous=lora.adapter_name(cfg.model_name, synced) if synced else None)
+                        log.write({"event": "sync", "step": step, "policy_version": version, "mode": "adapter",
+                                   "sync_s": round(time.perf_counter() - t_sync, 4),
+                                   **({"unload_errors": unload_errors} if unload_errors else {})})
                     else:
                         pauses = sync_weights(engines, url, version, gateway)
                         log.write({"event": "sync", "step": step, "policy_version": version, "mode": "storage",

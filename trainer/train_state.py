@@ -37,12 +37,34 @@ def _one_process_is_fine():
         yield
 
 
+def _options(model: torch.nn.Module):
+    """A LoRA model's state is its adapter (the frozen base is the starting model's, read from --model).
+    Not strict: the model is filled from the adapter alone (DCP's load already fails on a missing key)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    from .lora import is_lora_model
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False) if is_lora_model(model) else None
+
+
+def _model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, options):
+    """``get_state_dict``; with LoRA, the adapter only: ignore_frozen_params still lists a tied head
+    (``lm_head.weight``, the frozen embedding under its second name)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from .lora import is_adapter_param
+
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    if options is not None:
+        model_state = {k: v for k, v in model_state.items() if is_adapter_param(k)}
+    return model_state, optim_state
+
+
 def save(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: Settings) -> None:
     """Write the model and optimizer state under ``url`` (every rank calls it; a collective)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = _model_state(model, optimizer, _options(model))
     with _one_process_is_fine():
         dcp.save({"model": model_state, "optim": optim_state}, storage_writer=_io(url, settings, write=True))
 
@@ -50,11 +72,12 @@ def save(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, set
 def load(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: Settings) -> None:
     """Fill ``model`` and ``optimizer`` (already built for this world size) from the state under ``url``."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     # get_state_dict gives a fresh optimizer its state (zero moments) so that DCP has tensors to load into
-    model_state, optim_state = get_state_dict(model, optimizer)
+    options = _options(model)
+    model_state, optim_state = _model_state(model, optimizer, options)
     state = {"model": model_state, "optim": optim_state}
     with _one_process_is_fine():
         dcp.load(state, storage_reader=_io(url, settings, write=False))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)

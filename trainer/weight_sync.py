@@ -34,6 +34,8 @@ class Engine(Protocol):
     def load(self, url: str, version: int) -> None: ...
     def resume(self) -> None: ...
     def served_version(self) -> int | None: ...
+    def load_adapter(self, name: str, url: str) -> None: ...
+    def unload_adapter(self, name: str) -> None: ...
 
 
 def _post(client: httpx.Client, base: str, path: str, **kw) -> httpx.Response:
@@ -64,6 +66,15 @@ class _HttpEngine:
 
     def resume(self) -> None:
         self._call("/resume")
+
+    def load_adapter(self, name: str, url: str) -> None:
+        """vLLM's runtime LoRA route: serve the adapter at ``url`` (PEFT layout) as model ``name``. In place:
+        a sync retried after some engines loaded ``name``, or a resumed trainer's, loads it again, not a 400."""
+        self._call("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": _adapter_path(url),
+                                                   "load_inplace": True})
+
+    def unload_adapter(self, name: str) -> None:
+        self._call("/v1/unload_lora_adapter", json={"lora_name": name})
 
 
 @dataclass
@@ -99,6 +110,12 @@ class VllmEngine(_HttpEngine):
         return None  # not read back here: a resumed trainer always hands vLLM its weights again
 
 
+def _adapter_path(url: str) -> str:
+    """What ``lora_path`` takes: a directory the engine can read (file:// becomes its path; vLLM reads local
+    directories only, our engine also s3:// URLs)."""
+    return url.removeprefix("file://")
+
+
 def engine_from_spec(spec: str) -> Engine:
     """``polar=http://host:port`` or ``vllm=http://host:port``."""
     kind, _, url = spec.partition("=")
@@ -117,6 +134,7 @@ class Gateway:
     admin_token: str
     drain_timeout_s: float = 600.0
     swap_budget_s: float = 600.0  # after draining: if no resume comes by then (we died), the gateway resumes itself
+    run: str = ""  # the run's topic prefix, named in a LoRA stamp ('' : the gateway's own run)
     client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=600.0))
 
     def _post(self, path: str, **kw) -> httpx.Response:
@@ -126,8 +144,11 @@ class Gateway:
         self._post("/admin/pause", params={"timeout_s": self.drain_timeout_s,
                                            "deadline_s": self.drain_timeout_s + self.swap_budget_s})
 
-    def stamp(self, version: int) -> None:
-        self._post("/admin/policy_version", json={"version": version})
+    def stamp(self, version: int, lora_name: str | None = None) -> None:
+        """Stamp ``version`` on later calls (``schemas.PolicyStamp``); ``lora_name``: and send this run's calls
+        (``run``, its topic prefix: a gateway may serve several) to that adapter."""
+        extra = {"lora_name": lora_name, "run": self.run} if lora_name else {}
+        self._post("/admin/policy_version", json={"version": version, **extra})
 
     def resume(self) -> None:
         self._post("/admin/resume")
@@ -179,3 +200,30 @@ def sync_weights(engines: list[Engine], url: str, version: int, gateway: Gateway
         if errors:
             raise WeightSyncError("; ".join(errors))
     return pauses
+
+
+def sync_adapter(engines: list[Engine], url: str, version: int, name: str, gateway: Gateway | None = None,
+                 previous: str | None = None) -> list[str]:
+    """A LoRA run's sync: every engine loads the adapter at ``url`` as ``name`` beside the one it serves
+    (no engine pauses), the gateway drains its calls, is stamped with ``version`` and ``name`` and resumes,
+    and only then does every engine unload ``previous``: after the drain no call uses it any more.
+
+    Raises WeightSyncError when a load or the gateway fails (the old adapter then stays, and is still
+    what the gateway routes to). An unload that fails does not fail the sync: its errors are returned.
+    """
+    for e in engines:
+        e.load_adapter(name, url)
+    if gateway is not None:
+        gateway.pause()
+        try:
+            gateway.stamp(version, lora_name=name)
+        finally:
+            gateway.resume()
+    errors = []
+    if previous and previous != name:
+        for e in engines:
+            try:
+                e.unload_adapter(previous)
+            except WeightSyncError as err:
+                errors.append(str(err))
+    return errors

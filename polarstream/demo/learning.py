@@ -178,6 +178,8 @@ class LearningConfig:
     logit_noise: float = 0.0  # the sampler's logits get N(0, sigma^2) noise (the engine's --logit-noise): an
     # engine/trainer mismatch of a controlled size
     trainer: dict = field(default_factory=dict)  # more TrainConfig settings (thresholds: icepop_low, ...)
+    lora_rank: int = 0  # > 0: train a LoRA adapter of this rank on the frozen model (trainer/lora.py), not every weight
+    lora_alpha: int = 32
 
 
 @dataclass
@@ -243,9 +245,14 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: Lear
     train_attn = model.config._attn_implementation
     tcfg = TrainConfig.from_overrides({"lr": cfg.lr, "weight_decay": 0.0, "loss_norm": cfg.loss_norm,
                                        "temperature": cfg.temperature, "loss": cfg.loss, "correction": cfg.correction,
+                                       "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "seed": cfg.seed,
                                        **({} if cfg.lr_saturation is None else {"lr_saturation": cfg.lr_saturation}),
                                        **({"loss_norm_tokens": cfg.max_new_tokens} if cfg.loss_norm == "constant" else {}),
                                        **cfg.trainer})
+    if cfg.lora_rank:  # the trainer's LoRA: peft's layers on the frozen model, the adapter seeded
+        from trainer.lora import apply_lora, init_adapter
+
+        init_adapter(apply_lora(model, tcfg), tcfg.seed)
     optimizer = build_optimizer(model, tcfg)
     log = RunLog()
     prompt_of, score = task_io(tok, system, tools, shape)

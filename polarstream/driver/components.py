@@ -124,6 +124,8 @@ def start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports
                         "--set", f"max_staleness={cfg.async_level}", "--set", "stale_mode=downweight",
                         # held-out groups are for evaluation only: the trainer consumes and skips them
                         "--set", f"skip_task_sets={HELDOUT_SET}",
+                        # LoRA: each version's adapter is served as <this name>-v<version>, one name per run
+                        *(("--set", f"model_name={cfg.run_id or cfg.name}") if cfg.lora else ()),
                         # the experiment's own trainer settings (configure.py checked that none of the above)
                         *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")])
         if "rollout" in only:

@@ -40,6 +40,7 @@ def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: 
                      std_normalize=exp.std_normalize, overlong=exp.overlong.model_dump() if exp.overlong else {},
                      engine_logit_noise=exp.engine_logit_noise)
     cfg.trainer_settings = trainer_settings(exp)
+    cfg.lora = exp.lora.model_dump() if exp.lora is not None else {}
     if exp.wandb is not None:
         import importlib.util
 
@@ -165,7 +166,8 @@ def _runtime(runtime: str, tasks: list) -> str:
 # Trainer settings the experiment sets itself, so that the driver and the trainer cannot disagree on them
 OWNED = {"lr": "lr", "temperature": "temperature", "max_staleness": "async_level", "stale_mode": "async_level",
          "groups_per_step": "groups_per_step", "max_steps": "max_steps", "skip_task_sets": "eval",
-         "skip_zero_variance": "zero_signal", "loss": "loss", "correction": "correction"}
+         "skip_zero_variance": "zero_signal", "loss": "loss", "correction": "correction", "lora_rank": "lora",
+         "lora_alpha": "lora", "lora_dropout": "lora", "lora_target_modules": "lora"}
 
 
 def trainer_settings(exp: Experiment) -> dict[str, str]:
@@ -181,7 +183,11 @@ def trainer_settings(exp: Experiment) -> dict[str, str]:
             raise ExperimentError(f"trainer.{key}: set by the experiment's {OWNED[key]}, not here")
         if key not in known:
             raise ExperimentError(f"trainer.{key}: not a trainer setting (trainer/config.py)")
-    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in exp.trainer.items()}
+    settings = dict(exp.trainer)
+    if exp.lora is not None:
+        settings.update(lora_rank=exp.lora.rank, lora_alpha=exp.lora.alpha, lora_dropout=exp.lora.dropout,
+                        lora_target_modules=",".join(exp.lora.target_modules))
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in settings.items()}
 
 
 def component_urls(exp: Experiment) -> dict[str, str]:

@@ -47,6 +47,16 @@ class OverlongSettings(BaseModel):
         return self
 
 
+class LoraSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(16, ge=1, description="the adapter's rank")
+    alpha: int = Field(32, gt=0, description="the adapter's output is scaled by alpha / rank")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input while training")
+    target_modules: list[str] = Field(default_factory=list, description="module names adapted; [] = every attention "
+                                      "and MLP projection (q, k, v, o, gate, up, down _proj)")
+
+
 class Experiment(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -118,6 +128,9 @@ class Experiment(BaseModel):
     trainer: dict[str, Any] = Field(default_factory=dict, description="more TrainConfig settings (trainer/config.py), "
                                     "each passed as --set key=value; not those this file sets itself (lr, "
                                     "max_staleness via async_level, ...)")
+    lora: LoraSettings | None = Field(None, description="train a LoRA adapter on the frozen model instead of every "
+                                      "weight (trainer/lora.py); the engines serve each policy version's adapter by name. "
+                                      "LoRA wants a larger lr than full fine-tuning (the demo's --lora: 16, 32, lr 1.5e-3)")
     wandb: WandbSettings | None = Field(None, description="also log each step's reward and each eval to Weights & "
                                        "Biases (needs pip install wandb); TensorBoard always gets them, in RUN_DIR/tb")
     run_id: str = Field("", pattern=r"^[A-Za-z0-9._-]{0,120}$", description="the run's id on Kafka and in storage; "

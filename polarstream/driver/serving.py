@@ -25,6 +25,18 @@ def serving(engine_url: str) -> int:
         return -1
 
 
+def stamped(gateway_url: str, admin_token: str = "", run: str = "") -> int:
+    """The policy version the gateway stamps on ``run``'s calls (-1 while it cannot say). A LoRA run's engines
+    keep their base weights and report that version; what a call is sampled with is the adapter the gateway
+    routes it to, stamped with its version after the trainer loaded it into every engine."""
+    try:
+        r = httpx.get(f"{gateway_url}/admin/policy_version", params={"run": run} if run else None, timeout=5,
+                      headers={"authorization": f"Bearer {admin_token}"})
+        return int(r.json()["version"]) if r.status_code == 200 else -1
+    except (httpx.HTTPError, KeyError, ValueError, TypeError):
+        return -1
+
+
 def engine_busy_s(engine_url: str) -> float | None:
     """Seconds the engine has spent generating (its GET /stats), or None when it cannot say."""
     try:

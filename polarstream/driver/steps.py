@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
+from functools import partial
 
 from infra.process import machine_cpu
 from infra.settings import Settings
@@ -23,7 +24,7 @@ from .processes import Processes, ProcessFailed
 from .results import StepResult, SyncLog, loop_figures, per_task, step_result
 from .schedule import (Curriculum, Schedule, eval_tag, outcome, replacement, replacements_due, retired, step_batches,
                        step_tag, submitted, task_id, zero_signal_wish)
-from .serving import Served, engine_busy_s
+from .serving import Served, engine_busy_s, stamped
 from .submit import send, task_payload
 from .watcher import Watcher, consumer_lag
 
@@ -47,7 +48,9 @@ class Steps:
         self.per_step, self.replacing = cfg.tasks_per_step, cfg.zero_signal == "replace"
         self.schedule = Schedule(steps=cfg.steps, async_level=cfg.async_level, eval_every=cfg.eval_every,
                                  evaluate=bool(heldout) and cfg.heldout_samples > 0)
-        self.served = Served(urls["engine"])
+        # a LoRA run: what serves a version is the adapter the gateway stamps, not the engine's weights
+        self.served = (Served(urls["gateway"], partial(stamped, admin_token=settings.admin_token, run=settings.topic_prefix))
+                       if cfg.lora and urls.get("gateway") else Served(urls["engine"]))
         self.evals = Evals(settings, cfg.steps, cfg.heldout_samples, cfg.step_timeout_s, tracker)
         self.results: list[StepResult] = []
         self.steps_out: dict[int, tuple[set[str], float]] = {}  # step -> (its groups, when they went out)

@@ -3,6 +3,8 @@ asked only while the topic is ahead of what it was last seen serving."""
 
 from __future__ import annotations
 
+import pytest
+
 from polarstream.driver.serving import Served
 
 
@@ -41,3 +43,21 @@ def test_a_restarted_trainers_resync_is_asked_about_again():
     served.forget()
     engine.version = 2  # the checkpoint's version, until the next sync
     assert served.version(3) == 2 and served.version(3) == 2 and engine.asked == 3
+
+
+@pytest.mark.integration
+def test_a_lora_runs_served_version_is_the_gateways_stamp(polar_settings, gateway_factory):
+    """Issue 64: a LoRA run's engine keeps reporting its base weights; the gate reads the gateway's stamp."""
+    import httpx
+
+    from polarstream.driver.serving import stamped
+
+    gateway = gateway_factory(polar_settings, "http://127.0.0.1:9")  # no call reaches the engine here
+    token = polar_settings.admin_token
+    assert stamped(gateway.url, token) == 0
+    httpx.post(f"{gateway.url}/admin/policy_version", json={"version": 3},
+               headers={"authorization": f"Bearer {token}"}).raise_for_status()
+    assert stamped(gateway.url, token) == 3
+    assert stamped(gateway.url, "not-the-token") == -1 and stamped("http://127.0.0.1:9", token) == -1
+    served = Served(gateway.url, probe=lambda url: stamped(url, token))
+    assert served.version(4) == 3  # version 4 published, not yet stamped

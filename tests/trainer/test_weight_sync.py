@@ -116,3 +116,31 @@ def test_failed_load_still_resumes_every_engine(recorder):
     paths = [p for p, _ in handler.calls]
     assert paths == ["/pause?mode=wait", "/pause?mode=wait", "/update_weights", "/resume", "/resume"]
     assert handler.calls[2][1] == {"checkpoint_url": "s3://b/ckpt", "version": 2}
+
+
+def test_a_lora_sync_loads_the_new_adapter_stamps_it_then_unloads_the_old(recorder):
+    """Issue 64's order: every engine loads the new version's adapter beside the old one (no engine pauses),
+    the gateway drains, is stamped with the version and the adapter's name, resumes; then the old adapter goes."""
+    from trainer.weight_sync import Gateway, sync_adapter
+
+    handler, url = recorder
+    errors = sync_adapter([PolarEngine(url), VllmEngine(url)], "file:///ckpt/adapters/v00000003", 3, "run-v3",
+                          Gateway(url, "token", run="exp1."), previous="run-v2")
+    assert errors == []
+    load = {"lora_name": "run-v3", "lora_path": "/ckpt/adapters/v00000003", "load_inplace": True}
+    assert [(p.split("?")[0], b) for p, b in handler.calls] == [
+        ("/v1/load_lora_adapter", load), ("/v1/load_lora_adapter", load),
+        ("/admin/pause", None), ("/admin/policy_version", {"version": 3, "lora_name": "run-v3", "run": "exp1."}), ("/admin/resume", None),
+        ("/v1/unload_lora_adapter", {"lora_name": "run-v2"}), ("/v1/unload_lora_adapter", {"lora_name": "run-v2"}),
+    ]
+    # a load that fails leaves the gateway on the old adapter, and the old adapter loaded
+    handler.calls.clear()
+    handler.fail_on = "/v1/load_lora_adapter"
+    with pytest.raises(WeightSyncError, match="HTTP 500"):
+        sync_adapter([PolarEngine(url)], "file:///a/v4", 4, "run-v4", Gateway(url, "token"), previous="run-v3")
+    assert [p for p, _ in handler.calls] == ["/v1/load_lora_adapter"]
+    # an unload that fails does not fail the sync: the new adapter serves; the error is returned (and logged)
+    handler.calls.clear()
+    handler.fail_on = "/v1/unload_lora_adapter"
+    errors = sync_adapter([PolarEngine(url)], "file:///a/v4", 4, "run-v4", None, previous="run-v3")
+    assert len(errors) == 1 and "HTTP 500" in errors[0]
