@@ -111,6 +111,21 @@ def _read(settings: Settings, group: str, want: int, timeout: float = 60.0) -> l
     return ids
 
 
+def _topic_config(admin: AdminClient, topic: str, timeout_s: float = 30.0) -> dict:
+    """The topic's config. A new topic's metadata reaches the brokers one by one: the broker that answers may
+    not know it yet (UNKNOWN_TOPIC_OR_PART, seen under load just after ensure_topics), so ask again until then."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    res, deadline = ConfigResource(ConfigResource.Type.TOPIC, topic), time.monotonic() + timeout_s
+    while True:
+        try:
+            return admin.describe_configs([res])[res].result()
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 @pytest.mark.integration
 def test_three_brokers_lose_no_acknowledged_event_when_a_leader_is_killed(tmp_path):
     started = time.monotonic()
@@ -128,8 +143,7 @@ def test_three_brokers_lose_no_acknowledged_event_when_a_leader_is_killed(tmp_pa
         for name in TOPICS:
             topic = settings.topic(name)
             assert {len(p.replicas) for p in md.topics[topic].partitions.values()} == {3}, topic
-            res = ConfigResource(ConfigResource.Type.TOPIC, topic)
-            assert admin.describe_configs([res])[res].result()["min.insync.replicas"].value == "2", topic
+            assert _topic_config(admin, topic)["min.insync.replicas"].value == "2", topic
         res = ConfigResource(ConfigResource.Type.BROKER, "1")
         broker = {k: v.value for k, v in admin.describe_configs([res])[res].result().items()}
         assert (broker["offsets.topic.replication.factor"], broker["transaction.state.log.replication.factor"],
