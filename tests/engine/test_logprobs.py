@@ -57,33 +57,29 @@ def test_logprobs_are_those_of_the_sampled_distribution(client, reference, tempe
         assert len(top) >= 3 or len(set(top)) < 3  # fewer only when decoded strings coincide
 
 
-def test_raw_logprobs_mode(tiny_model_dir, reference):
-    server = start_engine_server(tiny_model_dir, logprobs_mode="raw_logprobs")
+def _gap_to_the_model(tiny_model_dir, reference, body: dict, **engine) -> float:
+    """The largest gap between an engine's sampled-token logprobs (started with ``engine`` options, one
+    completion of ``body``) and the unperturbed model's raw log-softmax of the same tokens."""
+    server = start_engine_server(tiny_model_dir, **engine)
     try:
         with httpx.Client(base_url=server.url, timeout=60) as c:
-            r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 10, "temperature": 0.5, "top_k": 20,
-                                                "seed": 3, "logprobs": 0, "return_token_ids": True})
+            r = c.post("/v1/completions", json={"prompt": PROMPT, "logprobs": 0, "return_token_ids": True, **body})
         (choice,) = r.json()["choices"]
     finally:
         server.stop()
     ids = choice["token_ids"]
     want = torch.log_softmax(forward_logits(reference, choice["prompt_token_ids"], ids), dim=-1)
     want = want.gather(1, torch.tensor(ids)[:, None])[:, 0]
-    assert (torch.tensor(choice["logprobs"]["token_logprobs"]) - want).abs().max() <= 1e-4
+    return (torch.tensor(choice["logprobs"]["token_logprobs"]) - want).abs().max().item()
+
+
+def test_raw_logprobs_mode(tiny_model_dir, reference):
+    body = {"max_tokens": 10, "temperature": 0.5, "top_k": 20, "seed": 3}
+    assert _gap_to_the_model(tiny_model_dir, reference, body, logprobs_mode="raw_logprobs") <= 1e-4
 
 
 def test_logit_noise_makes_the_engine_report_the_perturbed_policy(tiny_model_dir, reference):
     """--logit-noise: the engine samples from, and reports logprobs of, logits + N(0, sigma^2); against the
     unperturbed model (the trainer's view) its logprobs then differ by far more than the 1e-4 above."""
-    server = start_engine_server(tiny_model_dir, logit_noise=1.0)
-    try:
-        with httpx.Client(base_url=server.url, timeout=60) as c:
-            r = c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 16, "temperature": 1.0, "seed": 7,
-                                                "logprobs": 0, "return_token_ids": True})
-        (choice,) = r.json()["choices"]
-    finally:
-        server.stop()
-    ids = choice["token_ids"]
-    want = torch.log_softmax(forward_logits(reference, choice["prompt_token_ids"], ids), dim=-1)
-    want = want.gather(1, torch.tensor(ids)[:, None])[:, 0]
-    assert (torch.tensor(choice["logprobs"]["token_logprobs"]) - want).abs().max() > 0.05
+    body = {"max_tokens": 16, "temperature": 1.0, "seed": 7}
+    assert _gap_to_the_model(tiny_model_dir, reference, body, logit_noise=1.0) > 0.05
