@@ -1,6 +1,12 @@
 """Test-wide fixtures live in tests/plugins/<component>.py, one file per owner, loaded here."""
 
+import os
 from pathlib import Path
+
+# Before anything loads torch (libgomp reads it once): `make test` runs 3 workers on 2 cores, where OpenMP's
+# default spin-wait let every waiting torch thread burn its core. Passive waiting took a tiny model's
+# training steps from 9-29 CPU-s to 4.3-4.7 under that load (issue 60); it costs nothing on a quiet core.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 
