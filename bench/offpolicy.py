@@ -24,13 +24,21 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._provenance import commit_info  # noqa: E402
+
+# What the figures measure (bench/_provenance.py): the loop, the trainer's loss and packing, the advantages,
+# and the test module whose warm start and problems every run uses.
+MEASURES = ("trainer/", "polarstream/demo/", "streams/advantages.py", "tests/demo/test_learning.py")
 
 # name -> LearningConfig overrides; noisy_* also get logit_noise = --noise
 RUNS = {
     "ppo_clip": {},
-    "gspo": {"loss": "gspo", "loss_norm": "seq_mean"},  # the paper's per-sequence mean
-    "gspo_token_mean": {"loss": "gspo"},
+    "gspo": {"loss": "gspo"},  # what `loss: gspo` gets: the default loss_norm, token_mean
+    "gspo_seq_mean": {"loss": "gspo", "loss_norm": "seq_mean"},  # the paper's per-sequence mean
+    "ppo_seq_mean": {"loss_norm": "seq_mean"},  # seq_mean without gspo: whose is gspo_seq_mean's collapse
     "cispo": {"loss": "cispo"},
     "icepop": {"correction": "icepop"},
     "seq_mask_geo": {"correction": "seq_mask_geo"},
@@ -42,7 +50,7 @@ RUNS = {
 }
 BAR = 0.2
 KEEP = ("mismatch_k3", "mismatch_ratio_max", "mismatch_ratio_p99", "corrected_frac", "clip_frac",
-        "would_icepop_frac", "would_seq_mask_geo_frac")
+        "would_icepop_frac", "would_seq_mask_geo_frac", "entropy", "grad_norm")
 
 
 def learned(rewards: list[float]) -> bool:
@@ -65,7 +73,7 @@ def one(name: str, seed: int, steps: int, noise: float) -> dict:
     log, _ = rl_run(_warm(WARM_HALF_TOOL), PROBLEMS, cfg, system=SYSTEM, tools=TOOLS)
     rewards = [round(r, 4) for r in log.rewards]
     return {"run": name, "seed": seed, "settings": settings, "rewards": rewards, "learned": learned(rewards),
-            "seconds": round(time.time() - t0, 1),
+            "seconds": round(time.time() - t0, 1), "tokens": [s.tokens for s in log.steps],
             "mismatch": {k: [round(s.mismatch.get(k, 0.0), 6) for s in log.steps] for k in KEEP}}
 
 
@@ -149,11 +157,14 @@ def main() -> None:
             ap.error(f"--runs: unknown {name}; known: {', '.join(RUNS)}")
         todo += [(name, int(s), args.steps, args.noise) for s in (seed.split() or args.seeds.split(","))]
     t0, load0 = time.time(), os.getloadavg()[0]
+    info = commit_info(ROOT, MEASURES)
+    commit = info["git_commit"] + ("-dirty" if info["git_dirty"] else "")
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     with ProcessPoolExecutor(args.jobs) as pool, open(args.out / "runs.jsonl", "a") as partial:
         for fut in as_completed([pool.submit(one, *t) for t in todo]):  # each run kept as it ends
             results.append(fut.result())
+            results[-1].update(git_commit=commit, load_avg_1m=[round(load0, 2), round(os.getloadavg()[0], 2)])
             partial.write(json.dumps({"noise": args.noise, "steps": args.steps, **results[-1]}) + "\n")
             partial.flush()
     results.sort(key=lambda r: (list(RUNS).index(r["run"]), r["seed"]))
