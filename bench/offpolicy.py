@@ -61,6 +61,7 @@ LABELS = {
 }
 BAR = 0.2
 FALL = 0.3  # the summary names a run's worst fall from this size on
+MAIN_SEEDS = (0, 1)  # the summary's columns; other seeds are counted in one more
 KEEP = ("mismatch_k3", "mismatch_ratio_max", "mismatch_ratio_p99", "corrected_frac", "clip_frac",
         "would_icepop_frac", "would_seq_mask_geo_frac", "entropy", "grad_norm")
 
@@ -123,7 +124,8 @@ def drawdown(rewards: list[float]) -> float:
 def table(results: list[dict]) -> str:
     """Markdown: one row per run, reward first-4 / last-4 means, learned, and the mismatch over the run."""
     rows = ["| run | noise σ | seed | reward first 4 → last 4 | learned | worst fall | mismatch k3 (mean) | "
-            "ratio p99 (mean) | ratio max (max) | corrected (mean) |", "|---|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+            "ratio p99 (mean) | ratio max (max) | corrected (mean) | trained tokens, last step | entropy, last step |",
+            "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     for r in results:
         m, rw = r["mismatch"], r["rewards"]
@@ -131,7 +133,9 @@ def table(results: list[dict]) -> str:
                     f"{mean(rw[:4]):.2f} → {mean(rw[-4:]):.2f} | {'yes' if r['learned'] else '**no**'} | "
                     f"{drawdown(rw):.2f} | "
                     f"{mean(m['mismatch_k3']):.2g} | {mean(m['mismatch_ratio_p99']):.3f} | "
-                    f"{max(m['mismatch_ratio_max']):.3g} | {mean(m['corrected_frac']):.3f} |")
+                    f"{max(m['mismatch_ratio_max']):.3g} | {mean(m['corrected_frac']):.3f} | "
+                    f"{r['tokens'][-1] if r.get('tokens') else '-'} | "  # -: a run from before they were kept
+                    f"{format(m['entropy'][-1], '.2f') if m.get('entropy') else '-'} |")
     return "\n".join(rows)
 
 
@@ -140,11 +144,12 @@ def noise_of(r: dict) -> float:
 
 
 def summary(results: list[dict]) -> str:
-    """Markdown (the README's): a row per run and noise, a cell per seed: the reward's first-4 → last-4
-    means, **no** when the run did not learn, and its worst fall when that was FALL or more."""
+    """Markdown (the README's): a row per run and noise, a cell per seed 0 and 1: the reward's first-4 → last-4
+    means, **no** when the run did not learn, and its worst fall when that was FALL or more; then, where
+    other seeds ran, how many of them learned (and which fell FALL or more)."""
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     by = {(r["run"], noise_of(r), r["seed"]): r for r in results}
-    seeds = sorted({r["seed"] for r in results})
+    extra = sorted({r["seed"] for r in results} - set(MAIN_SEEDS))
 
     def cell(r: dict | None) -> str:
         if r is None:
@@ -153,10 +158,22 @@ def summary(results: list[dict]) -> str:
         return (f"{mean(rw[:4]):.2f} → {mean(rw[-4:]):.2f}" + ("" if r["learned"] else " **no**")
                 + (f", fell {fall:.2f}" if fall >= FALL else ""))
 
-    rows = ["| loss / correction | logit noise σ | " + " | ".join(f"seed {s}" for s in seeds) + " |",
-            "|---|---:|" + "---|" * len(seeds)]
+    def more(rs: list[dict]) -> str:
+        if not rs:
+            return ""
+        no = [f"s{r['seed']}" for r in rs if not r["learned"]]
+        fell = [f"s{r['seed']} {drawdown(r['rewards']):.2f}" for r in rs if drawdown(r["rewards"]) >= FALL]
+        return (f"{len(rs) - len(no)} of {len(rs)}" + (f"; **no**: {', '.join(no)}" if no else "")
+                + (f"; fell: {', '.join(fell)}" if fell else ""))
+
+    head = "| loss / correction | logit noise σ | " + " | ".join(f"seed {s}" for s in MAIN_SEEDS)
+    rows = [head + (f" | seeds {extra[0]}-{extra[-1]}: learned |" if extra else " |"),
+            "|---|---:|" + "---|" * (len(MAIN_SEEDS) + bool(extra))]
     for run, noise in dict.fromkeys((r["run"], noise_of(r)) for r in results):
-        rows.append(f"| {LABELS.get(run, run)} | {noise:g} | " + " | ".join(cell(by.get((run, noise, s))) for s in seeds) + " |")
+        cells = [cell(by.get((run, noise, s))) for s in MAIN_SEEDS]
+        if extra:
+            cells.append(more([by[(run, noise, s)] for s in extra if (run, noise, s) in by]))
+        rows.append(f"| {LABELS.get(run, run)} | {noise:g} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
