@@ -13,10 +13,16 @@ benchmark and KEY either a ``/``-separated path into its JSON (keys may hold dot
 ``comparisons`` (its ours-vs-anchor tables), ``rounds`` (its interleaved-rounds tables) and
 ``provenance`` (the commit it measured and what changed since). Tables end with the provenance line.
 Whatever is between the markers is replaced on every render, so a figure typed there by hand is lost.
+
+A benchmark too long for ``make bench`` keeps its own results file (OWN_RESULTS), with the provenance it
+recorded: its markers render from that file as latest.json's do from latest.json, through its script's
+``markdown(result, key)`` for its tables (``bench/offpolicy.py``: ``summary``, ``table``).
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +35,9 @@ END = "<!-- bench:results:end -->"
 MARKER = re.compile(r"<!-- bench:(?!results:(?:start|end) -->)([\w-]+):([^ >]+) -->(.*?)<!-- /bench -->", re.S)
 # Benchmarks that are simulations even when their JSON predates the "kind" field (results recorded earlier).
 DEFAULT_KINDS = {"rollout": "simulation"}
+# Benchmarks run by hand, outside make bench and latest.json (bench/offpolicy.py: 20-40 minutes of 2 cores):
+# NAME -> its results file, which holds the runs and a ``provenance`` object (bench/_provenance.py's keys).
+OWN_RESULTS = {"offpolicy": "bench/results/offpolicy.json"}
 FIELDS = ("area", "metric", "ours", "anchor", "anchor_name", "unit", "higher_is_better", "note")
 Path_ = tuple[str, ...]
 
@@ -492,6 +501,10 @@ def render_marker(run: dict, stale: dict | None, name: str, key: str) -> str:
     prov = provenance(run, stale, name)
     if key == "provenance":
         return prov
+    if name in OWN_RESULTS:
+        if not result:
+            return f"\n_no {OWN_RESULTS[name]}: run bench/{name}.py._\n"
+        return "\n" + importlib.import_module(f"bench.{name}").markdown(result, key) + "\n\n" + prov + "\n"
     if key == "comparisons":
         rows = rows_of(name, entry)
         if not rows:
@@ -519,8 +532,9 @@ def render_markers(text: str, run: dict, stale: dict | None) -> str:
     return MARKER.sub(lambda mo: f"<!-- bench:{mo[1]}:{mo[2]} -->{render_marker(run, stale, mo[1], mo[2])}<!-- /bench -->", text)
 
 
-def render_into(doc: Path, run: dict, stale: dict | None = None) -> None:
-    """Replace the generated section of ``doc`` (hand-written text around it is kept); create it if needed."""
+def render_into(doc: Path, run: dict, stale: dict | None = None, marked: dict | None = None) -> None:
+    """Replace the generated section of ``doc`` (hand-written text around it is kept); create it if needed.
+    ``marked``: the run its markers render from (``with_own``), ``run`` by default."""
     section = render(run, stale)
     text = doc.read_text() if doc.exists() else ""
     if START in text and END in text:
@@ -529,7 +543,7 @@ def render_into(doc: Path, run: dict, stale: dict | None = None) -> None:
     else:
         text = (text or "# Benchmarks\n\n") + "\n" + section + "\n"
     doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(render_markers(text, run, stale))
+    doc.write_text(render_markers(text, marked or run, stale))
 
 
 def pages(root: Path) -> list[Path]:
@@ -537,26 +551,46 @@ def pages(root: Path) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
+def own_results(root: Path) -> dict[str, dict]:
+    """NAME -> a latest.json-shaped entry for each OWN_RESULTS file under ``root`` (none: no entry)."""
+    out = {}
+    for name, rel in OWN_RESULTS.items():
+        path = root / rel
+        if path.exists():
+            result = json.loads(path.read_text())
+            prov = result.get("provenance") or {}
+            out[name] = {"status": "ok", "mode": prov.get("mode", "full"), "result": result, "provenance": prov}
+    return out
+
+
+def with_own(run: dict, own: dict[str, dict]) -> dict:
+    """``run`` with the OWN_RESULTS entries beside its benchmarks (for markers; the results section keeps
+    latest.json's benchmarks only)."""
+    return {**run, "benchmarks": {**(run.get("benchmarks") or {}), **own}}
+
+
 def stalenesses(run: dict, root: Path) -> dict:
     """Benchmark name -> what changed in the code it measures since it ran (bench/_provenance.changed_for)."""
     return {name: changed_for(name, entry, run, root) for name, entry in (run.get("benchmarks") or {}).items()}
 
 
-def render_docs(run: dict, root: Path, results_doc: Path | None = None, stale: dict | None = None) -> list[Path]:
+def render_docs(run: dict, root: Path, results_doc: Path | None = None, stale: dict | None = None,
+                own: dict[str, dict] | None = None) -> list[Path]:
     """Re-render the results section of ``results_doc`` and every marker in README.md and docs/*.md.
 
-    ``stale`` defaults to what changed, per benchmark, in the code it measures since it ran (``stalenesses``).
-    Returns the pages whose text changed."""
+    ``own``: the OWN_RESULTS entries (default: ``own_results(root)``). ``stale`` defaults to what changed,
+    per benchmark, in the code it measures since it ran (``stalenesses``). Returns the pages whose text changed."""
+    marked = with_own(run, own_results(root) if own is None else own)
     if stale is None:
-        stale = stalenesses(run, root)
+        stale = stalenesses(marked, root)
     results_doc = results_doc or root / "docs/benchmarks.md"
     changed = []
     for page in dict.fromkeys([*pages(root), results_doc]):
         before = page.read_text() if page.exists() else None
         if page == results_doc:
-            render_into(page, run, stale)
+            render_into(page, run, stale, marked)
         elif before is not None and "<!-- bench:" in before:
-            page.write_text(render_markers(before, run, stale))
+            page.write_text(render_markers(before, marked, stale))
         if page.exists() and page.read_text() != before:
             changed.append(page)
     return changed

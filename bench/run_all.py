@@ -3,6 +3,7 @@
     .venv/bin/python bench/run_all.py [--all] [--quick] [--only NAME ...] [--timeout S] [--out JSON] [--doc MD]
                                       [--cluster] [--harnesses] [--driver] [--fsdp] [--weight-sync] [--image-tasks] [--lora]
     .venv/bin/python bench/run_all.py --render-only      # re-render README.md and docs/*.md from the JSON
+                                                         # (and bench/results/offpolicy.json: render.OWN_RESULTS)
     .venv/bin/python bench/run_all.py --staleness        # benchmarks whose measured code changed (exit 1 if any)
 
 Measure once: a full run reruns only the benchmarks whose measured code changed since they last ran (each
@@ -67,7 +68,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._host import REPEATS, host_index  # noqa: E402
 from bench._provenance import bench_provenance, changed_for, commit_info, entry_provenance  # noqa: E402
-from bench.render import comparisons_for, render_docs, render_into  # noqa: E402
+from bench.render import OWN_RESULTS, comparisons_for, render_docs, render_into  # noqa: E402
 from infra.process import stop_group  # noqa: E402
 
 EXPECTED = ("publisher", "engine", "gateway", "streams", "trainer", "rollout")
@@ -330,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.render_only:
         changed = render_docs(json.loads(args.out.read_text()), ROOT, results_doc=args.doc)
-        print(f"rendered from {_rel(args.out)}: " + (", ".join(_rel(p) for p in changed) or "every page already current"))
+        sources = ", ".join([_rel(args.out), *OWN_RESULTS.values()])
+        print(f"rendered from {sources}: " + (", ".join(_rel(p) for p in changed) or "every page already current"))
         return 0
 
     from rich.console import Console

@@ -29,7 +29,7 @@ class EngineServer:
 
 
 def start_engine_server(model_dir: str | Path, *, script: str | Path | None = None, settings=None,
-                        name: str = "tiny", **options) -> EngineServer:
+                        name: str = "tiny", dtype: str = "float32", **options) -> EngineServer:
     """Serve ``model_dir`` on a free port in a background thread; returns once it accepts requests.
 
     ``options`` are ``engine.serving.EngineOptions`` fields (max_model_len, logprobs_mode, threads...).
@@ -44,7 +44,7 @@ def start_engine_server(model_dir: str | Path, *, script: str | Path | None = No
     from engine.serving import Engine, EngineOptions
     from infra.settings import Settings
 
-    lm = load_model(str(model_dir))
+    lm = load_model(str(model_dir), dtype=dtype)
     engine = Engine(lm, str(model_dir), EngineOptions(served_model_names=[name], **options),
                     Script.load(script, lm.tokenizer) if script else None)
     if engine.options.lora_modules:

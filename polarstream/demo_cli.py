@@ -39,6 +39,9 @@ def register(app: typer.Typer) -> None:
                                                        "the group's std (Dr. GRPO)")] = False,
         logit_noise: Annotated[Optional[float], typer.Option(help="the engine adds N(0, SIGMA^2) noise to its logits: a "
                                                                   "controlled engine/trainer mismatch [default: 0]")] = None,
+        engine_dtype: Annotated[Optional[str], typer.Option(help="the engine's weights and matmuls: float32 or bfloat16 "
+                                                                 "(against the trainer's float32: a reduced-precision "
+                                                                 "mismatch) [default: float32]")] = None,
         lora: Annotated[bool, typer.Option("--lora", help="train a LoRA adapter (rank 16, alpha 32) on the frozen "
                                                          "model instead of every weight, at lr 1.5e-3 unless --lr")] = False,
     ) -> None:
@@ -64,7 +67,7 @@ def register(app: typer.Typer) -> None:
             exp = demo_experiment(harness, api or apis[0], runtime=runtime, seed=seed, heldout=heldout, max_steps=steps,
                                   groups_per_step=tasks_per_step, group_size=samples, loss=loss,
                                  correction=correction, std_normalize=False if no_std_normalize else None,
-                                 engine_logit_noise=logit_noise,
+                                 engine_logit_noise=logit_noise, engine_dtype=engine_dtype,
                                  **({**DEMO_LORA, "lr": lr or DEMO_LORA["lr"]} if lora else {"lr": lr}))
             preset = preset_for(exp)  # demo.yaml trains on builtin:arith: the demo's own preset
             out = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")

@@ -59,7 +59,9 @@ def gspo(logp, old, adv, seq, clip_low: float, clip_high: float):
         l_it = -min(s_it A_i, clip(s_it, 1 - eps_low, 1 + eps_high) A_i)
 
     The paper's objective averages each sequence's tokens (``loss_norm: seq_mean``); its clip range is
-    tiny (3e-4 / 4e-4) because s_i is a per-token geometric mean.
+    tiny (3e-4 / 4e-4) because s_i is a per-token geometric mean. Here ``loss_norm`` stays the trainer's
+    (``token_mean`` by default): on-policy s_i is 1 and the clip never binds, so this is the policy gradient
+    under that normalization, and ``seq_mean``'s length bias collapsed a seed (docs/trainer.md, GSPO).
     """
     log_s = seq_mean(logp - old, seq)
     ratio = torch.exp(logp - logp.detach() + log_s.detach())

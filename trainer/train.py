@@ -123,7 +123,8 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         log = RunLog(run_dir / "train.jsonl")
         log.write({"event": "start", "step": step, "policy_version": version, "world_size": world,
                    "strategy": placement.strategy,
-                   "checkpoint": info.url if info else None, "time": time.time()})
+                   "checkpoint": info.url if info else None, "time": time.time(),
+                   "config": cfg.to_dict()})  # the settings in force, after every --set and default
         sinks = Sinks(run_dir, cfg.tensorboard, cfg.progress, cfg.max_steps or None, step)
         if cfg.metrics_port:  # rank 0 only: one scrape target per trainer, not one per rank
             from infra.metrics import serve

@@ -190,7 +190,7 @@ class StepLog:
     moved: bool  # the weights changed across the step
     tokens: int
     lr: float = 0.0  # the rate this step trained with (after the reward-saturation scale)
-    mismatch: dict = field(default_factory=dict)  # mismatch_k3, mismatch_ratio_max/_p99, corrected_frac, ...
+    mismatch: dict = field(default_factory=dict)  # mismatch_k3, mismatch_ratio_max/_p99, corrected_frac, ..., entropy, grad_norm
 
 
 @dataclass
@@ -217,7 +217,9 @@ def grpo_update(model, optimizer, batch: list, reward_mean: float, tcfg) -> tupl
     out = train_step(model, optimizer, batch, cfg, reward_mean=reward_mean)
     stats = summarize(out.sums)
     mismatch = {k: v for k, v in stats.items() if k.startswith(("mismatch", "would_")) or k in ("corrected_frac", "clip_frac")}
-    return out.samples, out.lr, out.no_update != "no_signal", {**mismatch, **out.mismatch}
+    # entropy and the gradient's norm (before clipping) beside them: what a collapsing run shows first
+    return out.samples, out.lr, out.no_update != "no_signal", {**mismatch, **out.mismatch, "entropy": stats["entropy"],
+                                                               "grad_norm": out.grad_norm}
 
 
 def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: LearningConfig, *, system: str,

@@ -93,7 +93,8 @@ def start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports
         if "engine" in only:
             engine = procs.start("engine", "engine", "--model", str(model_dir), "--port", str(ports["engine"]),
                                  "--seed", str(cfg.seed), "--threads", "1",
-                                 *(("--logit-noise", str(cfg.engine_logit_noise)) if cfg.engine_logit_noise else ()))
+                                 *(("--logit-noise", str(cfg.engine_logit_noise)) if cfg.engine_logit_noise else ()),
+                                 *(("--dtype", cfg.engine_dtype) if cfg.engine_dtype != "float32" else ()))
             procs.wait_http(engine, f"{urls['engine']}/health")
         if "node" in only:
             node = procs.start("node", "node", "--engine-url", urls["engine"], "--model", str(model_dir),

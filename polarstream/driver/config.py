@@ -60,6 +60,7 @@ class RunConfig:
     std_normalize: bool = True  # false: the streams compute r - mean (--advantage no_std)
     overlong: dict = field(default_factory=dict)  # {max_tokens, buffer, penalty}: the streams' overlong shaping
     engine_logit_noise: float = 0.0  # the engine's --logit-noise
+    engine_dtype: str = "float32"  # the engine's --dtype (bfloat16: a reduced-precision mismatch)
     lora: dict = field(default_factory=dict)  # the experiment's lora: {rank, alpha, dropout, target_modules}; {}: full weights
     min_completion: float = 0.5  # a group counts once this fraction of its samples is usable
     early_stop_at: float = 0.0  # > 0: cancel a group's stragglers once this fraction is usable

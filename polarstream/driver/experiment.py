@@ -125,6 +125,9 @@ class Experiment(BaseModel):
     engine_logit_noise: float = Field(0.0, ge=0, description="the engine adds N(0, sigma^2) noise to its logits "
                                       "(engine --logit-noise): a controlled engine/trainer mismatch, to see the "
                                       "corrections work; 0: off")
+    engine_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="the engine's weights and matmuls (engine --dtype): bfloat16 against the trainer's "
+        "float32 is the reduced-precision mismatch a real bf16 engine has, on CPU too")
     trainer: dict[str, Any] = Field(default_factory=dict, description="more TrainConfig settings (trainer/config.py), "
                                     "each passed as --set key=value; not those this file sets itself (lr, "
                                     "max_staleness via async_level, ...)")

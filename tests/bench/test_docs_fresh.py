@@ -18,7 +18,7 @@ import pytest
 
 from bench import run_all
 from bench._provenance import bench_provenance, changed_for, changed_since, commit_info, declared_inputs
-from bench.render import MARKER, pages, render_docs, render_into, render_markers
+from bench.render import MARKER, OWN_RESULTS, own_results, pages, render_docs, render_into, render_markers, with_own
 
 ROOT = Path(__file__).resolve().parents[2]
 LATEST = ROOT / "bench/results/latest.json"
@@ -36,11 +36,14 @@ def copy_pages(dst: Path) -> list[Path]:
 
 def test_every_marked_figure_is_what_latest_json_renders(tmp_path):
     run = json.loads(LATEST.read_text())
+    own = own_results(ROOT)  # bench/results/offpolicy.json, run by hand
+    marked = with_own(run, own)
     copies = copy_pages(tmp_path)
-    render_docs(run, tmp_path, stale={n: changed_for(n, e, run, ROOT) for n, e in run["benchmarks"].items()})
+    render_docs(run, tmp_path, stale={n: changed_for(n, e, marked, ROOT) for n, e in marked["benchmarks"].items()}, own=own)
     stale_pages = [str(c.relative_to(tmp_path)) for c in copies if c.read_text() != (ROOT / c.relative_to(tmp_path)).read_text()]
-    assert not stale_pages, (f"{stale_pages} differ from what bench/results/latest.json renders (a hand-typed figure inside "
-                             "a marker, or pages not re-rendered): run .venv/bin/python bench/run_all.py --render-only")
+    assert not stale_pages, (f"{stale_pages} differ from what bench/results/latest.json and {sorted(OWN_RESULTS.values())} "
+                             "render (a hand-typed figure inside a marker, or pages not re-rendered): "
+                             "run .venv/bin/python bench/run_all.py --render-only")
     assert sum(len(MARKER.findall(c.read_text())) for c in copies) >= 10  # the docs really are marked
 
 
@@ -51,6 +54,24 @@ def test_a_hand_typed_figure_inside_a_marker_is_replaced():
     assert render_markers(page, run, None) == "worker: <!-- bench:streams:worker/burst/calls_per_s -->304.8<!-- /bench --> calls/s"
     missing = render_markers("<!-- bench:streams:worker/none -->7<!-- /bench -->", run, None)
     assert "7" not in missing and "not in latest.json" in missing
+
+
+def test_a_benchmark_run_by_hand_renders_from_its_own_results_file(tmp_path):
+    """bench/offpolicy.py's results file, not latest.json, feeds its markers, with the commit it records."""
+    def row(run, seed, rewards, learned):
+        return {"run": run, "seed": seed, "noise": 0, "rewards": rewards, "learned": learned, "git_commit": "abc123"}
+
+    result = {"provenance": {"git_commit": "abc123", "date": "2026-12-06", "mode": "full"},
+              "runs": [row("gspo", 0, [0.1] * 4 + [0.5] * 4, True), row("gspo", 1, [0.5, 0.9, 0.5, 0.5, 0, 0, 0, 0], False),
+                       row("cispo", 0, [0.2] * 8, False)]}
+    (tmp_path / "bench/results").mkdir(parents=True)
+    (tmp_path / OWN_RESULTS["offpolicy"]).write_text(json.dumps(result))
+    (tmp_path / "README.md").write_text("<!-- bench:offpolicy:summary -->| gspo | 0 | 0.99 |<!-- /bench -->\n")
+    render_docs({"benchmarks": {}}, tmp_path, stale={"offpolicy": {"known": True, "packages": ["trainer/"], "files": []}})
+    text = (tmp_path / "README.md").read_text()
+    assert "0.99" not in text and "| 0.10 → 0.50 | 0.60 → 0.00 **no**, fell 0.90 |" in text
+    assert "| cispo | 0 | 0.20 → 0.20 **no** | (not run) |" in text and "_Runs: every run at `abc123`._" in text
+    assert "offpolicy: measured at `abc123` (full run, 2026-12-06); changed since: `trainer/`." in text
 
 
 def test_a_figure_marked_after_the_results_section_leaves_the_section_alone(tmp_path):

@@ -148,18 +148,21 @@ def test_the_loss_correction_and_advantage_settings_reach_the_run(tmp_path):
     from polarstream.driver.experiment import ExperimentError
 
     plain = run_config(load_experiment(EXAMPLES / "arith.yaml"), tmp_path, driver_only=True, preset=preset_for(load_experiment(None)))
-    assert (plain.loss, plain.correction, plain.std_normalize, plain.overlong, plain.engine_logit_noise) == (
-        "ppo_clip", "none", True, {}, 0.0)
+    assert (plain.loss, plain.correction, plain.std_normalize, plain.overlong, plain.engine_logit_noise, plain.engine_dtype) == (
+        "ppo_clip", "none", True, {}, 0.0, "float32")
     exp = load_experiment(EXAMPLES / "arith.yaml", loss="cispo", correction="icepop", std_normalize=False,
-                          overlong={"max_tokens": 48, "buffer": 8}, engine_logit_noise=0.5)
+                          overlong={"max_tokens": 48, "buffer": 8}, engine_logit_noise=0.5, engine_dtype="bfloat16")
     cfg = run_config(exp, tmp_path, driver_only=True, preset=preset_for(exp))
-    assert (cfg.loss, cfg.correction, cfg.std_normalize, cfg.engine_logit_noise) == ("cispo", "icepop", False, 0.5)
+    assert (cfg.loss, cfg.correction, cfg.std_normalize, cfg.engine_logit_noise, cfg.engine_dtype) == (
+        "cispo", "icepop", False, 0.5, "bfloat16")
     assert cfg.overlong == {"max_tokens": 48, "buffer": 8, "penalty": 1.0}
     exp.trainer = {"correction": "tis"}
     with pytest.raises(ExperimentError, match="trainer.correction: set by the experiment's correction"):
         run_config(exp, tmp_path, driver_only=True, preset=preset_for(exp))
     with pytest.raises(ExperimentError, match="correction"):
         load_experiment(EXAMPLES / "arith.yaml", correction="icepops")
+    with pytest.raises(ExperimentError, match="engine_dtype"):
+        load_experiment(EXAMPLES / "arith.yaml", engine_dtype="float16")
     with pytest.raises(ExperimentError, match="overlong.*buffer: 60 is more than max_tokens 48"):
         load_experiment(EXAMPLES / "arith.yaml", overlong={"max_tokens": 48, "buffer": 60})
     demo = demo_experiment(loss="gspo", correction="seq_mask_geo", std_normalize=False)  # polarstream demo's flags

@@ -60,6 +60,11 @@ def test_logprobs_are_those_of_the_sampled_distribution(client, reference, tempe
 def _gap_to_the_model(tiny_model_dir, reference, body: dict, **engine) -> float:
     """The largest gap between an engine's sampled-token logprobs (started with ``engine`` options, one
     completion of ``body``) and the unperturbed model's raw log-softmax of the same tokens."""
+    return _log_ratio(tiny_model_dir, reference, body, **engine).abs().max().item()
+
+
+def _log_ratio(tiny_model_dir, reference, body: dict, **engine) -> torch.Tensor:
+    """log pi_model - log pi_engine of each sampled token (the trainer's view against the engine's)."""
     server = start_engine_server(tiny_model_dir, **engine)
     try:
         with httpx.Client(base_url=server.url, timeout=60) as c:
@@ -70,7 +75,7 @@ def _gap_to_the_model(tiny_model_dir, reference, body: dict, **engine) -> float:
     ids = choice["token_ids"]
     want = torch.log_softmax(forward_logits(reference, choice["prompt_token_ids"], ids), dim=-1)
     want = want.gather(1, torch.tensor(ids)[:, None])[:, 0]
-    return (torch.tensor(choice["logprobs"]["token_logprobs"]) - want).abs().max().item()
+    return want - torch.tensor(choice["logprobs"]["token_logprobs"])
 
 
 def test_raw_logprobs_mode(tiny_model_dir, reference):
@@ -83,3 +88,16 @@ def test_logit_noise_makes_the_engine_report_the_perturbed_policy(tiny_model_dir
     unperturbed model (the trainer's view) its logprobs then differ by far more than the 1e-4 above."""
     body = {"max_tokens": 16, "temperature": 1.0, "seed": 7}
     assert _gap_to_the_model(tiny_model_dir, reference, body, logit_noise=1.0) > 0.05
+
+
+def test_a_bfloat16_engine_is_a_mismatch_the_k3_metric_sees(tiny_model_dir, reference):
+    """engine --dtype bfloat16 (experiment engine_dtype): the reduced-precision mismatch of a real bf16 engine,
+    on CPU. The trainer's k3 (corrections.k3 of its logprob minus the engine's) is ~0 against a float32 engine
+    and clearly above it against a bfloat16 one."""
+    from trainer.corrections import k3
+
+    body = {"max_tokens": 16, "temperature": 1.0, "seed": 7}
+    same = k3(_log_ratio(tiny_model_dir, reference, body, logprobs_mode="raw_logprobs")).mean().item()
+    bf16 = _log_ratio(tiny_model_dir, reference, body, logprobs_mode="raw_logprobs", dtype="bfloat16")
+    # measured on the tiny model: float32 1e-13, bfloat16 2e-6 (max gap 3e-3): an order of magnitude of margin
+    assert same <= 1e-8 and k3(bf16).mean().item() > 2e-7 and bf16.abs().max().item() > 5e-4
