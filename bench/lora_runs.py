@@ -22,7 +22,9 @@ A gateway is not shared here: a gateway node runs its own run's sessions (its in
 ``sessions`` topic and mints keys naming that run), so through the driver each run brings its node. Two
 runs on one gateway are shown at the gateway (tests/gateway/test_lora_routing.py).
 
-    PYTHONPATH=. .venv/bin/python -m polarstream.tools.lora_runs [--out bench/results/lora-runs.json]
+    .venv/bin/python bench/lora_runs.py [--out bench/results/lora-runs.json]
+
+Not a benchmark (it takes no quick flag, so bench/run_all.py leaves it out): a demonstration whose output is committed.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from pathlib import Path
 
 import httpx
 import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: the project's packages
 
 STEPS, GROUPS, SAMPLES = 2, 2, 2
 RUNS = {"a": {"rank": 4, "alpha": 8, "seed": 5}, "b": {"rank": 8, "alpha": 16, "seed": 6}}
@@ -157,7 +162,8 @@ def main() -> None:
     ports = {k: free_port() for k in ("kafka", "controller", "s3", "engine", "gw_a", "gw_b", "ro_a", "ro_b")}
     env = {**os.environ, "POLAR_KAFKA_BOOTSTRAP": f"127.0.0.1:{ports['kafka']}", "POLAR_KAFKA_PORT": str(ports["kafka"]),
            "POLAR_KAFKA_CONTROLLER_PORT": str(ports["controller"]), "POLAR_S3_PORT": str(ports["s3"]),
-           "POLAR_DATA_DIR": str(root / "data"), "POLAR_TOPIC_PREFIX": "", "POLAR_STORAGE_URL": ""}
+           "POLAR_DATA_DIR": str(root / "data"), "POLAR_TOPIC_PREFIX": "", "POLAR_STORAGE_URL": "",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # this checkout's code
     os.environ.update({k: v for k, v in env.items() if k.startswith("POLAR_")})  # this process reads the topics too
     from infra.settings import Settings
 
@@ -190,8 +196,11 @@ def run_both(root: Path, env: dict[str, str], ports: dict[str, int], polar: list
         procs.append(p)
         return p, log
 
+    from bench._provenance import commit_info
+
     t0 = time.monotonic()
-    out: dict = {"steps": STEPS, "groups_per_step": GROUPS, "samples": SAMPLES}
+    out: dict = {"steps": STEPS, "groups_per_step": GROUPS, "samples": SAMPLES, **commit_info(ROOT),
+                 "load_avg_at_start": os.getloadavg()[0]}
     try:
         a_only, a_log = start("a", "--only", "engine,node,streams,trainer,rollout")
         wait_http(f"{engine}/health", a_only, a_log)
