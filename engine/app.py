@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from infra.settings import Settings
 
+from .lora import AdapterError, adapter_from_tensors, is_lora_key
 from .protocol import (ChatRequest, CompletionRequest, EngineError, LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest,
                        parse)
 from .serving import Engine
@@ -272,8 +273,13 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
         body = await _json(request) if await request.body() else {}
         raw = body.get("weight_version") if isinstance(body, dict) else None
         t0 = time.monotonic()
+        if isinstance(body, dict) and body.get("lora_name"):
+            return await finish_adapter(body, t0)
         async with weights_lock:
             staged, bufs = receiver.take_staged()
+            if any(is_lora_key(n) for n in staged):
+                raise EngineError(400, "the staged tensors are a LoRA adapter's: finish with 'lora_name' and "
+                                       "'lora_config'; the update is dropped", "lora_name")
             try:
                 version = int(raw) if raw is not None else engine.policy_version + 1
             except (TypeError, ValueError):
@@ -285,6 +291,26 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
         log.info("serving policy version %d from a weight transfer (%d tensors)", version, len(staged))
         return {"message": "Weight update finished", "policy_version": version, "tensors": len(staged),
                 "pause_s": pause_s, "seconds": round(time.monotonic() - t0, 4)}
+
+    async def finish_adapter(body: dict[str, Any], t0: float) -> dict[str, Any]:
+        """Ours (vLLM serves adapters from a path only): ``{"lora_name", "lora_config"}`` beside the version makes
+        the staged tensors (PEFT keys) the adapter ``lora_name``, loaded as ``/v1/load_lora_adapter`` loads one
+        (in place of one of that name); the base weights and their version are untouched, nothing pauses."""
+        name = body["lora_name"]
+        if not isinstance(name, str):
+            raise EngineError(400, f"lora_name must be a string, got {type(name).__name__}", "lora_name")
+        async with weights_lock:
+            staged, _ = receiver.take_staged()  # the adapter's tensors are views of these buffers: not recycled
+        session = receiver.describe()["session"]
+        try:
+            adapter = await asyncio.to_thread(adapter_from_tensors, name, f"weight-transfer:{session}",
+                                              body.get("lora_config"), staged, engine.lm.model)
+        except AdapterError as e:
+            raise EngineError(400, f"cannot serve the transferred adapter {name!r}: {e}", "lora_config") from None
+        await engine.install_adapter(adapter)
+        log.info("serving LoRA adapter %r from a weight transfer (%d tensors)", name, len(staged))
+        return {"message": "Weight update finished", "lora_name": name, "policy_version": engine.policy_version,
+                "tensors": len(staged), "pause_s": 0.0, "seconds": round(time.monotonic() - t0, 4)}
 
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request) -> dict[str, Any]:

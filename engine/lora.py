@@ -36,6 +36,11 @@ VLLM_MAX_LORA_RANK = 16  # vLLM's default --max-lora-rank once LoRA is enabled (
 _PREFIX = "base_model.model."  # PEFT's key prefix (the PeftModel wrapping the causal LM)
 
 
+def is_lora_key(key: str) -> bool:
+    """A PEFT LoRA tensor name (``....lora_A.weight``, ``....lora_B.<adapter>.weight``)."""
+    return key.endswith(".weight") and (".lora_A." in key or ".lora_B." in key)
+
+
 class AdapterError(ValueError):
     """An adapter that cannot be served on this model; the message says why."""
 
@@ -99,6 +104,18 @@ def read_adapter(name: str, url: str, model: torch.nn.Module, settings: Settings
     except Exception as e:  # safetensors raises its own error types for corrupt headers
         raise AdapterError(f"{url}/{WEIGHTS_FILE}: not a readable safetensors file ({e})") from None
     return Adapter(name, url, rank, scaling, pair_weights(tensors, model, rank))
+
+
+def adapter_from_tensors(name: str, source: str, config: dict, tensors: dict[str, torch.Tensor],
+                         model: torch.nn.Module) -> Adapter:
+    """An adapter whose tensors arrived by the in-memory weight transfer (PEFT keys, as in
+    ``adapter_model.safetensors``) with the ``adapter_config.json`` content sent beside them; checked as
+    ``read_adapter`` checks files. ``source`` names where it came from (``/v1/models``' root)."""
+    if not isinstance(config, dict):
+        raise AdapterError(f"lora_config must be the {CONFIG_FILE} object, got {type(config).__name__}")
+    check_config(config)
+    rank, scaling = scaling_of(config)
+    return Adapter(name, source, rank, scaling, pair_weights(tensors, model, rank))
 
 
 def pair_weights(tensors: dict[str, torch.Tensor], model: torch.nn.Module, rank: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -121,16 +121,29 @@ class Engine:
             raise EngineError(404 if not_found else 400, str(e), None, "NotFoundError" if not_found else "BadRequestError") from None
         except (OSError, ValueError) as e:
             raise EngineError(400, f"cannot load adapter {name!r} from {path}: {e}", None, "BadRequestError") from None
+        await self._install(adapter)
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    async def install_adapter(self, adapter: Adapter) -> None:
+        """Serve an adapter built in memory (the weight transfer's, ``engine/app.py``) under its name, in
+        place of one of that name; EngineError 400 when its name or rank cannot be served."""
+        async with self._adapter_lock:
+            if adapter.name in self.names:
+                raise EngineError(400, f"The lora adapter name '{adapter.name}' conflicts with a served base model.",
+                                  "lora_name", "InvalidUserInput")
+            await self._install(adapter)
+
+    async def _install(self, adapter: Adapter) -> None:
         if self.max_lora_rank is not None and adapter.rank > self.max_lora_rank:  # vLLM's words
             raise EngineError(400, f"LoRA rank {adapter.rank} is greater than max_lora_rank {self.max_lora_rank}.", None,
                               "BadRequestError")
-        old = self.adapters.get(name)
+        old = self.adapters.get(adapter.name)
         await asyncio.to_thread(self.batcher.between_steps, lambda: self.adapters.hook(adapter))
         self.adapters.add(adapter)  # on the event loop, where requests look names up
         if old is not None:  # in place: running requests keep the old tensors, new ones get the new
             await asyncio.to_thread(self.batcher.forget_adapter, old)
-        log.info("loaded LoRA adapter %r from %s (r=%d, %d modules)", name, path, adapter.rank, len(adapter.weights))
-        return f"Success: LoRA adapter '{name}' added successfully."
+        log.info("loaded LoRA adapter %r from %s (r=%d, %d modules)", adapter.name, adapter.path, adapter.rank,
+                 len(adapter.weights))
 
     async def load_static_adapters(self, settings: Settings) -> None:
         """``--lora-modules``: whoever builds the engine loads them before serving it (as vLLM does), and

@@ -14,6 +14,9 @@ vLLM's dev routes (vllm/entrypoints/serve/dev/rlhf/api_router.py) with the NCCL 
   packed: one broadcast per tensor. May be called several times between start and finish.
 - ``POST /finish_weight_update {"weight_version": "..."}``: copy the staged tensors into the model between
   two batches (``Batcher.swap_weights``) and serve them under that version.
+- Ours, for LoRA (vLLM loads adapters from a path only): an update whose names are all PEFT LoRA keys
+  (``base_model.model.<module>.lora_A.weight``) stages an adapter; ``/finish_weight_update`` with
+  ``"lora_name"`` and ``"lora_config"`` (the ``adapter_config.json`` object) serves it as that adapter.
 
 Never a hang: the group's gloo timeout is the deadline of every collective (``POLAR_WEIGHT_TRANSFER_TIMEOUT_S``,
 default 60 s), and the routes wrap the blocking work in asyncio deadlines derived from it. On a deadline, a
@@ -36,6 +39,8 @@ from typing import Any
 import torch
 
 from schemas.weight_transfer import packed_chunks, tensor_sha256
+
+from .lora import is_lora_key
 
 log = logging.getLogger("polarstream.engine.transfer")
 
@@ -316,6 +321,8 @@ class Receiver:
         return torch.empty(nbytes, dtype=torch.uint8)
 
     def _check(self, info: UpdateInfo) -> None:
+        if info.names and all(is_lora_key(n) for n in info.names):
+            return  # an adapter's tensors (PEFT keys): checked against the model as the adapter is built, at finish
         own = self.model.state_dict()
         for name, shape in zip(info.names, info.shapes):
             if name not in own:

@@ -114,6 +114,10 @@ def register(app: typer.Typer) -> None:
         if driver_only and not (exp.rollout_url and exp.engine_url):
             typer.echo(f"error: {where}: --driver-only needs rollout_url and engine_url in the file", err=True)
             raise typer.Exit(1)
+        if driver_only and exp.lora is not None and not exp.gateway_url:  # its engines report the base's version only
+            typer.echo(f"error: {where}: --driver-only with lora needs gateway_url in the file (the adapter's version "
+                       "is the gateway's stamp)", err=True)
+            raise typer.Exit(1)
         if driver_only and only is not None:
             typer.echo("error: --only starts components and --driver-only drives them: give one", err=True)
             raise typer.Exit(1)

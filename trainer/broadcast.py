@@ -169,12 +169,13 @@ class WeightTransfer:
 
     def __init__(self, engines: list, mode: str = "broadcast", timeout_s: float = 60.0,
                  buffer_bytes: int = 64 << 20, num_buffers: int = 2, master_address: str = "",
-                 verify: bool = False, throttle_s: float = 0.0):
+                 verify: bool = False, throttle_s: float = 0.0, lora: bool = False):
         if mode not in MODES:
             raise ValueError(f"weight transfer mode must be one of {MODES}, got {mode!r}")
         self.engines, self.mode, self.timeout_s = list(engines), mode, float(timeout_s)
         self.buffer_bytes, self.num_buffers = int(buffer_bytes), int(num_buffers)
         self.master_address, self.verify, self.throttle_s = master_address, verify, throttle_s
+        self.lora = lora  # the tensors are a LoRA adapter's (finish_adapter); vLLM engines then load from storage
         self.stale: set[str] = set()  # engine URLs to load from storage at the next sync
         self.links: dict[str, _Link] = {}
         self.client = httpx.Client(timeout=self.timeout_s)
@@ -217,8 +218,8 @@ class WeightTransfer:
             return False
 
     def _can_broadcast(self, e) -> bool:
-        if isinstance(e, VllmEngine):
-            return _vllm_available()
+        if isinstance(e, VllmEngine):  # vLLM takes an adapter from a path only: a LoRA run's goes by storage
+            return not self.lora and _vllm_available()
         return isinstance(e, PolarEngine)
 
     def mark_stale(self, e, why: str) -> None:
@@ -447,17 +448,7 @@ class WeightTransfer:
         be; called only when some engine loads from storage. Returns the report; WeightSyncError when no
         engine got ``version``."""
         t0 = time.monotonic()
-        ok: list = []
-        for key, p in self._pending.items():
-            if p.thread is not None and not p.dead:  # a dropped engine is stale already: its call may hang
-                p.thread.join(timeout=self.timeout_s + 10)
-                if p.thread.is_alive():
-                    p.error = p.error or f"/update_weights did not answer within {self.timeout_s + 10:.0f} s"
-            if p.error or p.dead:
-                self.last["errors"][key] = p.error
-                self.mark_stale(p.link.engine, p.error or "transfer failed")
-            else:
-                ok.append(p.link.engine)
+        ok = self._arrived()
         export_error = None
         if self._storage and url is not None and url_ready is not None:
             t_wait = time.monotonic()  # before the gateway is held: rollouts go on meanwhile
@@ -523,6 +514,80 @@ class WeightTransfer:
             raise WeightSyncError("; ".join(errors))
         if not done and self.engines:
             raise WeightSyncError("no engine took policy version %d: %s" % (version, self.last["errors"]))
+        return self.last
+
+    def _arrived(self) -> list:
+        """The engines whose ``/update_weights`` call returned, every tensor received; the others are stale."""
+        ok = []
+        for key, p in self._pending.items():
+            if p.thread is not None and not p.dead:  # a dropped engine is stale already: its call may hang
+                p.thread.join(timeout=self.timeout_s + 10)
+                if p.thread.is_alive():
+                    p.error = p.error or f"/update_weights did not answer within {self.timeout_s + 10:.0f} s"
+            if p.error or p.dead:
+                self.last["errors"][key] = p.error
+                self.mark_stale(p.link.engine, p.error or "transfer failed")
+            else:
+                ok.append(p.link.engine)
+        return ok
+
+    def finish_adapter(self, url: str | None, version: int, name: str, config: dict, gateway: Gateway | None = None,
+                       previous: str | None = None) -> dict[str, Any]:
+        """rank 0, a LoRA run's sync (``sync_adapter``'s sequence): every engine whose tensors arrived serves
+        them as adapter ``name`` (``/finish_weight_update`` with ``lora_name`` and ``lora_config``: ours; vLLM
+        loads adapters from a path only), the others load it from ``url`` (``/v1/load_lora_adapter``); no
+        engine pauses. Then the gateway is held, stamped with ``version`` and ``name``, resumed, and every
+        engine unloads ``previous`` (``report["unload_errors"]`` if that fails).
+
+        Raises WeightSyncError, before the stamp, when an engine did not get the adapter: the gateway then
+        still routes to ``previous``, which every engine still serves (a stale engine loads the next one from
+        storage)."""
+        t0 = time.monotonic()
+        ok = self._arrived()
+        done: list = []
+        body = {"weight_version": str(version), "lora_name": name, "lora_config": config}
+        for e in ok:
+            try:
+                self._post(e, "/finish_weight_update", json=body)
+                self.last["broadcast"].append(self._key(e))
+                done.append(e)
+            except WeightSyncError as err:
+                self.last["errors"][self._key(e)] = str(err)
+                self.mark_stale(e, f"finish: {err}")
+        for e in self._storage:
+            key = self._key(e)
+            try:
+                if url is None:
+                    raise WeightSyncError(f"{key}: no adapter directory for the storage path")
+                e.load_adapter(name, url)
+                self.last["storage"].append(key)
+                self.stale.discard(key)
+                done.append(e)
+            except WeightSyncError as err:
+                self.last["errors"][key] = str(err)
+                self.stale.add(key)
+        self._pending = {}
+        self.last["stale"] = sorted(self.stale)
+        if len(done) < len(self.engines):
+            self.last["finish_s"] = round(time.monotonic() - t0, 4)
+            raise WeightSyncError(f"adapter {name} (policy version {version}) not on every engine, the gateway "
+                                  f"still routes to {previous}: {self.last['errors']}")
+        if gateway is not None:
+            gateway.pause()
+            try:
+                gateway.stamp(version, lora_name=name)
+            finally:
+                gateway.resume()
+        unload_errors = []
+        if previous and previous != name:
+            for e in done:
+                try:
+                    e.unload_adapter(previous)
+                except WeightSyncError as err:
+                    unload_errors.append(str(err))
+        if unload_errors:
+            self.last["unload_errors"] = unload_errors
+        self.last["finish_s"] = round(time.monotonic() - t0, 4)
         return self.last
 
     def verify_engines(self) -> dict[str, bool]:

@@ -117,7 +117,9 @@ class TrainConfig:
     # storage: each loads the checkpoint URL; broadcast: in memory over vLLM's weight-transfer routes (gloo for
     # our engine; trainer/broadcast.py); auto: broadcast to every engine that answers GET /weight_info, storage
     # for the others (a vLLM server without its dev routes, or without vllm here). An engine that fails a
-    # broadcast is marked stale and loads from storage at the next sync.
+    # broadcast is marked stale and loads from storage at the next sync. With lora_rank > 0 only the adapter's
+    # tensors travel, and only to our engine (vLLM loads adapters from a path only: its engines, and every engine
+    # with storage, load the adapter's directory through /v1/load_lora_adapter).
     weight_transfer_timeout_s: float = 60.0  # deadline of every collective and group rendezvous of a broadcast
     weight_transfer_buffer_mb: int = 64  # packed broadcast buffer size (vLLM's packed_buffer_size_bytes)
     weight_transfer_address: str = ""  # address the engines reach the trainer at ('' : derived per engine URL)
@@ -187,8 +189,8 @@ class TrainConfig:
             (self.lora_rank >= 0, "lora_rank", "must be >= 0 (0: full fine-tuning)"),
             (self.lora_alpha > 0, "lora_alpha", "must be > 0"),
             (0 <= self.lora_dropout < 1, "lora_dropout", "must be in [0, 1)"),
-            (not self.lora_rank or self.weight_transfer != "broadcast", "weight_transfer",
-             "must be storage or auto with lora_rank > 0 (adapters reach the engines through /v1/load_lora_adapter)"),
+            (not self.lora_rank or not self.weight_transfer_verify, "weight_transfer_verify",
+             "must be false with lora_rank > 0 (/weight_checker compares the base weights, which a LoRA run never sends)"),
             (not self.lora_rank or re.fullmatch(r"[A-Za-z0-9._:-]+", self.model_name) is not None, "model_name",
              "with lora_rank > 0 it names the adapters (<model_name>-v<version>): letters, digits and . _ : - only"),
         ]

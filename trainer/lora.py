@@ -18,6 +18,7 @@ import json
 import math
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,20 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         t = t.full_tensor() if hasattr(t, "full_tensor") else t
         out[peft_key(name)] = t.to("cpu").contiguous().clone()
     return out
+
+
+def adapter_meta(model: torch.nn.Module) -> list[tuple[str, torch.dtype, list[int]]]:
+    """(PEFT key, dtype, whole shape) of every adapter tensor, in ``adapter_tensors``' order, gathering nothing:
+    what the in-memory weight transfer announces (``trainer/broadcast.py``)."""
+    return [(peft_key(n), p.dtype, list(p.shape)) for n, p in adapter_params(model)]
+
+
+def adapter_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(PEFT key, whole tensor) of every adapter tensor, one at a time; under FSDP2 each is gathered on every
+    rank (a collective: every rank must iterate all of them)."""
+    for name, p in adapter_params(model):
+        t = p.detach()
+        yield peft_key(name), (t.full_tensor() if hasattr(t, "full_tensor") else t)
 
 
 def adapter_config(cfg, base_model_path: str | Path) -> dict[str, Any]:

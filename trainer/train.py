@@ -107,8 +107,9 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
 
     # -- rank 0: the group source, the run log, the publisher, the engines --------------------------
     stop = _StopFlag()
-    # (a LoRA run's adapters go through the engines' adapter routes, whatever weight_transfer says)
-    broadcasting = cfg.weight_transfer != "storage" and bool(cfg.engines) and bool(cfg.sync_every) and not lora.enabled(cfg)
+    # (a LoRA run broadcasts its adapter's tensors only; an engine that cannot take them so loads the adapter's
+    # directory through vLLM's /v1/load_lora_adapter)
+    broadcasting = cfg.weight_transfer != "storage" and bool(cfg.engines) and bool(cfg.sync_every)
     source = publisher = log = sinks = None
     if master:
         seen = SeenIds(state.get("seen", []))
@@ -117,7 +118,8 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         engines = [engine_from_spec(s) for s in cfg.engines]
         transfer = (WeightTransfer(engines, cfg.weight_transfer, cfg.weight_transfer_timeout_s,
                                    cfg.weight_transfer_buffer_mb << 20, master_address=cfg.weight_transfer_address,
-                                   verify=cfg.weight_transfer_verify, throttle_s=cfg.weight_transfer_throttle_s)
+                                   verify=cfg.weight_transfer_verify, throttle_s=cfg.weight_transfer_throttle_s,
+                                   lora=lora.enabled(cfg))
                     if broadcasting else None)
         gateway = Gateway(cfg.gateway, settings.admin_token, run=settings.topic_prefix) if cfg.gateway else None
         log = RunLog(run_dir / "train.jsonl")
@@ -264,7 +266,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             # written first (a restart counts the version), the PolicyVersion names it, and an engine that
             # loads from storage at this sync (stale, or not broadcasting) waits for it in finish().
             export_meta = {"policy_version": version, "step": step}
-            background = broadcasting and url is None
+            background = broadcasting and url is None and adapter is None  # an adapter is small: written at once
             t_sync = time.perf_counter()
             if background:
                 url = checkpoint.weights_dir(root, version)
@@ -285,14 +287,14 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 try:  # a failure here leaves training and its checkpoint intact; the next sync catches up
                     publisher.publish_sync(record)
                     if transfer is not None:  # in memory (trainer/broadcast.py): groups, start, update_info
-                        transferring = transfer.prepare(tensor_meta(model))
+                        transferring = transfer.prepare(lora.adapter_meta(model) if adapter else tensor_meta(model))
                 except (PublishError, WeightSyncError) as e:
                     failed = e
             sending = broadcasting and _broadcast(transferring, distributed)
             packed = None
             if sending:
                 # every rank gathers each tensor in turn (FSDP2), rank 0 broadcasts them to the engines
-                tensors = named_tensors(model)
+                tensors = lora.adapter_tensors(model) if adapter else named_tensors(model)
                 if master:
                     try:
                         packed = transfer.send(tensors, keep=background)
@@ -314,7 +316,14 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 try:
                     if failed is not None:
                         raise failed
-                    if transfer is not None:
+                    if transfer is not None and adapter is not None:  # sync_adapter's sequence, tensors in memory
+                        report = transfer.finish_adapter(url, version, lora.adapter_name(cfg.model_name, version), adapter,
+                                                         gateway, lora.adapter_name(cfg.model_name, synced) if synced else None)
+                        log.write({"event": "sync", "step": step, "policy_version": version, "mode": cfg.weight_transfer,
+                                   "adapter": True, "sync_s": round(time.perf_counter() - t_sync, 4),
+                                   **{k: report.get(k) for k in ("broadcast", "storage", "stale", "errors", "bytes_sent",
+                                                                 "unload_errors") if report.get(k)}})
+                    elif transfer is not None:
                         report = transfer.finish(url, version, gateway,
                                                  url_ready=pending_export.wait if pending_export else None)
                         if transfer.verify:
@@ -328,8 +337,9 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                     elif adapter is not None:
                         unload_errors = sync_adapter(engines, url, version, lora.adapter_name(cfg.model_name, version),
                                                      gateway, previous=lora.adapter_name(cfg.model_name, synced) if synced else None)
-                        log.write({"event": "sync", "step": step, "policy_version": version, "mode": "adapter",
-                                   "sync_s": round(time.perf_counter() - t_sync, 4),
+                        log.write({"event": "sync", "step": step, "policy_version": version, "mode": cfg.weight_transfer,
+                                   "adapter": True, "sync_s": round(time.perf_counter() - t_sync, 4),
+                                   "storage": [e.base_url for e in engines],
                                    **({"unload_errors": unload_errors} if unload_errors else {})})
                     else:
                         pauses = sync_weights(engines, url, version, gateway)

@@ -49,7 +49,8 @@ def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: 
                                   "(pip install wandb)")
         cfg.wandb = exp.wandb.model_dump()
     if driver_only:
-        cfg.attach = {"rollout": exp.rollout_url, "engine": exp.engine_url}
+        # the gateway where given: a LoRA run's on-policy gate reads its stamp (steps.py)
+        cfg.attach = {"rollout": exp.rollout_url, "engine": exp.engine_url, **({"gateway": exp.gateway_url} if exp.gateway_url else {})}
     if only:
         cfg.only = only_checked(exp, only)
         cfg.attach = {k: v for k, v in component_urls(exp).items() if v}

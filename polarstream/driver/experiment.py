@@ -142,7 +142,8 @@ class Experiment(BaseModel):
     engine_url: str = Field("", description="--driver-only: an engine of that run (the policy version it serves, its stats); "
                             "--only engine: where it serves")
     gateway_url: str = Field("", description="--only: the run's gateway node (where the node serves, or the one the "
-                             "trainer stamps its policy version on)")
+                             "trainer stamps its policy version on); --driver-only: a LoRA run's (its stamp names the "
+                             "adapter's version)")
     storage_url: str = Field("", description="checkpoints (s3://bucket/prefix or file://...); '' = the local S3 server")
     step_timeout_s: float = Field(300.0, gt=0, description="a step whose groups are not trained within this many seconds "
                                   "(times S+1) stops the run")

@@ -90,8 +90,10 @@ def sync_figures(record: dict) -> dict:
     """A trainer ``sync`` event (trainer/train.py) as StepResult's sync fields."""
     how = [m for m in ("broadcast", "storage") if record.get(m)]
     pauses = [v for v in (record.get("engine_pause_s") or {}).values() if v is not None]
-    return {"sync_s": record.get("sync_s"), "sync_mode": "mixed" if len(how) == 2 else how[0] if how else record.get("mode"),
-            "engine_pause_s": max(pauses) if pauses else None}
+    mode = "mixed" if len(how) == 2 else how[0] if how else record.get("mode")
+    if record.get("adapter"):  # a LoRA run's: only the adapter moved (in memory, or by /v1/load_lora_adapter)
+        mode = f"{mode} adapter"
+    return {"sync_s": record.get("sync_s"), "sync_mode": mode, "engine_pause_s": max(pauses) if pauses else None}
 
 
 class SyncLog:

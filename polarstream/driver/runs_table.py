@@ -4,6 +4,9 @@ CLIs' runs and their step timings. tests/demo/test_runs_table.py fails when a ta
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from .report import dash, worst_fall
 
 
@@ -15,19 +18,34 @@ def learned_cell(summary: dict) -> str:
     return "yes" if summary["learned"] else "no: " + ", ".join(k for k, v in summary["bars"].items() if not v)
 
 
+DEMO_RUNS = ("seed*.json", "lora-seed*.json")  # docs/demo-runs/: `polarstream demo --seed N` [--lora]
+
+
+def demo_run_summaries(root: Path) -> list[dict]:
+    """The committed summaries of the README's demo table (``DEMO_RUNS`` under docs/demo-runs/)."""
+    return [json.loads(p.read_text()) for pattern in DEMO_RUNS for p in sorted((root / "docs" / "demo-runs").glob(pattern))]
+
+
+def _lora(s: dict) -> dict:
+    return (s.get("config") or {}).get("lora") or {}
+
+
 def runs_table(summaries: list[dict]) -> str:
-    """One row per demo run: seed, quarters, held-out before/after, wall time, learned."""
+    """One row per demo run: seed (and the adapter of a ``--lora`` run, after the full-weight rows), quarters,
+    held-out before/after, wall time, learned."""
     rows = ["| seed | first quarter | last quarter | held-out pass@1 before | after | worst fall after 0.8 "
             "| wall time after the warm start | learned |",
             "|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for s in sorted(summaries, key=lambda s: s["seed"]):
-        rows.append(f"| {s['seed']} | {_curve_cells(s)} | {s['wall_time_s'] / 60:.1f} min | {learned_cell(s)} |")
+    for s in sorted(summaries, key=lambda s: (bool(_lora(s)), s["seed"])):
+        lora = _lora(s)
+        seed = f"{s['seed']}, LoRA r{lora['rank']}" if lora else s["seed"]
+        rows.append(f"| {seed} | {_curve_cells(s)} | {s['wall_time_s'] / 60:.1f} min | {learned_cell(s)} |")
     return "\n".join(rows)
 
 
 def _curve_cells(s: dict) -> str:
     """A run's quarters, held-out pass@1 before and after, and worst fall after 0.8, as table cells."""
-    fall = worst_fall(s.get("reward_per_step", []))
+    fall = worst_fall(s["reward_per_step"]) if s.get("reward_per_step") else s.get("worst_fall_after_0.8")
     return (f"{s['first_quarter_mean']:.3f} | {s['last_quarter_mean']:.3f} | {s['heldout_before']:.3f} | "
             f"{s['heldout_after']:.3f} | {dash(fall, '.2f')}")
 
@@ -91,3 +109,8 @@ def render_block(text: str, start: str, end: str, table: str) -> str:
 def render_runs(text: str, summaries: list[dict]) -> str:
     """``text`` with the block between the demo-run markers replaced by ``runs_table``."""
     return render_block(text, RUNS_START, RUNS_END, runs_table(summaries))
+
+
+if __name__ == "__main__":  # python -m polarstream.driver.runs_table: re-render README's demo table
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    readme.write_text(render_runs(readme.read_text(), demo_run_summaries(readme.parent)))

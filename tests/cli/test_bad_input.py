@@ -250,6 +250,11 @@ def test_driver_only_without_the_components_urls_is_one_line(tmp_path):
     r = CliRunner().invoke(app, ["run", str(f), "--driver-only"])
     assert r.exit_code == 1 and "--driver-only needs rollout_url and engine_url" in r.stderr
     assert len(r.stderr.splitlines()) == 1, r.stderr
+    # a LoRA run's served version is its gateway's stamp (its engines report the base's): the gate needs it
+    f.write_text("rollout_url: http://127.0.0.1:8700\nengine_url: http://127.0.0.1:8000\nlora: {rank: 4}\n")
+    r = CliRunner().invoke(app, ["run", str(f), "--driver-only"])
+    assert r.exit_code == 1 and "--driver-only with lora needs gateway_url" in r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
 
 
 @pytest.mark.parametrize("trainer, words", [({"kl": 0.1}, "trainer.kl: not a trainer setting"),

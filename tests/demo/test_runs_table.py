@@ -7,7 +7,7 @@ import pytest
 
 from polarstream.driver.runs_table import (ASYNC_RUNS_END, ASYNC_RUNS_START, CLI_RUNS_END, CLI_RUNS_START, CLI_STEPS_END,
                                 CLI_STEPS_START, RUNS_END, RUNS_START, async_runs_table, cli_runs_table, cli_steps_table,
-                                render_block, render_runs, runs_table)
+                                demo_run_summaries, render_block, render_runs, runs_table)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,12 +27,19 @@ def test_table_names_the_missed_bars():
     assert "stale" not in text and text.startswith("intro\n") and text.endswith("\noutro")
 
 
+def test_lora_runs_follow_the_full_weight_rows_named_by_their_rank():
+    lora = {**_summary(0), "config": {"lora": {"rank": 16, "alpha": 32}}, "worst_fall_after_0.8": 0.156}
+    lines = runs_table([lora, _summary(1), _summary(0)]).splitlines()
+    assert [x.split(" |")[0] for x in lines[2:]] == ["| 0", "| 1", "| 0, LoRA r16"]
+    assert "| 0.16 |" in lines[4]  # no per-step rewards kept: the summary's own worst fall
+
+
 def test_readme_matches_the_committed_runs():
-    runs = sorted((ROOT / "docs" / "demo-runs").glob("seed*.json"))
-    assert runs, "docs/demo-runs/seed*.json: no demo run summaries committed"
-    summaries = [json.loads(p.read_text()) for p in runs]
+    summaries = demo_run_summaries(ROOT)
+    assert any(not s.get("config", {}).get("lora") for s in summaries), "docs/demo-runs/seed*.json: none committed"
     readme = (ROOT / "README.md").read_text()
-    assert render_runs(readme, summaries) == readme, "README's demo table is stale: re-render it from docs/demo-runs"
+    assert render_runs(readme, summaries) == readme, \
+        "README's demo table is stale: re-render it from docs/demo-runs (python -m polarstream.driver.runs_table)"
 
 
 @pytest.mark.parametrize("pattern,table,start,end", [

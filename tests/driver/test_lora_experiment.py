@@ -3,6 +3,8 @@ and ``polarstream demo --lora`` turns on the demo's adapter and rate."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from polarstream.driver.configure import run_config, trainer_settings
@@ -37,3 +39,14 @@ def test_the_demos_lora_flag():
     exp = demo_experiment(**DEMO_LORA)
     assert exp.lora is not None and (exp.lora.rank, exp.lora.alpha, exp.lr) == (16, 32, 1.5e-3)
     assert demo_experiment().lora is None
+
+
+def test_driver_only_attaches_the_gateway_a_lora_run_reads_its_version_from(tmp_path):
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"task_id": "t1", "instruction": "do it", "num_samples": 1, "min_valid": 1}) + "\n")
+    urls = {"rollout_url": "http://r:1", "engine_url": "http://e:2", "train": str(tmp_path / "tasks.jsonl"), "eval": "",
+            "model": str(tmp_path)}
+    exp = load_experiment(None, lora={"rank": 4}, gateway_url="http://g:3", **urls)
+    assert run_config(exp, tmp_path, driver_only=True).attach == {"rollout": "http://r:1", "engine": "http://e:2",
+                                                                  "gateway": "http://g:3"}
+    assert run_config(load_experiment(None, **urls), tmp_path, driver_only=True).attach == {"rollout": "http://r:1",
+                                                                                           "engine": "http://e:2"}

@@ -21,6 +21,9 @@ def test_sync_figures_name_the_path_and_the_longest_engine_pause():
     assert sync_figures(mixed)["sync_mode"] == "mixed" and sync_figures(mixed)["engine_pause_s"] == 0.4
     plain = {"event": "sync", "policy_version": 1, "mode": "storage", "sync_s": 1.5}  # no engine figures logged
     assert sync_figures(plain) == {"sync_s": 1.5, "sync_mode": "storage", "engine_pause_s": None}
+    lora = {"event": "sync", "policy_version": 2, "mode": "auto", "adapter": True, "sync_s": 0.05, "broadcast": ["http://a"]}
+    assert sync_figures(lora)["sync_mode"] == "broadcast adapter"
+    assert sync_figures({**lora, "broadcast": None, "storage": ["http://v"]})["sync_mode"] == "storage adapter"
 
 
 def test_sync_log_fills_each_step_from_its_version_reading_only_whole_new_lines(tmp_path):

@@ -38,7 +38,7 @@ def test_peft_keys_and_adapter_names():
 
 @pytest.mark.parametrize("overrides, key", [({"lora_rank": -1}, "lora_rank"), ({"lora_dropout": 1.0}, "lora_dropout"),
                                             ({"lora_alpha": 0}, "lora_alpha"),
-                                            ({"lora_rank": 8, "weight_transfer": "broadcast"}, "weight_transfer"),
+                                            ({"lora_rank": 8, "weight_transfer_verify": True}, "weight_transfer_verify"),
                                             ({"lora_rank": 8, "model_name": "my run"}, "model_name")])
 def test_bad_lora_settings_fail_in_one_line(overrides, key):
     with pytest.raises(ConfigError, match=key):
@@ -260,6 +260,48 @@ def test_the_trainer_loop_trains_checkpoints_syncs_and_resumes_an_adapter(polar_
     assert (again - served).abs().max().item() <= 1e-6  # the checkpoint's adapter is the synced one
 
 
+@pytest.mark.integration
+def test_a_lora_run_broadcasts_its_adapter_and_a_restart_serves_the_checkpoints(polar_settings, engine_server_factory,
+                                                                                gateway_factory, tmp_path):
+    """``train`` with LoRA and weight_transfer auto against our engine: the adapter's tensors (only those) go in
+    memory, the engine serves them as <model_name>-v1 with the logprobs of the adapter the step checkpointed (to
+    1e-5), the gateway routes the run to it. An engine that lost it (as a restarted engine would) gets the
+    checkpoint's adapter again from a restarted trainer, under the same name."""
+    import httpx
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.plugins.trainer import make_group, publish_groups
+    from trainer import checkpoint
+    from trainer.train import train
+
+    engine_server = engine_server_factory(settings=polar_settings)  # it reads the checkpoint's adapter from S3
+    gateway = gateway_factory(polar_settings, engine_server.url)
+    publish_groups(polar_settings, [make_group("g0", [[30, 31, 32], [40, 41]], [1.0, 0.0])])
+    cfg = TrainConfig.from_overrides({
+        "model": str(ensure_model("tiny")), "groups_per_step": 1, "max_steps": 1, "lr": 1e-2, "idle_timeout_s": 2,
+        "poll_timeout_s": 0.2, "run_dir": str(tmp_path / "run"), "progress": False, "tensorboard": False,
+        "engines": [f"polar={engine_server.url}"], "gateway": gateway.url, "model_name": "exp1",
+        "lora_rank": 4, "lora_alpha": 8})
+    assert train(cfg, polar_settings)["step"] == 1
+    events = [json.loads(x) for x in (tmp_path / "run" / "train.jsonl").read_text().splitlines()]
+    [sync] = [e for e in events if e["event"] == "sync"]
+    assert (sync["mode"], sync["adapter"], sync["broadcast"]) == ("auto", True, [engine_server.url]) and "storage" not in sync
+    base = AutoModelForCausalLM.from_pretrained(ensure_model("tiny")).eval()
+    local = checkpoint.download(checkpoint.step_dir(polar_settings.checkpoint_url, 1), tmp_path / "s1", polar_settings)
+    trained = PeftModel.from_pretrained(base, str(local)).eval()
+    assert sync["bytes_sent"] == sum(t.numel() * t.element_size() for t in lora.adapter_state_dict(trained).values())
+    assert gateway.gw.policy(polar_settings.topic_prefix).lora_name == "exp1-v1"
+    with httpx.Client(base_url=engine_server.url, timeout=60) as c:
+        assert _served_vs_trainer(c, "exp1-v1", trained) <= 1e-5
+        assert c.post("/v1/unload_lora_adapter", json={"lora_name": "exp1-v1"}).status_code == 200
+        train(cfg, polar_settings)  # nothing left to train: it resumes at step 1 and hands the engines its adapter
+        assert _served_vs_trainer(c, "exp1-v1", trained) <= 1e-5
+    events = [json.loads(x) for x in (tmp_path / "run" / "train.jsonl").read_text().splitlines()]
+    assert [e for e in events if e["event"] == "resync"] == [{"event": "resync", "step": 1, "policy_version": 1,
+                                                              "adapter": True}]
+
+
 def test_activation_checkpointing_and_shared_prefixes_take_the_same_lora_step():
     """Recomputed layers (non-reentrant checkpointing: the frozen embedding's output needs no grad) and a group's
     prefix fed once (polar_varlen's prefix branches) give the plain run's adapter update."""
@@ -279,33 +321,66 @@ def test_activation_checkpointing_and_shared_prefixes_take_the_same_lora_step():
     assert max((got[1][1][k] - v).abs().max().item() for k, v in got[0][1].items()) <= 1e-6
 
 
+def _served_vs_trainer(client, name: str, model) -> float:
+    """The largest gap between the engine's logprobs of tokens it samples with adapter ``name`` and ``model``'s."""
+    r = client.post("/v1/completions", json={"model": name, "prompt": PROBE, "max_tokens": 8, "temperature": 1.0,
+                                             "seed": 1, "logprobs": 0, "return_token_ids": True, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    ids, served = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    with torch.no_grad():
+        full = torch.log_softmax(model(torch.tensor([PROBE + ids])).logits[0].double(), -1)
+    expected = [full[len(PROBE) - 1 + i, t].item() for i, t in enumerate(ids)]
+    return max(abs(a - b) for a, b in zip(served, expected))
+
+
 def test_the_engine_samples_with_the_trainers_adapter(engine_server, tmp_path):
     """The trainer's sync (``sync_adapter``) into our engine: its sampled tokens' logprobs with the adapter equal
-    the trainer's model's to 1e-5; the next sync unloads the old name (404 from then on)."""
+    the trainer's model's to 1e-5; the next sync unloads the old name (404 from then on). Then the in-memory
+    transfer (``WeightTransfer`` with ``lora``): only the adapter's tensors travel, the engine serves them as
+    the next version's adapter with the trainer's logprobs to 1e-5, and the old name goes."""
     import httpx
 
     from trainer import checkpoint
+    from trainer.broadcast import WeightTransfer
     from trainer.optim import build_optimizer
     from trainer.step import train_step
-    from trainer.weight_sync import PolarEngine, sync_adapter
+    from trainer.weight_sync import PolarEngine, WeightSyncError, sync_adapter
 
     model = _model()
-    train_step(model, build_optimizer(model, CFG), samples("per_request", "token_mean", model.config.vocab_size), CFG,
-               reward_mean=0.0)
+    optimizer = build_optimizer(model, CFG)
+    train_step(model, optimizer, samples("per_request", "token_mean", model.config.vocab_size), CFG, reward_mean=0.0)
     model.eval()
-    url = checkpoint.export_adapter(checkpoint.adapters_dir(f"file://{tmp_path}", 1), model,
-                                    lora.adapter_config(CFG, ensure_model("tiny")), Settings(), {"policy_version": 1})
-    assert sync_adapter([PolarEngine(engine_server.url)], url, 1, "exp-v1") == []
+    config = lora.adapter_config(CFG, ensure_model("tiny"))
+    url = checkpoint.export_adapter(checkpoint.adapters_dir(f"file://{tmp_path}", 1), model, config, Settings(),
+                                    {"policy_version": 1})
+    engine = PolarEngine(engine_server.url)
+    assert sync_adapter([engine], url, 1, "exp-v1") == []
     with httpx.Client(base_url=engine_server.url, timeout=60) as c:
-        r = c.post("/v1/completions", json={"model": "exp-v1", "prompt": PROBE, "max_tokens": 8, "temperature": 1.0,
-                                            "seed": 1, "logprobs": 0, "return_token_ids": True, "ignore_eos": True})
-        assert r.status_code == 200, r.text
-        choice = r.json()["choices"][0]
-        ids, served = choice["token_ids"], choice["logprobs"]["token_logprobs"]
-        with torch.no_grad():
-            full = torch.log_softmax(model(torch.tensor([PROBE + ids])).logits[0].double(), -1)
-        expected = [full[len(PROBE) - 1 + i, t].item() for i, t in enumerate(ids)]
-        assert max(abs(a - b) for a, b in zip(served, expected)) <= 1e-5, (served, expected)
-        assert sync_adapter([PolarEngine(engine_server.url)], url, 2, "exp-v2", previous="exp-v1") == []
+        assert _served_vs_trainer(c, "exp-v1", model) <= 1e-5
+        assert sync_adapter([engine], url, 2, "exp-v2", previous="exp-v1") == []
         assert c.post("/v1/completions", json={"model": "exp-v1", "prompt": PROBE, "max_tokens": 1}).status_code == 404
         assert c.post("/v1/completions", json={"model": "exp-v2", "prompt": PROBE, "max_tokens": 1}).status_code == 200
+
+        v2 = lora.adapter_state_dict(model)
+        model.train()
+        train_step(model, optimizer, samples("per_request", "token_mean", model.config.vocab_size), CFG, reward_mean=0.0)
+        model.eval()
+        assert max((t - v2[k]).abs().max().item() for k, t in lora.adapter_state_dict(model).items()) > 1e-4
+        transfer = WeightTransfer([engine], "auto", timeout_s=30, lora=True)
+        try:
+            assert transfer.prepare(lora.adapter_meta(model))
+            transfer.send(lora.adapter_tensors(model))
+            report = transfer.finish_adapter(None, 3, "exp-v3", config, previous="exp-v2")
+            # a full-weight finish of staged adapter tensors is refused, the served weights untouched
+            assert transfer.prepare(lora.adapter_meta(model))
+            transfer.send(lora.adapter_tensors(model))
+            with pytest.raises(WeightSyncError, match="staged tensors are a LoRA adapter"):
+                transfer.finish(None, 4)
+        finally:
+            transfer.close()
+        assert report["broadcast"] == [engine_server.url] and not report["storage"] and not report.get("unload_errors")
+        assert report["bytes_sent"] == sum(t.numel() * t.element_size() for t in lora.adapter_state_dict(model).values())
+        assert _served_vs_trainer(c, "exp-v3", model) <= 1e-5
+        assert c.post("/v1/completions", json={"model": "exp-v2", "prompt": PROBE, "max_tokens": 1}).status_code == 404
+        assert c.get("/policy_version").json()["policy_version"] == 0  # the base weights never moved
