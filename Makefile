@@ -56,9 +56,10 @@ demo: venv system
 
 # The suite runs on three pytest-xdist workers, each with its own Kafka broker and S3 server: in one
 # process the 2-core machine sat 58% idle (tests wait on brokers, subprocesses and timeouts) and took
-# 23.2 min; three workers took 12.1 (issue 47's note). With an empty model cache (.ci/run), three took 924 s of
-# pytest and four 1031 s (issue 60's note: more JVMs and warm-start builds on the same 2 cores). TEST_WORKERS=0
-# runs it in one process.
+# 23.2 min; three workers took 12.1 (issue 47's note). With an empty model cache (.ci/run), three took 859 s of
+# pytest and 1,264 CPU-s at 60e0f58, once OpenMP threads waited passively (tests/conftest.py); with spinning
+# ones, 1,306 s and 2,054 CPU-s at cb92472 (issue 60). Four workers were slower: more JVMs on the same 2 cores.
+# TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 3
 test: venv system harnesses datasets-peer
 	$(PY) -m pytest -q -ra --durations=25 --cpu 25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist load)
