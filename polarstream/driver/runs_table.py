@@ -111,6 +111,36 @@ def render_runs(text: str, summaries: list[dict]) -> str:
     return render_block(text, RUNS_START, RUNS_END, runs_table(summaries))
 
 
-if __name__ == "__main__":  # python -m polarstream.driver.runs_table: re-render README's demo table
+def plot_lora_vs_full(summaries: list[dict], path: Path, window: int = 4) -> None:
+    """Each seed that has both a full-weight and a LoRA run: their rewards' ``window``-step moving averages, one
+    colour per seed, full weights solid and LoRA dashed (the README's LoRA figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {(s["seed"], bool(_lora(s))): s["reward_per_step"] for s in summaries if s.get("reward_per_step")}
+    seeds = sorted(seed for seed, lora in runs if lora and (seed, False) in runs)
+    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=120)
+    for i, seed in enumerate(seeds):
+        for lora, style in ((False, "-"), (True, "--")):
+            r = runs[(seed, lora)]
+            avg = [sum(r[j - window + 1 : j + 1]) / window for j in range(window - 1, len(r))]
+            ax.plot(range(window, len(r) + 1), avg, ls=style, color=f"C{i}",
+                    label=f"seed {seed}, {'LoRA r16' if lora else 'full weights'}")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel(f"reward ({window}-step moving average)")
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("polarstream demo: LoRA against full weights")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":  # python -m polarstream.driver.runs_table: re-render README's demo table and LoRA figure
     readme = Path(__file__).resolve().parents[2] / "README.md"
-    readme.write_text(render_runs(readme.read_text(), demo_run_summaries(readme.parent)))
+    summaries = demo_run_summaries(readme.parent)
+    readme.write_text(render_runs(readme.read_text(), summaries))
+    plot_lora_vs_full(summaries, readme.parent / "docs" / "demo-reward-lora.png")
