@@ -48,7 +48,7 @@ import torch
 
 from schemas.weight_transfer import packed_chunks, tensor_sha256
 
-from .weight_sync import Gateway, PolarEngine, VllmEngine, WeightSyncError
+from .weight_sync import Gateway, PolarEngine, VllmEngine, WeightSyncError, drop_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -540,8 +540,8 @@ class WeightTransfer:
         engine unloads ``previous`` (``report["unload_errors"]`` if that fails).
 
         Raises WeightSyncError, before the stamp, when an engine did not get the adapter: the gateway then
-        still routes to ``previous``, which every engine still serves (a stale engine loads the next one from
-        storage)."""
+        still routes to ``previous``, which every engine still serves, and the engines that took ``name``
+        unload it again (a stale engine loads the next one from storage)."""
         t0 = time.monotonic()
         ok = self._arrived()
         done: list = []
@@ -570,6 +570,8 @@ class WeightTransfer:
         self.last["stale"] = sorted(self.stale)
         if len(done) < len(self.engines):
             self.last["finish_s"] = round(time.monotonic() - t0, 4)
+            if drop_errors := drop_adapter(done, name):
+                self.last["unload_errors"] = drop_errors
             raise WeightSyncError(f"adapter {name} (policy version {version}) not on every engine, the gateway "
                                   f"still routes to {previous}: {self.last['errors']}")
         if gateway is not None:

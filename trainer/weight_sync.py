@@ -202,6 +202,19 @@ def sync_weights(engines: list[Engine], url: str, version: int, gateway: Gateway
     return pauses
 
 
+def drop_adapter(engines: list, name: str) -> list[str]:
+    """Unload ``name`` from ``engines`` after a sync that failed before its stamp, best effort (the errors):
+    the next sync loads another version's name, so a half-loaded one would stay for good, holding a LoRA slot
+    (``--max-loras``) on those engines."""
+    errors = []
+    for e in engines:
+        try:
+            e.unload_adapter(name)
+        except WeightSyncError as err:
+            errors.append(str(err))
+    return errors
+
+
 def sync_adapter(engines: list[Engine], url: str, version: int, name: str, gateway: Gateway | None = None,
                  previous: str | None = None) -> list[str]:
     """A LoRA run's sync: every engine loads the adapter at ``url`` as ``name`` beside the one it serves
@@ -209,10 +222,17 @@ def sync_adapter(engines: list[Engine], url: str, version: int, name: str, gatew
     and only then does every engine unload ``previous``: after the drain no call uses it any more.
 
     Raises WeightSyncError when a load or the gateway fails (the old adapter then stays, and is still
-    what the gateway routes to). An unload that fails does not fail the sync: its errors are returned.
+    what the gateway routes to; the engines that loaded ``name`` unload it again, ``drop_adapter``). An
+    unload that fails does not fail the sync: its errors are returned.
     """
-    for e in engines:
-        e.load_adapter(name, url)
+    loaded: list[Engine] = []
+    try:
+        for e in engines:
+            e.load_adapter(name, url)
+            loaded.append(e)
+    except WeightSyncError:
+        drop_adapter(loaded, name)
+        raise
     if gateway is not None:
         gateway.pause()
         try:

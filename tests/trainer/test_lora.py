@@ -345,7 +345,7 @@ def test_the_engine_samples_with_the_trainers_adapter(engine_server, tmp_path):
     from trainer.broadcast import WeightTransfer
     from trainer.optim import build_optimizer
     from trainer.step import train_step
-    from trainer.weight_sync import PolarEngine, WeightSyncError, sync_adapter
+    from trainer.weight_sync import PolarEngine, VllmEngine, WeightSyncError, sync_adapter
 
     model = _model()
     optimizer = build_optimizer(model, CFG)
@@ -384,3 +384,16 @@ def test_the_engine_samples_with_the_trainers_adapter(engine_server, tmp_path):
         assert _served_vs_trainer(c, "exp-v3", model) <= 1e-5
         assert c.post("/v1/completions", json={"model": "exp-v2", "prompt": PROBE, "max_tokens": 1}).status_code == 404
         assert c.get("/policy_version").json()["policy_version"] == 0  # the base weights never moved
+
+        # an engine that cannot take the next adapter (a vLLM one loads it from storage; nothing listens there)
+        # fails the sync before its stamp, and the engine that took it in memory unloads it again
+        transfer = WeightTransfer([engine, VllmEngine("http://127.0.0.1:1")], "auto", timeout_s=30, lora=True)
+        try:
+            assert transfer.prepare(lora.adapter_meta(model))
+            transfer.send(lora.adapter_tensors(model))
+            with pytest.raises(WeightSyncError, match="not on every engine"):
+                transfer.finish_adapter(url, 4, "exp-v4", config, previous="exp-v3")
+        finally:
+            transfer.close()
+        assert c.post("/v1/completions", json={"model": "exp-v4", "prompt": PROBE, "max_tokens": 1}).status_code == 404
+        assert c.post("/v1/completions", json={"model": "exp-v3", "prompt": PROBE, "max_tokens": 1}).status_code == 200

@@ -139,6 +139,15 @@ def test_a_lora_sync_loads_the_new_adapter_stamps_it_then_unloads_the_old(record
     with pytest.raises(WeightSyncError, match="HTTP 500"):
         sync_adapter([PolarEngine(url)], "file:///a/v4", 4, "run-v4", Gateway(url, "token"), previous="run-v3")
     assert [p for p, _ in handler.calls] == ["/v1/load_lora_adapter"]
+    # ... and one that fails on a second engine (here: nothing listens) unloads it from the first again: the
+    # next sync loads another name, so a half-loaded adapter would hold that engine's LoRA slot for good
+    handler.calls.clear()
+    handler.fail_on = ""
+    with pytest.raises(WeightSyncError, match="127.0.0.1:1"):
+        sync_adapter([PolarEngine(url), PolarEngine("http://127.0.0.1:1")], "file:///a/v4", 4, "run-v4",
+                     Gateway(url, "token"), previous="run-v3")
+    assert handler.calls == [("/v1/load_lora_adapter", {"lora_name": "run-v4", "lora_path": "/a/v4", "load_inplace": True}),
+                             ("/v1/unload_lora_adapter", {"lora_name": "run-v4"})]
     # an unload that fails does not fail the sync: the new adapter serves; the error is returned (and logged)
     handler.calls.clear()
     handler.fail_on = "/v1/unload_lora_adapter"
