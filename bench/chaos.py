@@ -415,7 +415,9 @@ class Chaos:
             self.rng.shuffle(self._order)
         return self._order.pop()
 
-    def kill_one(self) -> Kill | None:
+    def kill_one(self, while_waiting: Callable[[], None] = lambda: None) -> Kill | None:
+        """Kill the next kind's component; one with a moment is killed in it, ``while_waiting`` called meanwhile
+        (the run's submissions: with none, the last step could pass and no sync come to be killed in)."""
         for _ in KINDS:  # a kind with nothing running to kill now gives its turn to the next one
             kind = self.next_kind()
             choices = [c for c in self.components if c.kind == kind and c.alive()]
@@ -427,11 +429,12 @@ class Chaos:
         down = self.rng.uniform(0.5, 2.5)
         at_moment = None
         if c.moment is not None:
-            try:
-                wait_for(f"{c.name}'s moment", c.moment, MOMENT_WAIT_S, poll=0.02)
-                at_moment = True
-            except RuntimeError:
-                at_moment = False
+            at_moment, deadline = False, time.monotonic() + MOMENT_WAIT_S
+            while not at_moment and time.monotonic() < deadline:
+                at_moment = c.moment()
+                if not at_moment:
+                    while_waiting()
+                    time.sleep(0.02)
         k = Kill(c.name, kind, round(time.monotonic() - self.t0, 2), round(down, 2), at_moment=at_moment)
         say(f"kill {c.name} (down {down:.1f} s{', mid-transfer' if at_moment else ''})")
         t_kill = time.monotonic()
@@ -461,20 +464,25 @@ def chaos_run(pipe: Pipeline, infra: Infra, rng: random.Random, kills: int, gap:
     chaos = Chaos(infra.components() + pipe.components(), rng)
     t0 = time.monotonic()
     next_kill = t0 + rng.uniform(*gap)
-    next_submit = t0
-    n = 0
+    due = {"n": 0, "at": t0}
+
+    def submitting() -> bool:
+        return len(chaos.kills) < kills or due["n"] < min_tasks
+
+    def submit_when_due() -> None:
+        if submitting() and time.monotonic() >= due["at"]:
+            pipe.submit(f"t{due['n']:03d}")
+            due["n"] += 1
+            due["at"] = time.monotonic() + submit_every
+
     while True:
         now = time.monotonic()
-        submitting = len(chaos.kills) < kills or n < min_tasks
-        if submitting and now >= next_submit:
-            pipe.submit(f"t{n:03d}")
-            n += 1
-            next_submit = now + submit_every
+        submit_when_due()
         if len(chaos.kills) < kills and now >= next_kill:
-            chaos.kill_one()
+            chaos.kill_one(while_waiting=submit_when_due)  # a trainer kill waits for a sync: steps must go on
             next_kill = time.monotonic() + rng.uniform(*gap)
         chaos.supervise()
-        if not submitting and pipe.done():
+        if not submitting() and pipe.done():
             break
         if now - t0 > deadline_s:
             say(f"deadline: {sum(pipe.trained_groups().values())} of {len(pipe.tasks)} groups trained")
