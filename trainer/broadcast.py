@@ -48,7 +48,7 @@ import torch
 
 from schemas.weight_transfer import packed_chunks, tensor_sha256
 
-from .weight_sync import Gateway, PolarEngine, VllmEngine, WeightSyncError, drop_adapter
+from .weight_sync import Gateway, PolarEngine, VllmEngine, WeightSyncError, drop_adapter, switch_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -574,20 +574,7 @@ class WeightTransfer:
                 self.last["unload_errors"] = drop_errors
             raise WeightSyncError(f"adapter {name} (policy version {version}) not on every engine, the gateway "
                                   f"still routes to {previous}: {self.last['errors']}")
-        if gateway is not None:
-            gateway.pause()
-            try:
-                gateway.stamp(version, lora_name=name)
-            finally:
-                gateway.resume()
-        unload_errors = []
-        if previous and previous != name:
-            for e in done:
-                try:
-                    e.unload_adapter(previous)
-                except WeightSyncError as err:
-                    unload_errors.append(str(err))
-        if unload_errors:
+        if unload_errors := switch_adapter(done, version, name, gateway, previous):
             self.last["unload_errors"] = unload_errors
         self.last["finish_s"] = round(time.monotonic() - t0, 4)
         return self.last

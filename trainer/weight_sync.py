@@ -203,9 +203,9 @@ def sync_weights(engines: list[Engine], url: str, version: int, gateway: Gateway
 
 
 def drop_adapter(engines: list, name: str) -> list[str]:
-    """Unload ``name`` from ``engines`` after a sync that failed before its stamp, best effort (the errors):
-    the next sync loads another version's name, so a half-loaded one would stay for good, holding a LoRA slot
-    (``--max-loras``) on those engines."""
+    """Unload ``name`` from ``engines``, best effort: the errors. After a sync that failed before its stamp,
+    the new name (the next sync loads another version's, so a half-loaded one would stay for good, holding a
+    LoRA slot, ``--max-loras``); after a stamp, the previous version's."""
     errors = []
     for e in engines:
         try:
@@ -215,11 +215,23 @@ def drop_adapter(engines: list, name: str) -> list[str]:
     return errors
 
 
+def switch_adapter(engines: list, version: int, name: str, gateway: Gateway | None, previous: str | None) -> list[str]:
+    """Once every engine serves ``name``: hold the gateway, stamp ``version`` and ``name``, resume it, then
+    unload ``previous`` from ``engines`` (after the drain no call uses it). Returns the unloads' errors."""
+    if gateway is not None:
+        gateway.pause()
+        try:
+            gateway.stamp(version, lora_name=name)
+        finally:
+            gateway.resume()
+    return drop_adapter(engines, previous) if previous and previous != name else []
+
+
 def sync_adapter(engines: list[Engine], url: str, version: int, name: str, gateway: Gateway | None = None,
                  previous: str | None = None) -> list[str]:
     """A LoRA run's sync: every engine loads the adapter at ``url`` as ``name`` beside the one it serves
-    (no engine pauses), the gateway drains its calls, is stamped with ``version`` and ``name`` and resumes,
-    and only then does every engine unload ``previous``: after the drain no call uses it any more.
+    (no engine pauses), then ``switch_adapter``: the gateway drains its calls, is stamped with ``version``
+    and ``name`` and resumes, and only then does every engine unload ``previous``.
 
     Raises WeightSyncError when a load or the gateway fails (the old adapter then stays, and is still
     what the gateway routes to; the engines that loaded ``name`` unload it again, ``drop_adapter``). An
@@ -233,17 +245,4 @@ def sync_adapter(engines: list[Engine], url: str, version: int, name: str, gatew
     except WeightSyncError:
         drop_adapter(loaded, name)
         raise
-    if gateway is not None:
-        gateway.pause()
-        try:
-            gateway.stamp(version, lora_name=name)
-        finally:
-            gateway.resume()
-    errors = []
-    if previous and previous != name:
-        for e in engines:
-            try:
-                e.unload_adapter(previous)
-            except WeightSyncError as err:
-                errors.append(str(err))
-    return errors
+    return switch_adapter(engines, version, name, gateway, previous)
