@@ -157,6 +157,11 @@ def test_polarstream_run_refuses_such_a_task_before_anything_starts(tmp_path, mo
     assert r.exit_code == 1 and len(r.stderr.splitlines()) == 1, r.output
     assert r.stderr.startswith(f"error: {f}: train: task no-dockerfile: cannot pull polarstream-fixture/never-published:1 ("), r.stderr
     assert not (tmp_path / "run").exists()
+    # force_build as the experiment file says it, on the source: this task has nothing to build
+    f.write_text(yaml.safe_dump({"model": str(ensure_model("tiny")), "train": "tasks?force_build=1", "eval": ""}))
+    r = CliRunner().invoke(app, ["run", str(f), "--run-dir", str(tmp_path / "run")])
+    assert r.exit_code == 1 and r.stderr == (f"error: {f}: train: task no-dockerfile: force_build: it has no "
+                                             "environment/Dockerfile to build\n"), r.output
 
 
 # --------------------------------------------------------------------------------- podman, sessions
