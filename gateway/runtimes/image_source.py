@@ -39,6 +39,8 @@ FORGET_S = 300.0  # how long an unreachable registry is believed so before it is
 _UNREACHABLE = re.compile(r"pinging container registry|dial tcp|no such host|connection refused|i/o timeout|"
                           r"network is unreachable|no route to host|TLS handshake timeout|proxyconnect|"
                           r"Client\.Timeout|context deadline exceeded", re.I)
+# podman 4.3 fetches a single image's manifest, then will not print it: the registry has the image
+_SINGLE = re.compile(r"Treating single images as manifest lists is not implemented")
 # What a registry that answered says of an image it does not have, or will not give
 _ABSENT = re.compile(r"manifest unknown|not found|name unknown|denied|unauthorized|authentication required", re.I)
 
@@ -108,7 +110,7 @@ async def probe(name: str, engine: str = "podman") -> Probe:
     rc, out = await _run([*engine_argv(engine), "manifest", "inspect", full], PROBE_S)
     # the engine's last line nests its causes ("...: dial tcp: lookup ...: no such host"): the innermost says it
     last = out.strip().splitlines()[-1].rsplit(": ", 1)[-1][:120] if out.strip() else ""
-    if rc == 0:
+    if rc == 0 or _SINGLE.search(out):
         _unreachable.pop(host, None)
         return Probe("pullable")
     if rc is None or _UNREACHABLE.search(out):
@@ -126,6 +128,10 @@ async def _local(name: str, engine: str) -> bool:
 
 
 async def _is_standin(name: str, engine: str) -> bool:
+    """Whether the local ``name`` is a stand-in we made; an image built FROM one inherits its label, so
+    only a name a stand-in is made for counts."""
+    if standin_recipe(name) is None:
+        return False
     rc, out = await _run([*engine_argv(engine), "image", "inspect", "--format",
                           f'{{{{index .Labels "{STANDIN_LABEL}"}}}}', qualified(name)])
     return rc == 0 and out.strip() not in ("", "<no value>")

@@ -216,3 +216,85 @@ async def test_a_storage_limit_this_storage_cannot_enforce_is_one_warning_and_th
         assert warned == []
     else:
         assert len(warned) == 1 and "advisory" in warned[0], warned
+
+
+# ------------------------------------------------------------------------ a registry that answers
+
+
+@pytest.fixture
+def local_registry(tmp_path, monkeypatch):
+    """Docker's registry (Debian's docker-registry) on a free port of 127.0.0.1, plain HTTP, which podman is
+    told to accept (registries.conf ``insecure``, as a site mirror's would be); its host:port."""
+    import shutil
+    import socket
+    import subprocess
+
+    exe = shutil.which("docker-registry")
+    if exe is None:
+        pytest.skip("docker-registry is not installed (Debian: apt-get install docker-registry)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        host = f"127.0.0.1:{s.getsockname()[1]}"
+    conf = tmp_path / "registry.yml"
+    conf.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'registry'}\nhttp:\n  addr: {host}\n")
+    (tmp_path / "registries.conf").write_text(f'[[registry]]\nlocation = "{host}"\ninsecure = true\n')
+    monkeypatch.setenv("CONTAINERS_REGISTRIES_CONF", str(tmp_path / "registries.conf"))
+    proc = subprocess.Popen([exe, "serve", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", int(host.split(":")[1]))) == 0:
+                    break
+            time.sleep(0.05)
+        yield host
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def _podman(*args: str) -> str:
+    import subprocess
+
+    from gateway.runtimes.images import engine_argv
+
+    return subprocess.run([*engine_argv("podman"), *args], check=True, capture_output=True, text=True).stdout
+
+
+@podman
+async def test_an_image_its_registry_has_is_pulled_and_force_build_builds_the_dockerfile_instead(tmp_path, podman_base,
+                                                                                                 local_registry, caplog):
+    published = f"{local_registry}/polar-fixture/prebuilt:1"
+    # the "prebuilt" image holds what the Dockerfile does not, so the session shows which one it runs in
+    ctx = tmp_path / "prebuilt"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f"FROM {podman_base}\nWORKDIR /app\nRUN echo from-registry > /app/origin\n")
+    _podman("build", "-q", "-t", published, str(ctx))
+    _podman("push", "-q", published)
+    _podman("rmi", published)  # gone from the store: only the registry has it
+    dockerfile = f"FROM {podman_base}\nWORKDIR /app\nRUN echo from-dockerfile > /app/origin\n"
+    task, = load_tasks(tb2_task(tmp_path, "prebuilt-task", image=published, dockerfile=dockerfile))
+    rt = ContainerRuntime(None, owner=str(tmp_path))
+
+    async def origin(t, root: Path) -> str:
+        box = await rt.open(t, root)
+        try:
+            ran = await box.run(ExecSpec(argv=["cat", "/app/origin"], env={"PATH": "/usr/bin:/bin"}, workspace=root / "w",
+                                         home=root / "home", limits=Limits(timeout_s=30), network="none",
+                                         log_path=root / "run.log"))
+            return ran.output_tail.strip()
+        finally:
+            await box.close()
+
+    try:
+        assert (await plan_image(task.environment)).label() == "pulled"
+        with caplog.at_level(logging.WARNING, logger="polarstream.node"):
+            assert await origin(task, tmp_path / "s1") == "from-registry"
+            assert not [r for r in caplog.records if "instead of pulling" in r.getMessage()]
+            assert (await plan_image(task.environment)).label() == "local"  # pulled once, then found
+            forced, = load_tasks(f"{tmp_path / 'prebuilt-task'}?force_build=1")
+            assert (await plan_image(forced.environment)).label().startswith("built:force_build")
+            assert await origin(forced, tmp_path / "s2") == "from-dockerfile"
+        said = [r.getMessage() for r in caplog.records if "instead of pulling" in r.getMessage()]
+        assert said == [f"task prebuilt-task: building environment/Dockerfile instead of pulling {published} (force_build)"]
+    finally:
+        _podman("rmi", "-i", published)
