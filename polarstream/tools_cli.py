@@ -275,7 +275,7 @@ def tasks_command(
     In a directory of Harbor tasks each task is read on its own: one that cannot run here (it asks for a
     GPU, its task.toml is malformed, its image can be neither pulled nor built) is refused in its own line
     and the others are listed or checked. A task with an image says how it gets it: pulled, local, built
-    (and why, where it names a docker_image: registry-unreachable, force_build), +standin where a FROM
+    (and why, where it names a docker_image: unreachable, absent, force_build), +standin where a FROM
     base is an offline stand-in (gateway/runtimes/image_source.py)."""
     import asyncio
     import tempfile
@@ -345,7 +345,7 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-IMAGE_W = 28  # the image column: "built:registry-unreachable" and a little
+IMAGE_W = 28  # the image column: "built:unreachable+standin" and a little
 
 
 def _read_tasks(source: Path, force_build: bool = False):

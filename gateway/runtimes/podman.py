@@ -18,8 +18,9 @@ image needs no python for it, and the verifier runs after it is gone.
 Limits: ``memory_mb`` (swap included), ``cpus``, a pids cap and open files; a run past its deadline
 kills the container (the session ends there in any case). ``storage_mb`` is enforced where the engine's
 storage can (overlay on xfs mounted with project quotas: ``--storage-opt size=``); elsewhere it is
-advisory, said once per runtime (a node has one), never a failure of the session. Each container is labelled with its owner
-(the node's work dir), so a restarted node removes what its predecessor left (``cleanup``).
+advisory, said once per runtime (a node has one), never a failure of the session. Each container is
+labelled with its owner (the node's work dir), so a restarted node removes what its predecessor left
+(``cleanup``).
 """
 
 from __future__ import annotations
