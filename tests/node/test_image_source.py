@@ -102,6 +102,23 @@ async def test_a_registry_that_did_not_answer_is_not_asked_again_for_a_while():
 
 
 @podman
+async def test_a_registry_that_holds_the_connection_and_says_nothing_is_given_up_after_the_probe_deadline(monkeypatch):
+    import socket
+
+    monkeypatch.setattr(image_source, "PROBE_S", 2.0)  # the deadline itself, shortened: 20 s in use
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers a byte
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        name = f"127.0.0.1:{silent.getsockname()[1]}/org/img:1"
+        t0 = time.monotonic()
+        seen = await probe(name)
+        took = time.monotonic() - t0
+        assert seen.state == "unreachable" and seen.detail.endswith("did not answer in 2 s") and 1.5 < took < 10, (seen, took)
+        t0 = time.monotonic()
+        assert await probe(name) == seen and time.monotonic() - t0 < 0.5  # remembered, not waited on again
+
+
+@podman
 async def test_plans_follow_harbor_pull_else_build_else_refuse(tmp_path, podman_base):
     unpullable = "polarstream-fixture/never-published:1"  # docker.io: unreachable here, absent where it answers
     both, = load_tasks(tb2_task(tmp_path, "both", image=unpullable))
