@@ -95,6 +95,9 @@ class EnvironmentSpec(_Model):
     gpus: int = Field(0, ge=0)
     build_timeout_s: float = Field(600.0, gt=0)
     allow_internet: bool = False  # no network but the gateway unless the task says so
+    # Build the context even where ``image`` could be pulled (Harbor's --force-build); both are kept so
+    # the node decides where it runs (gateway/runtimes/image_source.py)
+    force_build: bool = False
 
     @model_validator(mode="after")
     def _one_source(self) -> "EnvironmentSpec":

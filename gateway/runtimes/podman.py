@@ -16,14 +16,18 @@ node runs on the host inside the container's network namespace for the length of
 image needs no python for it, and the verifier runs after it is gone.
 
 Limits: ``memory_mb`` (swap included), ``cpus``, a pids cap and open files; a run past its deadline
-kills the container (the session ends there in any case). Each container is labelled with its owner
-(the node's work dir), so a restarted node removes what its predecessor left (``cleanup``).
+kills the container (the session ends there in any case). ``storage_mb`` is enforced where the engine's
+storage can (overlay on xfs mounted with project quotas: ``--storage-opt size=``); elsewhere it is
+advisory, said once per runtime (a node has one), never a failure of the session. Each container is
+labelled with its owner (the node's work dir), so a restarted node removes what its predecessor left
+(``cleanup``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import resource
 import shutil
@@ -35,7 +39,10 @@ from schemas import TaskRequest
 
 from .base import ExecResult, ExecSpec, RuntimeUnavailable, _tail, sandbox_port
 from .bwrap import HOME, TUNNEL, WORKSPACE
-from .images import ImageBuildError, engine_argv, ensure_image
+from .image_source import task_image
+from .images import ImageBuildError, engine_argv
+
+log = logging.getLogger("polarstream.node")
 
 OWNER_LABEL = "io.polarstream.owner"
 SESSION_LABEL = "io.polarstream.session"
@@ -90,6 +97,8 @@ class ContainerRuntime:
         self.engine, self.sock_path, self.image, self.pids_limit = engine, sock_path, image, pids_limit
         self.owner = owner or "polarstream"
         self.python = "python3"
+        self._storage_quota: bool | None = None  # whether --storage-opt size= works here, asked once
+        self._storage_warned = False
 
     def unavailable(self) -> str:
         """Why this runtime cannot run here ("" when it can)."""
@@ -105,12 +114,10 @@ class ContainerRuntime:
         env = task.environment
         if env is not None and env.gpus:
             raise RuntimeUnavailable(f"task {task.task_id} asks for {env.gpus} GPU(s); this node's containers have none")
-        if env is not None and env.storage_mb:
-            raise RuntimeUnavailable(f"task {task.task_id}: storage_mb={env.storage_mb} cannot be enforced by {self.engine} "
-                                     "on this storage (overlay without project quotas); remove it from task.toml")
         t0 = time.monotonic()
+        storage = await self._storage_opt(env.storage_mb) if env is not None and env.storage_mb else []
         if env is not None:
-            image, built_s = await ensure_image(env, self.engine, log=log_path)
+            image, built_s = await task_image(env, self.engine, task_id=task.task_id, log_path=log_path)
         elif self.image:
             image, built_s = self.image, 0.0
         else:
@@ -130,6 +137,7 @@ class ContainerRuntime:
             argv += ["--memory", f"{env.memory_mb}m", "--memory-swap", f"{env.memory_mb}m"]
         if env is not None and env.cpus:
             argv += ["--cpus", f"{env.cpus:g}"]
+        argv += storage
         if env is None:
             (root / "workspace").mkdir(parents=True, exist_ok=True)
             argv += ["-v", f"{root / 'workspace'}:{workdir}"]
@@ -163,6 +171,21 @@ class ContainerRuntime:
         box.image_path = next((ln[5:] for ln in lines[2:] if ln.startswith("PATH=")), "")
         box.open_s = time.monotonic() - t0
         return box
+
+    async def _storage_opt(self, storage_mb: int) -> list[str]:
+        """``--storage-opt size=`` where this engine's storage enforces it; else [] and, the first time,
+        one warning that the task's storage limit is advisory here."""
+        if self._storage_quota is None:
+            rc, out = await _engine(self.engine, "info", "--format",
+                                    '{{.Store.GraphDriverName}}\t{{index .Store.GraphStatus "Backing Filesystem"}}\t{{.Store.GraphRoot}}')
+            driver, fs, root = ((out.strip().split("\t") + ["", "", ""])[:3]) if rc == 0 else ("", "", "")
+            self._storage_quota = storage_quota(driver, fs, mount_options(root) if root else "")
+            if not self._storage_quota and not self._storage_warned:  # sessions opening at once ask together
+                self._storage_warned = True
+                log.warning("tasks' storage limits ([environment] storage / storage_mb) are advisory on this node: %s "
+                            "storage is %s on %s, and only overlay on xfs mounted with project quotas (prjquota) "
+                            "can enforce them", self.engine, driver or "unknown", fs or "an unknown filesystem")
+        return ["--storage-opt", f"size={storage_mb}m"] if self._storage_quota else []
 
     async def cleanup(self, orphans: bool = False) -> int:
         """Remove every container this owner left (a node that died with this work dir) and, with
@@ -311,6 +334,24 @@ class ContainerSandbox:
             rest = line + (await proc.stdout.read())
             raise RuntimeUnavailable(f"gateway tunnel into the container failed: {rest.decode(errors='replace').strip()[-300:]}")
         return proc
+
+
+def storage_quota(driver: str, backing_fs: str, mount_opts: str) -> bool:
+    """Whether ``--storage-opt size=`` is enforced: overlay on xfs with project quotas (podman-run(1))."""
+    return driver == "overlay" and backing_fs == "xfs" and bool(set(mount_opts.split(",")) & {"prjquota", "pquota"})
+
+
+def mount_options(path: str) -> str:
+    """The mount options of the filesystem that holds ``path`` (the longest mount point above it)."""
+    best, opts = "", ""
+    try:
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 4 and (path == fields[1] or path.startswith(fields[1].rstrip("/") + "/")) and len(fields[1]) >= len(best):
+                best, opts = fields[1], fields[3]
+    except OSError:
+        pass
+    return opts
 
 
 async def _engine(engine: str, *args: str, timeout_s: float = 120.0) -> tuple[int | None, str]:

@@ -74,7 +74,8 @@ class Experiment(BaseModel):
         "environment/Dockerfile) runs in a container of it (podman, else docker), any other task under bwrap when it "
         "works here (else unsandboxed); bwrap and subprocess run no image; podman and docker run only image tasks")
     train: str = Field("builtin:arith", description="task source RL trains on: a JSONL file (TaskRequest or flat rows), "
-                       "a .parquet file, a Harbor task directory (or a directory of them), or builtin:arith")
+                       "a .parquet file, a Harbor task directory (or a directory of them; DIR?force_build=1 builds their "
+                       "Dockerfiles even where their docker_image could be pulled), or builtin:arith")
     eval: str = Field("builtin:arith-heldout", description="task source evaluated before training, every eval_every "
                       "steps and after the last; '' = no evaluation")
     group_size: int = Field(8, ge=1, le=1024, description="samples per task (the GRPO group)")
@@ -152,7 +153,8 @@ class Experiment(BaseModel):
     def _sources(self) -> "Experiment":
         for field in ("train", "eval"):
             source = getattr(self, field)
-            if source and not source.startswith("builtin:") and not Path(source).exists():
+            # DIR?force_build=1: a task source with its options (producers/tasks.py split_source)
+            if source and not source.startswith("builtin:") and not Path(source).exists() and not Path(source.rpartition("?")[0]).exists():
                 raise ValueError(f"{field}: {source!r}: no such file or directory")
             if source.startswith("builtin:") and source not in BUILTIN_SOURCES:
                 raise ValueError(f"{field}: {source!r}: the built-in sources are {', '.join(BUILTIN_SOURCES)}")
