@@ -1,0 +1,93 @@
+"""The verifier's network and what the agent leaves behind, on real podman containers through a node's pipeline:
+the agent's phase cannot reach the outside, the verifier's can (apt-get update against Debian's archive);
+what the agent started is gone before the verifier (kill) or still there (keep); and a verifier whose
+install cannot reach its host is an infra error (masked, counted, its evidence recorded), never a 0."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, generate_latest
+
+from gateway.node import metrics as node_metrics
+from gateway.node.config import NodeConfig
+from gateway.node.pipeline import Pipeline
+from gateway.node.session import Job
+from gateway.runtimes import ContainerRuntime
+from schemas import EnvironmentSpec, EvaluatorSpec, HarnessSpec, SessionAssigned, TaskRequest, Timeouts, WorkspaceSpec
+from tests.node.test_podman import fake_gateway
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+DOCKERFILE = "FROM debian:bookworm-slim\nWORKDIR /app\n"
+# The agent starts a server-like process and leaves it, and tries the outside world.
+AGENT = ("sleep 1000 >/dev/null 2>&1 & "
+         "if getent hosts deb.debian.org; then echo agent-reached; else echo agent-refused; fi")
+# A TB 2.0-shaped verifier: it lists what runs beside it, installs from the network, and writes 1 or 0.
+TEST_SH = """\
+for p in /proc/[0-9]*; do tr '\\0' ' ' < "$p/cmdline" 2>/dev/null; echo; done > /logs/verifier/procs.txt
+apt-get update
+if apt-cache show curl > /dev/null; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+def container_job(i: int, *, verifier_network: str = "host", agent_processes: str = "kill") -> Job:
+    task = TaskRequest(task_id="net", instruction="x", num_samples=8, min_valid=1,
+                       workspace=WorkspaceSpec(kind="image", mount="/app"),
+                       environment=EnvironmentSpec(context={"Dockerfile": DOCKERFILE}),
+                       harness=HarnessSpec(name="command", command=["sh", "-c", AGENT]),
+                       evaluator=EvaluatorSpec(kind="harbor", command="bash /tests/test.sh", tests={"test.sh": TEST_SH},
+                                               network=verifier_network, agent_processes=agent_processes, timeout_s=240),
+                       timeouts=Timeouts(init_s=120, agent_s=60))
+    a = SessionAssigned(session_id=f"net.s{i}", group_id="net", task_id="net", sample_index=i, session_key="k", task=task)
+    return Job(assigned=a, attempt=0, key="k")
+
+
+async def test_the_agent_is_offline_the_verifier_online_leftovers_killed_or_kept_and_a_verifier_fault_masked(
+        tmp_path, podman_base):
+    server, relay, sock, port = await fake_gateway(tmp_path)
+    events: list = []
+
+    async def publish(ev):
+        events.append(ev)
+
+    async def settle(run_id):
+        return 0
+
+    cfg = NodeConfig(work_dir=tmp_path / "node", cache_dir=tmp_path, runtime="podman", node_id="vnet", run_workers=3,
+                     keep_workdirs=True)
+    rt = ContainerRuntime(sock, owner=str(tmp_path))
+    p = Pipeline(cfg, rt, port, publish, settle)
+    node_metrics.watch(p)
+    try:
+        p.admit(container_job(0))
+        p.admit(container_job(1, agent_processes="keep"))
+        p.admit(container_job(2, verifier_network="none"))  # its install cannot reach the archive
+        await p.drain()
+    finally:
+        server.close()
+        relay.close()
+        await rt.cleanup()
+    fin = {e.session_id: e for e in events if e.kind == "finished"}
+    sessions = cfg.work_dir / "sessions"
+    for sid in fin:
+        assert "agent-refused" in (sessions / sid / "logs" / "harness.log").read_text()  # the agent had no outside
+
+    # the verifier reached Debian's archive; the agent's sleep was killed before it (kill) or left (keep)
+    assert (fin["net.s0"].status, fin["net.s0"].reward, fin["net.s0"].verifier_fault) == ("ok", 1.0, None), fin["net.s0"]
+    assert (fin["net.s1"].status, fin["net.s1"].reward) == ("ok", 1.0), fin["net.s1"]
+    killed = (sessions / "net.s0" / "eval" / "eval-logs" / "procs.txt").read_text()
+    kept = (sessions / "net.s1" / "eval" / "eval-logs" / "procs.txt").read_text()
+    assert "sleep 1000" not in killed and "bash /tests/test.sh" in killed
+    assert "sleep 1000" in kept
+
+    # a verifier that could not install is masked with its cause and lines, and counted; it is not a 0
+    bad = fin["net.s2"]
+    assert bad.status == "infra_error" and bad.reward is None
+    assert bad.verifier_fault is not None and bad.verifier_fault.cause == "dns", bad
+    assert any("deb.debian.org" in line for line in bad.verifier_fault.evidence)
+    assert "verifier fault (dns)" in bad.detail and bad.metrics["verifier_fault"] == 1.0
+    assert not [e for e in events if e.session_id == "net.s2" and e.kind == "evaluated"]
+    assert p.verifier_faults == {"dns": 1}
+    exposed = generate_latest(REGISTRY).decode()
+    assert 'polar_node_verifier_faults_total{cause="dns",node="vnet"} 1.0' in exposed
