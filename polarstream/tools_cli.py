@@ -281,7 +281,8 @@ def tasks_command(
         for t in tasks:
             ws = t.workspace.kind + (f" {t.workspace.source}" if t.workspace.source else "")
             typer.echo(f"{t.task_id:<{width}}workspace {ws}{f' at {t.workspace.mount}' if t.workspace.mount else ''}  "
-                       f"evaluator {t.evaluator.kind}{'  solution' if t.metadata.get('solution') else ''}")
+                       f"evaluator {t.evaluator.kind}  verifier network {_verifier_net(t)}"
+                       f"{'  solution' if t.metadata.get('solution') else ''}")
         for name, why in refused:
             typer.echo(f"{name:<{width}}refused: {why}")
         if refused:
@@ -294,7 +295,7 @@ def tasks_command(
         rt = make_runtime(runtime)
     except ValueError as e:
         raise _fail(str(e)) from None
-    typer.echo(f"{'task':<{width}}{'solution':<10}{'untouched':<11}{'build s':>8}{'run s':>8}  verdict")
+    typer.echo(f"{'task':<{width}}{'solution':<10}{'untouched':<11}{'build s':>8}{'run s':>8}  {'verifier net':<14}verdict")
     for name, why in refused:
         typer.echo(f"{name:<{width}}refused: {why}")
 
@@ -321,13 +322,18 @@ def tasks_command(
             verdict = "ok" if res.ok else "FAILED" + "".join(
                 f"; {what}: {_one_line(r.error)[:160]}" for what, r in (("untouched", res.untouched), ("solution", res.solved))
                 if r is not None and r.error)
-            typer.echo(f"{t.task_id:<{width}}{solved:<10}{show(res.untouched):<11}{secs}  {verdict}")
+            typer.echo(f"{t.task_id:<{width}}{solved:<10}{show(res.untouched):<11}{secs}  {_verifier_net(t):<14}{verdict}")
         return bad
 
     with tempfile.TemporaryDirectory(prefix="polar-oracle-") as tmp:
         bad = asyncio.run(check_all(Path(tmp))) + len(refused)
     if bad:
         raise _fail(f"{bad} of {len(tasks) + len(refused)} tasks failed their check (untouched must score 0, the solution 1)")
+
+
+def _verifier_net(task) -> str:
+    """The verifier's network as the table shows it: outside (a Harbor verifier's default in a container) or none."""
+    return "outside" if task.evaluator.network == "host" else "none"
 
 
 def _one_line(text: str) -> str:
