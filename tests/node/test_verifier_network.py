@@ -91,3 +91,38 @@ async def test_the_agent_is_offline_the_verifier_online_leftovers_killed_or_kept
     assert p.verifier_faults == {"dns": 1}
     exposed = generate_latest(REGISTRY).decode()
     assert 'polar_node_verifier_faults_total{cause="dns",node="vnet"} 1.0' in exposed
+
+
+# Terminal-Bench 2.0's verifier prelude, in its shape (our own words): install curl, fetch uv, run pytest with uvx.
+TB_TEST_SH = """\
+#!/bin/bash
+apt-get update
+apt-get install -y curl
+curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh
+source $HOME/.local/bin/env
+uvx -p 3.13 -w pytest==8.4.1 pytest /tests/test_outputs.py -rA
+if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+def test_tasks_check_names_a_verifier_that_could_not_install_instead_of_scoring_it_0(tmp_path, podman_base):
+    from typer.testing import CliRunner
+
+    from polarstream.cli import app
+
+    d = tmp_path / "offline-verifier"
+    for sub in ("environment", "tests", "solution"):
+        (d / sub).mkdir(parents=True)
+    (d / "instruction.md").write_text("Create /app/done.\n")
+    (d / "task.toml").write_text("[environment]\nallow_internet = false\n")  # Harbor gives its verifier none either
+    (d / "environment" / "Dockerfile").write_text(DOCKERFILE)
+    (d / "tests" / "test.sh").write_text(TB_TEST_SH)
+    (d / "tests" / "test_outputs.py").write_text("import os\n\ndef test_done():\n    assert os.path.exists('/app/done')\n")
+    (d / "solution" / "solve.sh").write_text("touch /app/done\n")
+    r = CliRunner().invoke(app, ["tasks", str(d), "--check"])
+    assert r.exit_code == 1, r.output
+    header, row = r.stdout.splitlines()[:2]
+    assert "verifier net" in header
+    solution, untouched = row.split()[1:3]
+    assert (solution, untouched) == ("error", "error"), row  # not 0: the verifier never judged
+    assert " none " in row and "untouched: verifier fault (dns):" in row and "deb.debian.org" in row, row
