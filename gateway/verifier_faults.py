@@ -34,7 +34,8 @@ _PATTERNS: dict[str, re.Pattern] = {k: re.compile(v, re.I) for k, v in {
                r"|Max retries exceeded|operation timed out|tcp connect error|Unable to connect to",
     "interpreter": r"No interpreter found for Python|No Python at|No download found for request|python[0-9.]*: (command )?not found"
                    r"|(uv|uvx|pytest): (command )?not found|Failed to (find|discover) (a )?(suitable )?Python",
-    "install": r"^E: |Unable to locate package|has no installation candidate|Unable to fetch some archives"
+    "install": r"^E: (Failed to fetch|Unable to|Couldn't find|Package .* has no|Sub-process .* returned|Some packages could not)"
+               r"|Unable to locate package|has no installation candidate|Unable to fetch some archives"
                r"|Some index files failed to download|Could not find a version that satisfies the requirement"
                r"|No matching distribution found|ERROR: Could not install packages|Failed to download"
                r"|error: Failed to fetch|Because .* was not found in the package registry|curl: \(\d+\)"

@@ -61,6 +61,15 @@ ERROR: Could not find a version that satisfies the requirement numpy==2.1.2 (fro
 ERROR: No matching distribution found for numpy==2.1.2
 """
 
+CURL_AND_UV_TLS = """\
+curl: (60) SSL certificate problem: unable to get local issuer certificate
+More details here: https://curl.se/docs/sslcerts.html
+error: Request failed after 3 retries
+  Caused by: error sending request for url (https://pypi.org/simple/pytest/)
+  Caused by: client error (Connect)
+  Caused by: invalid peer certificate: UnknownIssuer
+"""
+
 APT_MISSING_PACKAGE = """\
 Hit:1 http://deb.debian.org/debian bookworm InRelease
 Reading package lists...
@@ -95,6 +104,7 @@ FAILED ../tests/test_outputs.py::test_server - urllib.error.URLError: <urlopen e
     (UV_NO_DNS, "dns", "dns error: failed to lookup address information"),
     (UV_NO_PYTHON, "interpreter", "No interpreter found for Python 3.13"),
     (PIP_TLS, "tls", "CERTIFICATE_VERIFY_FAILED"),
+    (CURL_AND_UV_TLS, "tls", "invalid peer certificate: UnknownIssuer"),
     (PIP_UNREACHABLE, "network", "Network is unreachable"),
     (APT_MISSING_PACKAGE, "install", "E: Unable to locate package python3.13-venv"),
 ])
@@ -127,3 +137,9 @@ def test_a_verifier_that_timed_out_is_a_fault_unless_its_tests_were_running():
 def test_a_verifier_that_simply_exits_nonzero_with_no_known_cause_is_the_agents():
     assert classify("checking /app/out.txt\nexpected 42, got 41\n") is None
     assert classify("") is None
+
+
+def test_a_line_that_only_looks_like_apt_is_not_an_install_failure():
+    assert classify("E: expected 3 rows, got 2\n") is None  # a test script's own message
+    fault = classify("E: Sub-process /usr/bin/dpkg returned an error code (1)\n")
+    assert fault is not None and fault.cause == "install"
