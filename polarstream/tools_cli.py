@@ -267,6 +267,8 @@ def tasks_command(
     runtime: Annotated[str, typer.Option(help="sandbox for --check: auto (a container of the task's image for a task with "
                                               "environment/Dockerfile, else bwrap), bwrap, podman, docker, apptainer")] = "auto",
     jobs: Annotated[int, typer.Option(min=1, help="tasks --check runs at once (image builds and runs overlap)")] = 2,
+    agent_processes: Annotated[str, typer.Option(help="what the solution left running when the verifier opens: kill, or "
+                                                      "keep (Harbor's behaviour: tests that query a server it started)")] = "kill",
 ) -> None:
     """List the tasks a source holds, as polarstream reads them; --check runs each task's oracle.
 
@@ -275,7 +277,12 @@ def tasks_command(
     import asyncio
     import tempfile
 
+    if agent_processes not in ("kill", "keep"):
+        raise _fail(f"--agent-processes: {agent_processes!r} is not kill or keep", 2)
+    from producers.tasks import with_phase_policies
+
     tasks, refused = _read_tasks(tasks_file)
+    tasks = [with_phase_policies(t, agent_processes=agent_processes) for t in tasks]
     width = max([len(t.task_id) for t in tasks] + [len(name) for name, _ in refused] + [24]) + 2
     if not check:
         for t in tasks:

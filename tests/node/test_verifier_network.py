@@ -126,3 +126,26 @@ def test_tasks_check_names_a_verifier_that_could_not_install_instead_of_scoring_
     solution, untouched = row.split()[1:3]
     assert (solution, untouched) == ("error", "error"), row  # not 0: the verifier never judged
     assert " none " in row and "untouched: verifier fault (dns):" in row and "deb.debian.org" in row, row
+
+
+def test_tasks_check_kills_what_the_solution_left_running_unless_told_to_keep_it(tmp_path, podman_base):
+    from typer.testing import CliRunner
+
+    from polarstream.cli import app
+
+    d = tmp_path / "serve"
+    for sub in ("environment", "tests", "solution"):
+        (d / sub).mkdir(parents=True)
+    (d / "instruction.md").write_text("Leave a server running.\n")
+    (d / "task.toml").write_text("[environment]\nallow_internet = false\n")
+    (d / "environment" / "Dockerfile").write_text(DOCKERFILE)
+    (d / "tests" / "test.sh").write_text(
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < \"$p/cmdline\" 2>/dev/null; echo; done | grep -q '^sleep 1000 ' "
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n")
+    (d / "solution" / "solve.sh").write_text("sleep 1000 >/dev/null 2>&1 &\n")
+    killed = CliRunner().invoke(app, ["tasks", str(d), "--check"])
+    kept = CliRunner().invoke(app, ["tasks", str(d), "--check", "--agent-processes", "keep"])
+    assert killed.exit_code == 1 and killed.stdout.splitlines()[1].split()[1:3] == ["0", "0"], killed.output
+    assert kept.exit_code == 0 and kept.stdout.splitlines()[1].split()[1:3] == ["1", "0"], kept.output
+    bad = CliRunner().invoke(app, ["tasks", str(d), "--agent-processes", "some"])
+    assert bad.exit_code == 2 and "--agent-processes: 'some' is not kill or keep" in bad.output
