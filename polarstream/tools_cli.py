@@ -269,6 +269,8 @@ def tasks_command(
     jobs: Annotated[int, typer.Option(min=1, help="tasks --check runs at once (image builds and runs overlap)")] = 2,
     force_build: Annotated[bool, typer.Option("--force-build", help="build each task's environment/Dockerfile even where "
                                                                     "its docker_image could be pulled (Harbor's --force-build)")] = False,
+    agent_processes: Annotated[str, typer.Option(help="what the solution left running when the verifier opens: kill, or "
+                                                      "keep (Harbor's behaviour: tests that query a server it started)")] = "kill",
 ) -> None:
     """List the tasks a source holds, as polarstream reads them; --check runs each task's oracle.
 
@@ -280,7 +282,12 @@ def tasks_command(
     import asyncio
     import tempfile
 
+    if agent_processes not in ("kill", "keep"):
+        raise _fail(f"--agent-processes: {agent_processes!r} is not kill or keep", 2)
+    from producers.tasks import with_phase_policies
+
     tasks, refused = _read_tasks(tasks_file, force_build)
+    tasks = [with_phase_policies(t, agent_processes=agent_processes) for t in tasks]
     plans, tasks, refused = _plan_images(tasks, refused, runtime)
     width = max([len(t.task_id) for t in tasks] + [len(name) for name, _ in refused] + [24]) + 2
     if not check:
@@ -288,7 +295,8 @@ def tasks_command(
             ws = t.workspace.kind + (f" {t.workspace.source}" if t.workspace.source else "")
             image = f"  image {plans[t.task_id].label()}" if t.task_id in plans else ""
             typer.echo(f"{t.task_id:<{width}}workspace {ws}{f' at {t.workspace.mount}' if t.workspace.mount else ''}  "
-                       f"evaluator {t.evaluator.kind}{'  solution' if t.metadata.get('solution') else ''}{image}")
+                       f"evaluator {t.evaluator.kind}  verifier network {_verifier_net(t)}"
+                       f"{'  solution' if t.metadata.get('solution') else ''}{image}")
         for name, why in refused:
             typer.echo(f"{name:<{width}}refused: {why}")
         if refused:
@@ -302,7 +310,7 @@ def tasks_command(
     except ValueError as e:
         raise _fail(str(e)) from None
     typer.echo(f"{'task':<{width}}{'solution':<10}{'untouched':<11}{'build s':>8}{'run s':>8}  {'image':<{IMAGE_W}}"
-               f"{'verifier':<10}verdict")
+               f"{'verifier net':<14}verdict")
     for name, why in refused:
         typer.echo(f"{name:<{width}}refused: {why}")
 
@@ -330,15 +338,19 @@ def tasks_command(
                 f"; {what}: {_one_line(r.error)[:160]}" for what, r in (("untouched", res.untouched), ("solution", res.solved))
                 if r is not None and r.error)
             image = plans[t.task_id].label() if t.task_id in plans else "-"
-            # the verifier's network as the task asks for it (its policy: gateway/evaluators.py)
             typer.echo(f"{t.task_id:<{width}}{solved:<10}{show(res.untouched):<11}{secs}  {image:<{IMAGE_W}}"
-                       f"{'net:' + t.evaluator.network:<10}{verdict}")
+                       f"{_verifier_net(t):<14}{verdict}")
         return bad
 
     with tempfile.TemporaryDirectory(prefix="polar-oracle-") as tmp:
         bad = asyncio.run(check_all(Path(tmp))) + len(refused)
     if bad:
         raise _fail(f"{bad} of {len(tasks) + len(refused)} tasks failed their check (untouched must score 0, the solution 1)")
+
+
+def _verifier_net(task) -> str:
+    """The verifier's network as the table shows it: outside (a Harbor verifier's default in a container) or none."""
+    return "outside" if task.evaluator.network == "host" else "none"
 
 
 def _one_line(text: str) -> str:

@@ -125,7 +125,7 @@ def harbor_task(task_dir: Path, *, force_build: bool = False, **defaults: Any) -
             "environment": environment,
             "evaluator": EvaluatorSpec(kind="harbor", command="bash /tests/test.sh", tests=_text_tree(task_dir / "tests"),
                                        timeout_s=float(verifier.get("timeout_sec") or 600.0),
-                                       network="host" if verifier.get("network_mode") == "public" else "none",
+                                       network=_verifier_network(verifier, env, environment is not None),
                                        env={str(k): str(v) for k, v in (verifier.get("env") or {}).items()}),
             "timeouts": Timeouts(**({"agent_s": float(agent["timeout_sec"])} if agent.get("timeout_sec") else {})),
             "metadata": {**defaults.get("metadata", {}), "source": "harbor", "task_dir": where,
@@ -133,6 +133,29 @@ def harbor_task(task_dir: Path, *, force_build: bool = False, **defaults: Any) -
         })
     except (ValidationError, ValueError) as e:
         raise TaskSourceError(f"{where}: {_first_error(e)}") from None
+
+
+def _verifier_network(verifier: dict, env: dict, in_container: bool) -> str:
+    """The verifier's network as Harbor gives it: ``allow_internet`` (default true) for the whole trial. Ours
+    is per phase (the agent's stays off unless the task sets allow_internet), so published verifiers, which
+    install curl, uv and pytest first, can run. Only a container can give the outside without the host's
+    loopback: a task run under bwrap (a ``workspace/`` of ours) gets it only when it says network_mode = "public"."""
+    mode = verifier.get("network_mode")
+    if mode is not None:
+        return "host" if mode == "public" else "none"
+    return "host" if in_container and env.get("allow_internet", True) is not False else "none"
+
+
+def with_phase_policies(task: TaskRequest, agent_network: str = "task", agent_processes: str = "kill") -> TaskRequest:
+    """``task`` under an experiment's network and process policies: ``agent_network`` task (as task.toml says),
+    gateway (none but the gateway) or internet (the outside too; a container task only); ``agent_processes``
+    kill or keep what the agent left running when the verifier opens."""
+    update: dict[str, Any] = {}
+    if task.environment is not None and agent_network != "task":
+        update["environment"] = task.environment.model_copy(update={"allow_internet": agent_network == "internet"})
+    if agent_processes != task.evaluator.agent_processes:
+        update["evaluator"] = task.evaluator.model_copy(update={"agent_processes": agent_processes})
+    return task.model_copy(update=update) if update else task
 
 
 def _harbor_workspace(task_dir: Path, meta: dict) -> Path | None:

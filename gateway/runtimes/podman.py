@@ -10,10 +10,15 @@ task without an image runs in the node's ``--image`` with its directory bound at
 from the node: its install tree at its host path and the host's ``node`` at /usr/local/bin/node (no
 layer to build per image and version; the image needs glibc and libstdc++, as Debian's and Ubuntu's have).
 
-Network: ``none``, or the engine's bridge when the task's ``allow_internet`` is set (never the host's,
-whose loopback holds Kafka and the storage server). The gateway comes in through tunnel.py, which the
-node runs on the host inside the container's network namespace for the length of a harness run: the
-image needs no python for it, and the verifier runs after it is gone.
+Network, per phase: the agent's runs (harness, prepare, a solution) get none but the gateway unless the
+task's ``allow_internet`` is set; a run whose spec asks for ``host`` (a Harbor verifier, by default) gets
+the outside world. Outside always means the engine's bridge, never the host's network, whose loopback
+holds Kafka and the storage server. One container has both phases, so a container that will need the
+bridge starts on it and is disconnected from it at once (before anything but its idle PID 1 runs), and
+connected again for the run that asks; ``network connect`` to a container started with ``--network
+none`` is refused by the engine. The gateway comes in through tunnel.py, which the node runs on the host
+inside the container's network namespace for the length of a harness run: the image needs no python
+for it, and the verifier runs after it is gone. ``stop_processes`` ends what the agent left running.
 
 Limits: ``memory_mb`` (swap included), ``cpus``, a pids cap and open files; a run past its deadline
 kills the container (the session ends there in any case). ``storage_mb`` is enforced where the engine's
@@ -125,11 +130,13 @@ class ContainerRuntime:
         home = root / "home"
         home.mkdir(parents=True, exist_ok=True)
         name = "polar-" + hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+        agent_online = env is not None and env.allow_internet
+        bridged = agent_online or task.evaluator.network == "host"  # some phase of this session goes outside
         workdir = task.workspace.mount or (WORKSPACE if env is None else "")
         argv = ["run", "-d", "--name", name, "--label", f"{OWNER_LABEL}={self.owner}",
                 "--label", f"{SESSION_LABEL}={root.name}", "--label", f"{PROCESS_LABEL}={owner_process()}",
                 "--hostname", "polar-sandbox",
-                "--network", "bridge" if env is not None and env.allow_internet else "none",
+                "--network", "bridge" if bridged else "none",
                 "--ulimit", f"nofile={_hard(resource.RLIMIT_NOFILE, 4096)}:{_hard(resource.RLIMIT_NOFILE, 4096)}",
                 "--ulimit", f"nproc={_hard(resource.RLIMIT_NPROC, 4096)}:{_hard(resource.RLIMIT_NPROC, 4096)}",
                 "--pids-limit", str(self.pids_limit), "-v", f"{home}:{HOME}", "-e", f"HOME={HOME}"]
@@ -156,7 +163,10 @@ class ContainerRuntime:
         if rc != 0:
             raise RuntimeUnavailable(f"{self.engine}: cannot start the session container: {out.strip()[-300:]}")
         box = ContainerSandbox(self, name, image, workdir, root, built_s)
+        box.bridged = box.online = bridged
+        box.agent_online = agent_online
         try:  # the session has no sandbox until this returns: nothing else would remove the container
+            await box.set_online(agent_online)  # only its idle PID 1 has run: the agent starts offline
             fmt = "{{.State.Pid}}\n{{.Config.WorkingDir}}\n{{range .Config.Env}}{{println .}}{{end}}"
             rc, out = await _engine(self.engine, "inspect", "--format", fmt, name)
             lines = out.splitlines() if rc == 0 else []
@@ -216,6 +226,9 @@ class ContainerSandbox:
         self.dead = ""  # why the container is gone (a timeout killed it)
         self.image_path = ""  # the image's own PATH (a venv's bin, say), kept behind the one a run sets
         self.pid = ""  # the container's first process on the host: its network namespace takes the tunnel
+        self.bridged = False  # started on the engine's bridge: its runs may be connected to the outside
+        self.online = False  # connected to the bridge now
+        self.agent_online = False  # the agent's phase may reach the outside (the task's allow_internet)
 
     def workspace_view(self, spec_workspace: Path, mount: str = "") -> str:
         return mount or self.workdir
@@ -250,6 +263,7 @@ class ContainerSandbox:
         for seen_at, host in spec.mounts.items():
             if seen_at not in outputs:
                 await self._copy_in(host, seen_at)
+        await self.set_online(spec.network == "host" or self.agent_online)
         tunnel = await self._tunnel(spec) if spec.network == "gateway" else None
         log = open(spec.log_path, "ab") if spec.log_path else open(os.devnull, "wb")
         t0 = time.monotonic()
@@ -277,6 +291,30 @@ class ContainerSandbox:
             for seen_at, host in outputs.items():
                 await self._copy_out(seen_at, host)
         return ExecResult(rc, timed_out, time.monotonic() - t0, _tail(spec.log_path))
+
+    async def set_online(self, online: bool) -> None:
+        """Connect the container to the engine's bridge, or disconnect it; RuntimeUnavailable when a run
+        asks for the outside and the container was not started on the bridge (its task says no phase needs it)."""
+        if online == self.online:
+            return
+        if online and not self.bridged:
+            raise RuntimeUnavailable(f"{self.runtime.engine}: a run asks for the network, but this session's "
+                                     "container has none (the task's verifier network is 'none')")
+        net = bridge_name(self.runtime.engine)
+        rc, out = await _engine(self.runtime.engine, "network", "connect" if online else "disconnect", net, self.cname)
+        if rc != 0:
+            raise RuntimeUnavailable(f"{self.runtime.engine}: cannot {'connect' if online else 'disconnect'} the "
+                                     f"session container {'to' if online else 'from'} {net}: {out.strip()[-200:]}")
+        self.online = online
+
+    async def stop_processes(self) -> None:
+        """Kill every process in the container but its idle PID 1 (what the agent started and left running):
+        ``kill -9 -1`` signals all but PID 1 and the caller, as root whoever the image's user is."""
+        if self.dead:
+            return
+        rc, out = await _engine(self.runtime.engine, "exec", "-u", "0", self.cname, "/bin/sh", "-c", "kill -9 -1 2>/dev/null; true")
+        if rc != 0:
+            raise RuntimeUnavailable(f"{self.runtime.engine}: cannot stop the agent's processes: {out.strip()[-200:]}")
 
     async def oom_killed(self) -> bool:
         """Whether the kernel killed a process of this container for its memory limit (cgroup v1 or v2)."""
@@ -352,6 +390,9 @@ def mount_options(path: str) -> str:
     except OSError:
         pass
     return opts
+def bridge_name(engine: str) -> str:
+    """The engine's default bridge network (what ``--network bridge`` joins): podman's is "podman"."""
+    return "podman" if Path(engine).name == "podman" else "bridge"
 
 
 async def _engine(engine: str, *args: str, timeout_s: float = 120.0) -> tuple[int | None, str]:

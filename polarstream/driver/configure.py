@@ -59,8 +59,8 @@ def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: 
         cfg.api = str(exp.harness_config["api"])
     here = frozenset() if driver_only else only or frozenset(COMPONENTS)  # the components started on this machine
     if not exp.train.startswith("builtin:"):
-        cfg.train_tasks = _tasks("train", exp.train)
-        cfg.eval_tasks = _tasks("eval", exp.eval) if exp.eval else []
+        cfg.train_tasks = _tasks("train", exp.train, exp)
+        cfg.eval_tasks = _tasks("eval", exp.eval, exp) if exp.eval else []
         cfg.task_set = exp.name
         # resolved where a component that loads it starts; the machines that start none leave it to those that do
         cfg.model = str(_model(exp.model)) if here & {"ui", "engine", "node", "trainer"} else exp.model
@@ -80,12 +80,13 @@ def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: 
     return cfg
 
 
-def _tasks(key: str, source: str) -> list:
-    """The tasks of the source at ``key`` (train or eval); ExperimentError naming the key otherwise."""
-    from producers.tasks import TaskSourceError, load_tasks
+def _tasks(key: str, source: str, exp: Experiment) -> list:
+    """The tasks of the source at ``key`` (train or eval), under the file's agent_network and agent_processes;
+    ExperimentError naming the key otherwise."""
+    from producers.tasks import TaskSourceError, load_tasks, with_phase_policies
 
     try:
-        return load_tasks(source)
+        return [with_phase_policies(t, exp.agent_network, exp.agent_processes) for t in load_tasks(source)]
     except TaskSourceError as e:
         raise ExperimentError(f"{key}: {e}") from None
 

@@ -94,6 +94,14 @@ class Experiment(BaseModel):
                                                     "one's place)")
     replace_cap: int = Field(8, ge=0, description="zero_signal: replace only: replacements a step may drop and replace "
                              "again; later ones are masked, so a step always closes")
+    agent_network: Literal["task", "gateway", "internet"] = Field(
+        "task", description="the agent's network in a task's container: task (none but the gateway, unless its "
+        "task.toml sets allow_internet = true), gateway (none but the gateway, whatever the task says) or internet "
+        "(the outside too: an RL policy that can reach it can fetch answers). The verifier's is the task's own "
+        "(docs/rollout.md, \"The verifier's network\")")
+    agent_processes: Literal["kill", "keep"] = Field(
+        "kill", description="what the agent left running in its container when the verifier opens: kill, or keep "
+        "(Harbor's behaviour, for tests that query a server the agent started)")
     retire: Literal["none", "solved", "unsolved", "both"] = Field("none", description="curriculum: stop drawing a train "
                                                                   "task whose last retire_after groups were all solved "
                                                                   "(every sample 1), all unsolved (every sample 0), or either")

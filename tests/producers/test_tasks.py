@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from producers.tasks import TaskSourceError, load_tasks
+from producers.tasks import TaskSourceError, load_tasks, with_phase_policies
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "coding"
 
@@ -74,6 +74,25 @@ def test_a_published_task_runs_in_its_own_image_with_its_limits(tmp_path):
     (pre,) = load_tasks(harbor(tmp_path, "pre", toml='[environment]\ndocker_image = "org/img:1"\nmemory = "2G"\n', workspace=False))
     assert (pre.workspace.kind, pre.environment.image, pre.environment.memory_mb, pre.environment.allow_internet) == (
         "image", "org/img:1", 2048, False)
+
+
+def test_the_verifier_gets_harbors_network_the_agent_keeps_none_and_an_experiment_can_change_both(tmp_path):
+    image = "FROM debian:bookworm-slim\nWORKDIR /app\n"
+    (published,) = load_tasks(harbor(tmp_path, "pub", dockerfile=image, workspace=False))
+    assert published.evaluator.network == "host" and published.environment.allow_internet is False  # Harbor's default, per phase
+    assert published.evaluator.agent_processes == "kill"
+    (closed,) = load_tasks(harbor(tmp_path, "closed", dockerfile=image, workspace=False, toml="[environment]\nallow_internet = false\n"))
+    assert closed.evaluator.network == "none"  # Harbor would give its verifier none either
+    (private,) = load_tasks(harbor(tmp_path, "priv", dockerfile=image, workspace=False, toml='[verifier]\nnetwork_mode = "none"\n'))
+    assert private.evaluator.network == "none"  # a [verifier] key wins
+    (bwrap,) = load_tasks(harbor(tmp_path, "ws"))
+    assert bwrap.evaluator.network == "none"  # no container: "outside" would be the host's own network
+    assert with_phase_policies(published) is published
+    open_ = with_phase_policies(published, "internet", "keep")
+    assert open_.environment.allow_internet is True and open_.evaluator.agent_processes == "keep"
+    assert with_phase_policies(open_, "gateway").environment.allow_internet is False
+    assert published.environment.allow_internet is False and published.evaluator.agent_processes == "kill"  # a copy
+    assert with_phase_policies(bwrap, "internet").environment is None
 
 
 def test_a_metadata_workspace_path_is_resolved_against_the_task(tmp_path):
