@@ -191,9 +191,10 @@ def test_a_tb2_shaped_task_with_no_registry_is_built_said_once_and_scores_its_or
         r = CliRunner().invoke(app, ["tasks", str(tmp_path), "--check"])
     assert r.exit_code == 0, r.output
     header = r.stdout.splitlines()[0].split()
-    assert header == ["task", "solution", "untouched", "build", "s", "run", "s", "image", "verifier", "verdict"], r.stdout
+    assert header == ["task", "solution", "untouched", "build", "s", "run", "s", "image", "verifier", "net", "verdict"], r.stdout
     row = _rows(r.stdout)["tb2-shaped"]
-    assert (row[1], row[2], row[6], row[7]) == ("1", "0", "net:none", "ok"), row
+    # no allow_internet key: Harbor's default, the verifier goes outside (the agent does not)
+    assert (row[1], row[2], row[6], row[7]) == ("1", "0", "outside", "ok"), row
     # built from its Dockerfile, as no registry answers here (or, where Docker Hub answers, it has no such image)
     assert row[5].startswith(("built:unreachable", "built:absent")), row
     said = [rec.getMessage() for rec in caplog.records if "instead of pulling" in rec.getMessage()]
