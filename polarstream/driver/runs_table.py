@@ -65,6 +65,21 @@ def async_runs_table(summaries: list[dict]) -> str:
     return "\n".join(rows)
 
 
+IMAGE_RUNS_START, IMAGE_RUNS_END = "<!-- run:image -->", "<!-- /run:image -->"
+
+
+def image_runs_table(summaries: list[dict]) -> str:
+    """One row per run of the arith family as image tasks (examples/image_arith.py: every session in a
+    container of the task's image): seed, quarters, held-out pass@1, worst fall, RL wall time, steps/hour."""
+    rows = ["| seed | first quarter | last quarter | held-out pass@1 before | after | worst fall after 0.8 "
+            "| RL wall time | steps/hour | learned |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for s in sorted(summaries, key=lambda s: s["seed"]):
+        rows.append(f"| {s['seed']} | {_curve_cells(s)} | {s['wall_time_s'] / 60:.1f} min | "
+                    f"{s['steps'] / s['wall_time_s'] * 3600:.0f} | {learned_cell(s)} |")
+    return "\n".join(rows)
+
+
 CLI_RUNS_START, CLI_RUNS_END = "<!-- demo:cli-runs -->", "<!-- /demo:cli-runs -->"
 
 
