@@ -22,7 +22,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from schemas.weight_transfer import tensor_sha256
+from schemas.weight_transfer import checksum_key, tensor_sha256
 from infra.settings import Settings
 from infra.storage import filesystem
 from tests.plugins.engine import ENGINE_PROCESS_DEADLINE_S as DEADLINE_S
@@ -54,7 +54,7 @@ def info(url):
 
 
 def matches(url, model) -> bool:
-    baseline = {n: tensor_sha256(t) for n, t in named_tensors(model)}
+    baseline = {checksum_key(n): tensor_sha256(t) for n, t in named_tensors(model)}
     r = httpx.post(f"{url}/weight_checker", json={"action": "compare", "baseline": baseline}, timeout=60)
     return r.json()["match"]
 
@@ -319,7 +319,7 @@ def test_a_training_step_broadcasts_to_the_engine(polar_settings, tiny_model_dir
     assert checkpoint._read_manifest(fs, path) is not None
     fs_state = read_checkpoint(export_url, polar_settings)
     served = httpx.post(f"{engine.url}/weight_checker", json={"action": "checksum"}, timeout=60).json()["checksums"]
-    assert {n: tensor_sha256(t) for n, t in fs_state.items()} == {n: served[n] for n in fs_state}
+    assert {n: tensor_sha256(t) for n, t in fs_state.items()} == {n: served[checksum_key(n)] for n in fs_state}
     assert checkpoint.newest_export(polar_settings.checkpoint_url, polar_settings) == 1
 
 
