@@ -277,7 +277,7 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
     async def shutdown_weight_transfer_engine() -> dict[str, Any]:
         """Leave the trainer's group (a transfer in progress is dropped; the served weights stay)."""
         receiver.leave()
-        return {"message": "Weight transfer engine shut down"}
+        return {"message": "Weight transfer shut down"}
 
     @app.get("/get_world_size")
     async def get_world_size(include_dp: bool = True) -> dict[str, Any]:
