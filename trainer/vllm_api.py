@@ -32,13 +32,16 @@ import httpx
 import torch
 
 VLLM_SUPPORTED = ">=0.28,<0.34"  # the trainer API of vllm#50902, as the 0.33 wheel has it
-# Every vLLM symbol this module touches, module -> attribute paths (the CI check imports each from the wheel).
+# Every vLLM symbol the trainer touches, module -> attribute paths, the methods it calls on vLLM's objects included
+# (tests/trainer/test_vllm_api.py resolves each in the pinned wheel, and fails on an import not listed here).
 USED = {
-    "vllm.distributed.weight_transfer.factory": ["WeightTransferTrainerFactory.trainer_init",
-                                                 "WeightTransferTrainerFactory.register_engine"],
-    "vllm.distributed.weight_transfer.nccl_engine": ["NCCLTrainerInitInfo", "NCCLTrainerWeightTransferEngine"],
-    "vllm.distributed.weight_transfer.clients": ["HTTPVLLMWeightSyncClient"],
-    "vllm.distributed.weight_transfer.base": ["WeightSource", "ParamMeta"],
+    "vllm.distributed.weight_transfer.factory": ["WeightTransferTrainerFactory.trainer_init"],
+    "vllm.distributed.weight_transfer.nccl_engine": ["NCCLTrainerInitInfo"],
+    "vllm.distributed.weight_transfer.clients": ["HTTPVLLMWeightSyncClient",
+                                                 "HTTPVLLMWeightSyncClient.finish_weight_update",
+                                                 "HTTPVLLMWeightSyncClient.shutdown_weight_transfer_engine"],
+    "vllm.distributed.weight_transfer.base": ["WeightSource", "ParamMeta", "TrainerWeightTransferEngine.send_weights",
+                                              "TrainerWeightTransferEngine.shutdown"],
 }
 _END = object()
 
