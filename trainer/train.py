@@ -115,7 +115,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         seen = SeenIds(state.get("seen", []))
         source = GroupSource(settings, cfg.consumer_group, offsets_from_json(state.get("offsets", {})), cfg.start_from)
         publisher = Publisher(settings, client_id="polar-trainer") if cfg.sync_every else None
-        engines = [engine_from_spec(s) for s in cfg.engines]
+        engines = [engine_from_spec(s, settings) for s in cfg.engines]
         transfer = (WeightTransfer(engines, cfg.weight_transfer, cfg.weight_transfer_timeout_s,
                                    cfg.weight_transfer_buffer_mb << 20, master_address=cfg.weight_transfer_address,
                                    verify=cfg.weight_transfer_verify, throttle_s=cfg.weight_transfer_throttle_s,
