@@ -503,14 +503,25 @@ class WeightTransfer:
         engine got ``version``."""
         t0 = time.monotonic()
         ok = self._arrived()
-        export_error = None
-        if self._storage and url is not None and url_ready is not None:
-            t_wait = time.monotonic()  # before the gateway is held: rollouts go on meanwhile
-            try:
-                url_ready()  # a stale or storage engine must load an export that exists
-            except Exception as err:  # noqa: BLE001 - the export failed: these engines stay stale
-                export_error = f"export {url}: {err}"
-            self.last["export_wait_s"] = round(time.monotonic() - t_wait, 4)
+        export: dict[str, Any] = {}
+
+        def export_error() -> str | None:
+            """None once ``url`` is written (waited for once: a stale or storage engine must load an export that
+            exists); else why these engines stay stale."""
+            if url is None:
+                return "no checkpoint URL for the storage path"
+            if url_ready is not None and "waited" not in export:
+                t_wait = time.monotonic()
+                try:
+                    url_ready()
+                except Exception as err:  # noqa: BLE001 - the export failed
+                    export["error"] = f"export {url}: {err}"
+                export["waited"] = True
+                self.last["export_wait_s"] = round(time.monotonic() - t_wait, 4)
+            return export.get("error")
+
+        if self._storage:
+            export_error()  # before the gateway is held: rollouts go on meanwhile
         paused: list = []
         done: list = []
         try:
@@ -529,10 +540,13 @@ class WeightTransfer:
                 except (WeightSyncError, VllmSyncError) as err:
                     self.last["errors"][self._key(e)] = str(err)
                     self.mark_stale(e, f"finish: {err}")
+            for e in self._unverified(done):  # before the stamp: an engine that got other bytes reloads
+                done.remove(e)
+                self._storage.append(e)
             for e in self._storage:
                 key = self._key(e)
-                if url is None or export_error:
-                    self.last["errors"][key] = export_error or "no checkpoint URL for the storage path"
+                if why := export_error():
+                    self.last["errors"][key] = why
                     self.stale.add(key)
                     continue
                 try:
@@ -641,6 +655,28 @@ class WeightTransfer:
             self.last["unload_errors"] = unload_errors
         self.last["finish_s"] = round(time.monotonic() - t0, 4)
         return self.last
+
+    def _unverified(self, engines: list) -> list:
+        """``verify``: the engines among ``engines`` whose weights are not the sent tensors, compared as vLLM's
+        ``/weight_checker`` compares (both sides' names); each is marked stale. vLLM's own digests name its fused
+        parameters (qkv_proj...), which no trainer-side tensor matches, so vLLM engines are not compared."""
+        if not self.verify or not self.checksums:
+            return []
+        t0, bad = time.monotonic(), []
+        for e in [e for e in engines if isinstance(e, PolarEngine)]:
+            key = self._key(e)
+            try:
+                r = self._post(e, "/weight_checker", json={"action": "compare", "baseline": self.checksums})
+                if not r.get("match"):
+                    raise WeightSyncError(f"{key}: weight_checker: {len(r.get('mismatches') or [])} tensors differ "
+                                          f"from the sent ones, e.g. {(r.get('mismatches') or ['?'])[:3]}")
+            except WeightSyncError as err:
+                self.last["errors"][key] = str(err)
+                self.last["broadcast"].remove(key)
+                self.mark_stale(e, f"verify: {err}")
+                bad.append(e)
+        self.last["verify_s"] = round(time.monotonic() - t0, 4)
+        return bad
 
     def verify_engines(self) -> dict[str, bool]:
         """``/weight_checker`` compare of each broadcast engine against the sent tensors' checksums."""
