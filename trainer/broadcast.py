@@ -90,24 +90,19 @@ def _reach_address(url: str) -> str:
 
 @dataclass
 class _Link:
-    """rank 0's end of one engine's group."""
+    """rank 0's end of one of our engines' gloo groups (a vLLM engine's is a vllm_api.VllmLink)."""
 
     engine: Any
     pg: Any = None
     store: Any = None
-    kind: str = "gloo"  # or "nccl" (vLLM's communicator)
     formed: float = field(default_factory=time.time)
     sent_meta: list | None = None  # the tensors the engine last received in this group: sent again, named by []
 
     def broadcast(self, buf: torch.Tensor, timeout: datetime.timedelta):
-        if self.kind == "gloo":
-            return self.pg.broadcast(buf, 0, timeout)
-        self.pg.broadcast(buf.cuda(non_blocking=True), src=0)  # pragma: no cover - vLLM on a GPU host
-        torch.cuda.current_stream().synchronize()  # pragma: no cover
-        return None
+        return self.pg.broadcast(buf, 0, timeout)
 
     def close(self) -> None:
-        if self.pg is not None and self.kind == "gloo":
+        if self.pg is not None:
             try:
                 self.pg.abort()
             except Exception:  # noqa: BLE001
