@@ -20,9 +20,9 @@ against the pinned wheel and drives this module, in the wheel's venv, against ou
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import queue
+import re
 import socket
 import threading
 from functools import cached_property
@@ -31,7 +31,8 @@ from typing import Any
 import httpx
 import torch
 
-VLLM_SUPPORTED = ">=0.28,<0.34"  # the trainer API of vllm#50902, as the 0.33 wheel has it
+SUPPORTED_FROM, SUPPORTED_BELOW = (0, 28), (0, 34)  # the trainer API of vllm#50902, as the 0.33 wheel has it
+VLLM_SUPPORTED = ">={}.{},<{}.{}".format(*SUPPORTED_FROM, *SUPPORTED_BELOW)
 # Every vLLM symbol the trainer touches, module -> attribute paths, the methods it calls on vLLM's objects included
 # (tests/trainer/test_vllm_api.py resolves each in the pinned wheel, and fails on an import not listed here).
 USED = {
@@ -52,13 +53,12 @@ class VllmSyncError(RuntimeError):
 
 def unsupported() -> str | None:
     """None when an installed vLLM is in ``VLLM_SUPPORTED``; else the one-line reason."""
-    from packaging.specifiers import SpecifierSet
-
     try:
         version = importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
         return "vLLM is not installed here"
-    if version not in SpecifierSet(VLLM_SUPPORTED):
+    release = tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3])  # 0.34.0rc1 -> (0, 34, 0)
+    if not SUPPORTED_FROM <= release < SUPPORTED_BELOW:
         return f"vLLM {version} is installed; the in-memory sync supports vllm{VLLM_SUPPORTED}"
     return None
 

@@ -113,8 +113,11 @@ def test_our_trainer_syncs_our_engine_through_vllms_trainer_api(vllm_python, eng
 def test_outside_the_supported_versions_one_line_then_storage(monkeypatch, caplog):
     monkeypatch.setattr(vllm_api.importlib.metadata, "version", lambda name: "0.27.2")
     assert vllm_api.unsupported() == "vLLM 0.27.2 is installed; the in-memory sync supports vllm>=0.28,<0.34"
-    monkeypatch.setattr(vllm_api.importlib.metadata, "version", lambda name: "0.33.0")
-    assert vllm_api.unsupported() is None
+    for inside in ("0.28.0", "0.33.0", "0.33.1.post1", "0.30.0+cu130"):
+        monkeypatch.setattr(vllm_api.importlib.metadata, "version", lambda name, v=inside: v)
+        assert vllm_api.unsupported() is None, inside
+    monkeypatch.setattr(vllm_api.importlib.metadata, "version", lambda name: "0.34.0rc1")
+    assert "0.34.0rc1 is installed" in vllm_api.unsupported()
     monkeypatch.setattr(vllm_api.importlib.metadata, "version", lambda name: "0.34.0")
     wt = WeightTransfer([VllmEngine("http://127.0.0.1:9")], "broadcast", timeout_s=2)
     with caplog.at_level(logging.WARNING, logger="trainer.broadcast"):
