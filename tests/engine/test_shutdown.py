@@ -24,7 +24,10 @@ def test_a_paused_engine_with_held_requests_stops_on_sigterm(tiny_model_dir):
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             running = pool.submit(post, engine.url, {"prompt": "long", "max_tokens": 4000, "ignore_eos": True,
                                                      "return_token_ids": True})
-            time.sleep(1.0)  # generating
+            deadline = time.monotonic() + 60
+            while httpx.get(f"{engine.url}/stats", timeout=10).json()["decode_steps"] < 5:  # generating
+                assert time.monotonic() < deadline and not running.done()
+                time.sleep(0.01)
             assert httpx.post(f"{engine.url}/pause", params={"mode": "keep"}, timeout=30).json() == {"status": "paused"}
             queued = pool.submit(post, engine.url, {"prompt": "x", "max_tokens": 2})
             time.sleep(0.5)
