@@ -8,7 +8,7 @@ CACHE ?= $(HOME)/.cache/polarstream
 export PIP_CACHE_DIR := $(CACHE)/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv system demo test test-fast bench infra-up infra-down harnesses datasets-peer clean
+.PHONY: venv system demo test test-fast bench infra-up infra-down harnesses datasets-peer vllm-peer clean
 
 venv: $(STAMP)
 
@@ -51,6 +51,16 @@ datasets-peer:
 	  $(PYTHON) -m venv $(DATASETS_PEER) && $(DATASETS_PEER)/bin/pip install -q 'datasets>=4,<6'; } || \
 	  echo "warning: could not build $(DATASETS_PEER); the HF datasets export check will skip"
 
+# vLLM is the oracle for its weight-transfer routes and trainer API (tests/engine/test_vllm_oracle.py,
+# tests/trainer/test_vllm_api.py): the pinned wheel (trainer/vllm_api.py: VLLM_SUPPORTED) in a venv of its
+# own (9.5 GB with its CUDA torch; it imports and runs its gloo-capable parts on a CPU), cached outside the clone.
+VLLM_PEER := $(CACHE)/peers/vllm-venv
+VLLM_PEER_PIN := vllm==0.33.0
+vllm-peer:
+	@$(VLLM_PEER)/bin/python -c "import vllm.distributed.weight_transfer" 2>/dev/null || { rm -rf $(VLLM_PEER) && \
+	  $(PYTHON) -m venv $(VLLM_PEER) && $(VLLM_PEER)/bin/pip install -q '$(VLLM_PEER_PIN)'; } || \
+	  echo "warning: could not build $(VLLM_PEER); the vLLM oracle tests will skip"
+
 demo: venv system
 	$(VENV)/bin/polarstream demo
 
@@ -61,7 +71,7 @@ demo: venv system
 # ones, 1,306 s and 2,054 CPU-s at cb92472 (issue 60). Four workers were slower: more JVMs on the same 2 cores.
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 3
-test: venv system harnesses datasets-peer
+test: venv system harnesses datasets-peer vllm-peer
 	$(PY) -m pytest -q -ra --durations=25 --cpu 25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist load)
 
 test-fast: venv

@@ -21,6 +21,10 @@ another); storage: writing the export and the engines' pause, load and resume. W
 it; storage: from pause to resume, the load included). While a broadcast arrives they keep serving (their
 CPU does receive the bytes).
 
+- ``verified``: ``broadcast`` with ``verify`` (the sent tensors' sha256 compared with the engines' digests,
+  vLLM's ``/weight_checker`` compare, before the stamp): ``verify_cost_vs_sync_54m`` is its median sync seconds
+  over the plain broadcast's, minus 1 (the check is on by default only below 0.10).
+
 Each pass perturbs the weights first, so every sync moves new values. Top-level keys: ``sync_s_broadcast_54m``,
 ``sync_s_storage_54m`` (median seconds, 1 engine), ``sync_broadcast_vs_storage_54m`` (their ratio, goal
 <= 0.5), ``sync_broadcast_vs_storage_load_only_54m``, ``export_bg_s_54m``, ``sync_bytes_moved`` (bytes per
@@ -140,8 +144,9 @@ def case(model_dir: Path, procs: list, rounds: int, tmp: Path) -> dict:
     wt.sync(model, None, nudge())  # forms the groups (once per run, as the trainer does)
     last: dict = {}
 
-    def broadcast() -> dict:
+    def broadcast(verify: bool = False) -> dict:
         v = nudge()
+        wt.verify = verify
         out = tmp / f"export-{v}"
         url = f"file://{out}"
         t0 = time.perf_counter()
@@ -156,7 +161,7 @@ def case(model_dir: Path, procs: list, rounds: int, tmp: Path) -> dict:
         last["broadcast"] = report
         return {"sync_s": s, "engine_pause_s": max(report.get("engine_pause_s", {}).values()),
                 "export_bg_s": export.seconds, "send_s": report["send_s"], "bytes": report["bytes_sent"],
-                "export_bytes": written}
+                "export_bytes": written, "verify_s": report.get("verify_s", 0.0)}
 
     def storage() -> dict:
         v = nudge()
@@ -172,7 +177,8 @@ def case(model_dir: Path, procs: list, rounds: int, tmp: Path) -> dict:
                 "bytes": weights * (1 + n_engines)}
 
     try:
-        res = interleaved({"broadcast": broadcast, "storage": storage}, rounds=rounds, progress=False,
+        res = interleaved({"broadcast": broadcast, "verified": lambda: broadcast(verify=True), "storage": storage},
+                          rounds=rounds, progress=False,
                           cpu_pids=lambda: [p.pid for p, _ in procs])
     finally:
         wt.close()
@@ -191,7 +197,10 @@ def case(model_dir: Path, procs: list, rounds: int, tmp: Path) -> dict:
             "ratio_median": med("broadcast", "sync_s") / med("storage", "sync_s"),
             "ratio_min": mn("broadcast", "sync_s") / mn("storage", "sync_s"),
             "ratio_load_only_median": med("broadcast", "sync_s") / med("storage", "load_only_s"),
-            "broadcast_buffers": last["broadcast"]["buffers"]}
+            "broadcast_buffers": last["broadcast"]["buffers"],
+            # verified before stamped (trainer/broadcast.py verify): the sha256 of every tensor on both sides
+            "verified_s": both("verified", "sync_s"), "verify_compare_s": both("verified", "verify_s"),
+            "verify_cost_vs_sync": med("verified", "sync_s") / med("broadcast", "sync_s") - 1}
 
 
 def main() -> None:
@@ -230,6 +239,8 @@ def main() -> None:
         "sync_bytes_moved": c["bytes"],
         "engine_pause_s_broadcast_54m": c["engine_pause_s"]["broadcast"]["median"],
         "engine_pause_s_storage_54m": c["engine_pause_s"]["storage"]["median"],
+        "sync_s_verified_54m": c["verified_s"]["median"],
+        "verify_cost_vs_sync_54m": round(c["verify_cost_vs_sync"], 3),  # on by default below 0.10
         "seconds": round(time.monotonic() - t_start, 1),
         "load_avg_after": load_avg(),
     })

@@ -25,7 +25,8 @@ from .protocol import (ChatRequest, CompletionRequest, EngineError, LoadLoRAAdap
                        parse)
 from .serving import Engine
 from .transfer import (InitInfo, Receiver, TransferError, UpdateInfo, compare_checksums, default_timeout_s, install,
-                       is_broadcast_update, model_checksums, parse_info)
+                       is_broadcast_update, model_checksums, parse_info,
+                       zero_weights)
 from .weights import WeightsError, apply_state, check_state, read_checkpoint
 
 log = logging.getLogger("polarstream.engine")
@@ -60,6 +61,24 @@ async def _json(request: Request) -> Any:
         return await request.json()
     except ValueError as e:
         raise EngineError(400, f"request body is not valid JSON: {e}") from None
+
+
+GRACE_S = 5.0  # uvicorn's graceful-shutdown bound: beyond it, tasks still running are cancelled
+
+
+def make_server(app: FastAPI, **config) -> Any:
+    """A uvicorn server for ``app`` that, once told to stop (SIGTERM), first ends what the engine holds: queued
+    requests get a 503 and running ones end with ``finish_reason="abort"``. Without it a paused engine (or a
+    ``keep`` pause's frozen requests) never finished its requests, so uvicorn waited on them for ever."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            app.state.engine.batcher.shut(EngineError(503, "the engine is shutting down"))
+            await super().shutdown(sockets)
+
+    config.setdefault("timeout_graceful_shutdown", GRACE_S)
+    return _Server(uvicorn.Config(app, **config))
 
 
 def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
@@ -164,12 +183,13 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
     # ---------------------------------------------------------------- RL control
 
     @app.post("/pause")
-    async def pause(mode: str = "wait", timeout: float | None = None) -> dict[str, Any]:
-        """Hold new requests; mode ``wait`` drains running ones, ``abort`` ends them, ``keep`` freezes them."""
+    async def pause(mode: str = "abort", timeout: float | None = None) -> dict[str, Any]:
+        """vLLM's ``/pause``: ``abort`` (its default) ends running requests, ``wait`` drains them; in both new
+        requests are answered 503 until ``/resume``. ``keep`` freezes running requests and queues new ones."""
         if mode not in ("wait", "abort", "keep"):
-            raise EngineError(400, f"mode must be wait, abort or keep, got {mode!r}", "mode")
+            raise EngineError(400, f"mode must be wait, abort or keep, got {mode!r}", "query.mode", type="Bad Request")
         try:
-            await asyncio.to_thread(engine.batcher.pause, mode, timeout)
+            await asyncio.to_thread(engine.batcher.pause, mode, timeout, True)
         except TimeoutError as e:
             raise EngineError(503, str(e)) from None
         return {"status": "paused"}
@@ -253,16 +273,33 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
         out = await bounded(lambda: receiver.init(info, timeout_s), timeout_s + 5, "init_weight_transfer_engine")
         return {"message": "Weight transfer initialized", **out}
 
+    @app.post("/shutdown_weight_transfer_engine")
+    async def shutdown_weight_transfer_engine() -> dict[str, Any]:
+        """Leave the trainer's group (a transfer in progress is dropped; the served weights stay)."""
+        receiver.leave()
+        return {"message": "Weight transfer shut down"}
+
+    @app.get("/get_world_size")
+    async def get_world_size(include_dp: bool = True) -> dict[str, Any]:
+        """vLLM's TP*PP(*DP): one process serves the whole model here."""
+        return {"world_size": 1}
+
     @app.post("/start_weight_update")
     async def start_weight_update() -> dict[str, Any]:
         receiver.start()
         return {"message": "Weight update started"}
 
     async def receive_weights(raw: Any) -> dict[str, Any]:
+        if isinstance(raw, list):  # vLLM: one update_info per worker rank across DP replicas; this engine is one
+            if len(raw) != 1:
+                raise TransferError(400, f"update_info is a list of {len(raw)}; this engine is one worker (world size 1)")
+            raw = raw[0]
         info = parse_info(UpdateInfo, raw)
         g = receiver._group
         per = g.timeout_s if g else default_timeout_s()
-        n = len(info.names) if not info.packed else max(1, -(-sum(info.nbytes()) // info.packed_buffer_size_bytes))
+        shown = info if info.names or g is None or g.last is None else g.last
+        packed = g is not None and g.wire.packed
+        n = max(1, -(-sum(shown.nbytes()) // g.wire.packed_buffer_size_bytes)) if packed else len(shown.names)
         out = await bounded(lambda: receiver.receive(info), per * (n + 1) + 5, "update_weights")
         return {"message": "Weights updated", **out}
 
@@ -329,29 +366,30 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
                 "transfer": receiver.describe()}
 
     @app.post("/weight_checker")
-    async def weight_checker(request: Request) -> dict[str, Any]:
-        """``{"action": "checksum"}`` -> ``{"checksums": {name: sha256}}``; ``{"action": "compare", "baseline":
-        {name: sha256}}`` -> ``{"match", "mismatches"}`` over the baseline's names; ``{"action": "reset"}``
-        randomizes the served weights (for testing a transfer)."""
+    async def weight_checker(request: Request) -> JSONResponse:
+        """vLLM's: ``{"action": "checksum"}`` -> ``{"checksums": {"dp0:pp0:pcp0:tp0:<name>": sha256}}``;
+        ``{"action": "compare", "baseline": {...}}`` -> ``{"match", "mismatches"}`` over the names of both sides (a
+        name on one side only is a mismatch); ``{"action": "reset"}`` zeroes the served weights (to test a transfer)."""
         body = await _json(request)
         action = body.get("action") if isinstance(body, dict) else None
         if action not in ("checksum", "reset", "compare"):
-            raise EngineError(400, f"action must be one of checksum|reset|compare, got {action!r}", "action")
+            raise EngineError(400, f"action must be one of checksum|reset|compare, got {action!r}", "body.action",
+                              type="Bad Request")  # as vLLM's request validation answers
         baseline = body.get("baseline")
-        if action == "compare" and not isinstance(baseline, dict):
-            raise EngineError(400, "action='compare' requires a 'baseline' object", "baseline")
+        if action == "compare" and baseline is None:
+            raise EngineError(400, "action='compare' requires a 'baseline' object", type="Bad Request")
+        if baseline is not None and not (isinstance(baseline, dict)
+                                         and all(isinstance(v, str) for v in baseline.values())):
+            raise EngineError(400, "baseline must be an object of name -> sha256 strings", "body.baseline",
+                              type="Bad Request")
         async with weights_lock:
             if action == "reset":
-                def reset(m):
-                    with torch.no_grad():
-                        for t in m.state_dict().values():
-                            t.copy_(torch.rand_like(t, dtype=torch.float32).to(t.dtype) if t.is_floating_point() else t)
-                await asyncio.to_thread(engine.batcher.swap_weights, reset, engine.policy_version)
-                return {"status": "reset"}
+                await asyncio.to_thread(engine.batcher.swap_weights, zero_weights, engine.policy_version)
+                return JSONResponse({"status": "reset"})
             sums = await asyncio.to_thread(model_checksums, engine.lm.model)
         if action == "checksum":
-            return {"checksums": sums}
+            return JSONResponse({"checksums": sums})
         match, mismatches = compare_checksums(baseline, sums)
-        return {"match": match, "mismatches": mismatches}
+        return JSONResponse({"match": match, "mismatches": mismatches})
 
     return app

@@ -41,6 +41,13 @@ from .sampling import LOGPROBS_MODES, SamplingParams, draw, perturb, process, to
 log = logging.getLogger("polarstream.engine")
 
 
+PAUSED = "Generation is paused. Please retry after it resumes."  # vLLM 0.33's (v1/engine/core.py), a 503
+
+
+class Refused(RuntimeError):
+    """A job refused at submission: the engine is paused (wait/abort) or shutting down."""
+
+
 @dataclass(eq=False)
 class Sequence:
     """One choice being generated: its parameters and everything produced so far."""
@@ -110,6 +117,9 @@ class Batcher:
         self._kv: BatchKV | None = None
         self._cache = None
         self._hold = self._freeze = self._abort = self._stop = False
+        self.pause_mode: str | None = None  # the mode of the pause in force
+        self.refusing = False  # a client's wait/abort pause: new jobs are refused (vLLM's 503), not queued
+        self.refusal = PAUSED
         self._thread: threading.Thread | None = None
         # counters for tests and benchmarks: how much batching actually happened
         self.stats = {"prefills": 0, "prefill_tokens": 0, "prefix_hit_tokens": 0, "decode_steps": 0,
@@ -130,10 +140,13 @@ class Batcher:
             self._thread.join(timeout=30)
 
     def submit(self, job: Job) -> concurrent.futures.Future:
+        """Queue ``job``; Refused while a client's ``wait``/``abort`` pause is in force."""
         job._left = len(job.seqs)
         for s in job.seqs:
             s.job = job
         with self._cv:
+            if self.refusing:
+                raise Refused(self.refusal)
             self._pending.append(job)
             self._cv.notify_all()
         return job.future
@@ -146,12 +159,16 @@ class Batcher:
     def running(self) -> int:
         return len(self._rows)
 
-    def pause(self, mode: str = "wait", timeout: float | None = None) -> None:
-        """Hold new jobs; ``wait``: drain running ones, ``abort``: end them, ``keep``: freeze them."""
+    def pause(self, mode: str = "wait", timeout: float | None = None, refuse: bool = False) -> None:
+        """Hold new jobs; ``wait``: drain running ones, ``abort``: end them, ``keep``: freeze them. ``refuse``
+        (a client's ``/pause`` in wait or abort mode, as vLLM): new jobs are refused until ``resume`` instead
+        of waiting in the queue; an internal pause (a weight swap) holds them."""
         if mode not in ("wait", "abort", "keep"):
             raise ValueError(f"pause mode must be wait, abort or keep, got {mode!r}")
         with self._cv:
             self._hold = True
+            self.pause_mode = mode
+            self.refusing = self.refusing or (refuse and mode != "keep")
             self._freeze = mode == "keep"
             self._abort = mode == "abort"
             self._cv.notify_all()
@@ -163,8 +180,22 @@ class Batcher:
 
     def resume(self) -> None:
         with self._cv:
-            self._hold = self._freeze = self._abort = False
+            self._hold = self._freeze = self._abort = self.refusing = False
+            self.pause_mode = None
             self._cv.notify_all()
+
+    def shut(self, err: Exception) -> None:
+        """The server is stopping: fail every queued job with ``err`` and end the running ones (``abort``), so
+        no request is left waiting on a paused or frozen engine and the server's shutdown can finish. Paused
+        for good: nothing is admitted after this."""
+        with self._cv:
+            self._hold, self._freeze, self._abort, self.pause_mode = True, False, True, "abort"
+            self.refusing, self.refusal = True, str(err)
+            queued, self._pending = list(self._pending), deque()
+            self._cv.notify_all()
+        for job in queued:
+            if not job.future.done():
+                job.future.set_exception(err)
 
     def swap_weights(self, apply: Callable[[torch.nn.Module], None], version: int) -> None:
         """Run ``apply(model)`` between steps and make ``version`` the reported policy version."""

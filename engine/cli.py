@@ -119,9 +119,7 @@ def serve(
     resolve_model(model)
 
     import torch
-    import uvicorn
-
-    from .app import create_app
+    from .app import create_app, make_server
     from .serving import Engine, EngineOptions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -143,7 +141,7 @@ def serve(
         asyncio.run(engine.load_static_adapters(settings))
     except RuntimeError as e:
         raise typer.BadParameter(str(e).removeprefix("--lora-modules "), param_hint="--lora-modules") from None
-    uvicorn.run(create_app(engine, settings), host=host, port=port, log_level="info")
+    make_server(create_app(engine, settings), host=host, port=port, log_level="info").run()
 
 
 def register(app: typer.Typer) -> None:

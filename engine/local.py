@@ -36,9 +36,7 @@ def start_engine_server(model_dir: str | Path, *, script: str | Path | None = No
     """
     import asyncio
 
-    import uvicorn
-
-    from engine.app import create_app
+    from engine.app import create_app, make_server
     from engine.models import load_model
     from engine.script import Script
     from engine.serving import Engine, EngineOptions
@@ -53,7 +51,7 @@ def start_engine_server(model_dir: str | Path, *, script: str | Path | None = No
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))  # the OS picks the port and we hold it: no race with other tests
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings), log_level="warning", lifespan="on"))
+    server = make_server(create_app(engine, settings), log_level="warning", lifespan="on")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"engine-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

@@ -17,7 +17,7 @@ import torch
 
 from infra.settings import Settings
 
-from .batcher import Batcher, Job, Sequence
+from .batcher import Batcher, Job, Refused, Sequence
 from .lora import VLLM_MAX_LORA_RANK, Adapter, AdapterError, Adapters, read_adapter
 from .models import LoadedModel
 from .protocol import (ChatRequest, CompletionRequest, EngineError, LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest,
@@ -233,7 +233,14 @@ class Engine:
         """Submit jobs and wait for all; a cancelled request (client gone) aborts its sequences."""
         if self.script is not None and self.script.delay_s:
             await asyncio.sleep(self.script.delay_s)  # the script's slow model (a client leaving cancels it)
-        futures = [asyncio.wrap_future(self.batcher.submit(j)) for j in jobs]
+        futures = []
+        try:
+            for j in jobs:
+                futures.append(asyncio.wrap_future(self.batcher.submit(j)))
+        except Refused as e:  # paused by a client (wait/abort) or shutting down: vLLM answers 503
+            for j in jobs:
+                j.cancelled = True
+            raise EngineError(503, str(e)) from None
         try:
             return list(await asyncio.gather(*futures))
         except asyncio.CancelledError:

@@ -1,17 +1,20 @@
-"""In-memory weight transfer: the engine's side of vLLM's RLHF weight-transfer protocol, on gloo.
+"""In-memory weight transfer: the engine's side of vLLM's RL weight-transfer protocol, on gloo.
 
-vLLM's dev routes (vllm/entrypoints/serve/dev/rlhf/api_router.py) with the NCCL backend's bodies
-(vllm/distributed/weight_transfer/nccl_engine.py, packed_tensor.py), spoken over a CPU ``gloo`` group:
+vLLM 0.33's routes (vllm/entrypoints/rl/online/api_router.py) with the NCCL backend's bodies
+(vllm/distributed/weight_transfer/nccl_common.py, nccl_engine.py, packed_tensor.py), spoken over a CPU ``gloo``
+group; vLLM's own trainer side (``HTTPVLLMWeightSyncClient`` and its trainer engine, with a gloo endpoint)
+drives it in tests/engine/test_vllm_oracle.py:
 
-- ``POST /init_weight_transfer_engine {"init_info": {master_address, master_port, rank_offset, world_size}}``:
-  join the trainer's group (a torch TCPStore served by the trainer, rank 0; this engine is rank
-  ``rank_offset``). A group formed again replaces the old one.
+- ``POST /init_weight_transfer_engine {"init_info": {master_address, master_port, rank_offset, world_size,
+  packed, packed_buffer_size_bytes, packed_num_buffers}}``: join the trainer's group (a torch TCPStore served by
+  the trainer, rank 0; this engine is rank ``rank_offset``) and keep the wire parameters for every round of it.
+  A group formed again replaces the old one. ``/shutdown_weight_transfer_engine`` leaves it.
 - ``POST /start_weight_update``: open an empty staging state dict.
-- ``POST /update_weights {"update_info": {names, dtype_names, shapes, packed, packed_buffer_size_bytes,
-  packed_num_buffers}}``: receive the listed tensors by broadcast from rank 0 into the staging dict (never
-  into the served model). Packed: tensors are concatenated in order and cut into buffers exactly as vLLM's
-  ``packed_nccl_broadcast_consumer`` does (a buffer closes once it holds more than the buffer size); not
-  packed: one broadcast per tensor. May be called several times between start and finish.
+- ``POST /update_weights {"update_info": {names, dtype_names, shapes}}``: receive the listed tensors by broadcast
+  from rank 0 into the staging dict (never into the served model); all three empty: the previous round's
+  tensors again. Packed: tensors are concatenated in order and cut into buffers exactly as vLLM's
+  ``pack_tensors`` cuts them (a buffer closes once it holds more than the buffer size); not packed: one
+  broadcast per tensor. May be called several times between start and finish.
 - ``POST /finish_weight_update {"weight_version": "..."}``: copy the staged tensors into the model between
   two batches (``Batcher.swap_weights``) and serve them under that version.
 - Ours, for LoRA (vLLM loads adapters from a path only): an update whose names are all PEFT LoRA keys
@@ -38,7 +41,7 @@ from typing import Any
 
 import torch
 
-from schemas.weight_transfer import packed_chunks, tensor_sha256
+from schemas.weight_transfer import checksum_key, packed_chunks, tensor_sha256
 
 from .lora import is_lora_key
 
@@ -61,33 +64,44 @@ class TransferError(Exception):
         self.status = status
 
 
-@dataclass
+@dataclass(kw_only=True)
 class InitInfo:
-    """vLLM's ``NCCLWeightTransferInitInfo``."""
+    """vLLM's ``NCCLWeightTransferInitInfo`` (nccl_common.py): the rendezvous and, since 0.28, the wire
+    parameters, which the trainer sends once here so both sides cut buffers alike."""
 
-    master_address: str
-    master_port: int
+    master_address: str | None = None
+    master_port: int | None = None
     rank_offset: int
     world_size: int
+    nccl_unique_id_b64: str | None = None
+    packed: bool = False  # vLLM's worker-side default (its trainer side defaults to packed and always sends it)
+    packed_buffer_size_bytes: int = DEFAULT_PACKED_BUFFER_SIZE_BYTES
+    packed_num_buffers: int = DEFAULT_PACKED_NUM_BUFFERS
+
+    def __post_init__(self) -> None:
+        if self.nccl_unique_id_b64:
+            raise ValueError("nccl_unique_id_b64 is an NCCL rendezvous; this engine joins the trainer's group over a "
+                             "TCPStore (master_address and master_port) with gloo")
+        if self.master_address is None or self.master_port is None:
+            raise ValueError(f"need both master_address and master_port (got master_address={self.master_address!r}, "
+                             f"master_port={self.master_port!r})")
+        if self.packed_buffer_size_bytes <= 0 or self.packed_num_buffers <= 0:
+            raise ValueError("packed_buffer_size_bytes and packed_num_buffers must be > 0")
 
 
 @dataclass
 class UpdateInfo:
-    """vLLM's ``NCCLWeightTransferUpdateInfo``."""
+    """vLLM's ``NCCLWeightTransferUpdateInfo``: one round's tensors. All three lists empty: the same tensors as
+    the previous round in this group (a trainer sends their metadata once)."""
 
-    names: list[str]
-    dtype_names: list[str]
-    shapes: list[list[int]]
-    packed: bool = False
-    packed_buffer_size_bytes: int = DEFAULT_PACKED_BUFFER_SIZE_BYTES
-    packed_num_buffers: int = DEFAULT_PACKED_NUM_BUFFERS
+    names: list[str] = field(default_factory=list)
+    dtype_names: list[str] = field(default_factory=list)
+    shapes: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.dtype_names) != len(self.names) or len(self.shapes) != len(self.names):
             raise ValueError(f"names, dtype_names and shapes differ in length: {len(self.names)}, "
                              f"{len(self.dtype_names)}, {len(self.shapes)}")
-        if self.packed_buffer_size_bytes <= 0 or self.packed_num_buffers <= 0:
-            raise ValueError("packed_buffer_size_bytes and packed_num_buffers must be > 0")
         for d in self.dtype_names:
             if not isinstance(getattr(torch, str(d), None), torch.dtype):
                 raise ValueError(f"unknown dtype name {d!r}")
@@ -115,8 +129,10 @@ def parse_info(cls, raw: Any):
 
 
 def is_broadcast_update(body: Any) -> bool:
-    """A ``/update_weights`` body of the transfer protocol (as against our storage body with a URL)."""
-    return isinstance(body, dict) and isinstance(body.get("update_info"), dict) and "names" in body["update_info"]
+    """A ``/update_weights`` body of the transfer protocol (as against our storage body with a URL): an
+    ``update_info`` without ``checkpoint_url``, or a list of them (one per worker rank: we have one)."""
+    info = body.get("update_info") if isinstance(body, dict) else None
+    return isinstance(info, list) or (isinstance(info, dict) and "checkpoint_url" not in info)
 
 
 def unpack(buf: torch.Tensor, names: list[str], shapes: list[list[int]], dtypes: list[torch.dtype],
@@ -131,12 +147,22 @@ def unpack(buf: torch.Tensor, names: list[str], shapes: list[list[int]], dtypes:
 
 
 def model_checksums(model: torch.nn.Module) -> dict[str, str]:
-    return {name: tensor_sha256(t) for name, t in model.state_dict().items()}
+    """vLLM's ``compute_weight_checksums`` for one worker: the sha256 of each parameter (``named_parameters``: a
+    tied one once, under its first name), keyed ``dp0:pp0:pcp0:tp0:<name>``."""
+    return {checksum_key(name): tensor_sha256(p) for name, p in model.named_parameters()}
+
+
+def zero_weights(model: torch.nn.Module) -> None:
+    """vLLM's ``/weight_checker`` reset: every parameter zeroed (a transfer that skips one then shows)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
 
 
 def compare_checksums(baseline: dict[str, str], current: dict[str, str]) -> tuple[bool, list[str]]:
-    """(all match, names whose digest differs or that the engine lacks), over the baseline's names."""
-    mismatches = sorted(n for n, h in baseline.items() if current.get(n) != h)
+    """(all match, mismatched names) as vLLM's ``/weight_checker`` compares: over the names of both sides, so a
+    name on one side only is a mismatch (a baseline of part of the model does not match)."""
+    mismatches = sorted(n for n in baseline.keys() | current.keys() if current.get(n) != baseline.get(n))
     return not mismatches, mismatches
 
 
@@ -147,6 +173,8 @@ class _Group:
     rank: int
     world_size: int
     timeout_s: float
+    wire: InitInfo  # packed or not, and the buffer size: what the trainer announced at init
+    last: UpdateInfo | None = None  # the previous round's tensors (an empty update_info means these again)
     session: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     created: float = field(default_factory=time.time)
 
@@ -178,6 +206,16 @@ class Receiver:
         return {"backend": "gloo", "session": g.session if g else None, "rank": g.rank if g else None,
                 "world_size": g.world_size if g else None, "updating": self._staging is not None,
                 "receiving": self._receiving, "staged": len(self._staging or {}), **self.stats}
+
+    def leave(self) -> bool:
+        """Leave the group, as asked (``/shutdown_weight_transfer_engine``); whether there was one."""
+        with self._lock:
+            g, self._group, self._staging = self._group, None, None
+            self._gen += 1
+        if g is not None:
+            log.info("left weight-transfer group %s", g.session)
+            _destroy(g)
+        return g is not None
 
     @property
     def has_group(self) -> bool:
@@ -218,7 +256,7 @@ class Receiver:
             self.stats["last_error"] = f"init: {e}"
             raise TransferError(504 if "imeout" in str(e) else 502, f"cannot join the weight-transfer group at "
                                 f"{info.master_address}:{info.master_port}: {str(e)[:300]}") from None
-        group = _Group(pg, store, info.rank_offset, info.world_size, timeout_s)
+        group = _Group(pg, store, info.rank_offset, info.world_size, timeout_s, info)
         with self._lock:
             if gen != self._gen:  # aborted (a route deadline) or replaced while the rendezvous ran
                 _destroy(group)
@@ -247,14 +285,15 @@ class Receiver:
                 raise TransferError(409, "a transfer is already being received")
             self._receiving = True
         t0, nbytes, buffers = time.monotonic(), 0, 0
+        info = info if info.names else (g.last or info)  # empty: the previous round's tensors (none yet: nothing)
         try:
             self._check(info)
             dtypes, sizes = info.dtypes, info.nbytes()
             timeout = datetime.timedelta(seconds=g.timeout_s)
             got: list[tuple[str, torch.Tensor]] = []
             bufs: list[tuple[torch.Tensor, frozenset[str]]] = []
-            if info.packed:
-                for idx in packed_chunks(sizes, info.packed_buffer_size_bytes):
+            if g.wire.packed:
+                for idx in packed_chunks(sizes, g.wire.packed_buffer_size_bytes):
                     buf = self._take(sum(sizes[i] for i in idx))
                     bufs.append((buf, frozenset(info.names[i] for i in idx)))
                     g.pg.broadcast(buf, 0, timeout).wait()
@@ -285,6 +324,7 @@ class Receiver:
                 raise TransferError(504, "weight transfer aborted while receiving")
             staging.update(got)
             self._staged_bufs += bufs
+            g.last = info
             self.stats["bytes"] += nbytes
         return {"tensors": len(got), "bytes": nbytes, "buffers": buffers, "seconds": round(time.monotonic() - t0, 4)}
 

@@ -24,6 +24,17 @@ def packed_chunks(sizes: list[int], buffer_size_bytes: int) -> list[list[int]]:
     return chunks
 
 
+# vLLM's ``/weight_checker`` keys each digest by the worker that holds it (v1/worker/gpu_worker.py
+# ``_weight_checksum_prefix``): one worker serving the whole model is data-parallel index 0, pipeline, context
+# and tensor rank 0. A baseline is compared over the names of both sides, so it carries the same prefix.
+CHECKSUM_PREFIX = "dp0:pp0:pcp0:tp0:"
+
+
+def checksum_key(name: str) -> str:
+    """The ``/weight_checker`` key of tensor ``name`` on a single-worker engine."""
+    return CHECKSUM_PREFIX + name
+
+
 def tensor_sha256(t) -> str:
     """SHA-256 of a torch tensor's bytes, as vLLM's weight checker computes it."""
     import torch  # only the two ends that hold tensors pay for it

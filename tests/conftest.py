@@ -37,6 +37,9 @@ HEAVY = {
     "demo/test_run_image_tasks.py": 70, "node/test_podman_node.py": 60, "node/test_terminal_examples.py": 55,
     "trainer/test_broadcast_sync.py": 45, "harnesses/test_clis_in_containers.py": 30, "engine/test_weight_transfer.py": 20,
     "node/test_podman.py": 12,
+    # issue 73's: the vLLM peer's import is most of them (alone, load ~7)
+    "engine/test_vllm_routes.py": 65, "engine/test_vllm_oracle.py": 60, "trainer/test_vllm_api.py": 40,
+    "engine/test_shutdown.py": 15,
 }
 
 

@@ -5,11 +5,12 @@ so an engine that dies or stalls breaks only its own group. Per sync (``prepare`
 
 1. ``prepare`` (rank 0): pick each engine's path (``broadcast``; ``storage``; ``auto`` = broadcast for every
    engine that answers ``GET /weight_info``, storage for the others; an engine marked stale always goes by
-   storage once). Form the group of any engine without one (``POST /init_weight_transfer_engine``), open the
-   update (``POST /start_weight_update``; an engine that answers 409 lost its group, e.g. restarted: the
-   group is formed again), then post ``POST /update_weights {"update_info": {names, dtype_names, shapes,
-   packed, packed_buffer_size_bytes, packed_num_buffers}}`` in a thread per engine (it returns once the
-   engine holds every tensor).
+   storage once). Form the group of any engine without one (``POST /init_weight_transfer_engine``, whose
+   init info carries the wire parameters: packed, buffer size and count), open the update (``POST
+   /start_weight_update``; an engine that answers 409 lost its group, e.g. restarted: the group is formed
+   again), then post ``POST /update_weights {"update_info": {names, dtype_names, shapes}}`` (all three empty
+   when the group's last round sent the same tensors, as vLLM's trainer does) in a thread per engine (it
+   returns once the engine holds every tensor).
 2. ``send`` (every trainer rank iterates the tensors, one at a time: under FSDP2 each is a ``full_tensor``
    gather; rank 0 alone packs them into buffers, cut as vLLM's packed producer cuts them, and broadcasts
    each buffer to every live group, packing the next while the last is in flight).
@@ -25,15 +26,15 @@ HTTP call has a timeout. An engine that fails anywhere is marked stale, its grou
 finish; the next sync loads it from storage at that step's version (whenever it answers again), and the one
 after forms its group again. A sync raises WeightSyncError only when no engine got the new weights.
 
-vLLM (``vllm=URL`` engines): when ``vllm`` is importable and CUDA is there, the group is vLLM's own
-(``NCCLWeightTransferEngine.trainer_init``: a StatelessProcessGroup + PyNccl) and the same packed buffers
-go through its communicator; otherwise vLLM engines take the storage path. That branch has not run here.
+vLLM (``vllm=URL`` engines): vLLM's own trainer engine (``WeightTransferTrainerFactory.trainer_init``, then
+``send_weights`` each round: trainer/vllm_api.py), fed the tensors of the same single iteration, its finish held
+until ``finish`` runs it under the gateway's pause. It needs a supported vLLM (``VLLM_SUPPORTED``) and, for NCCL,
+a CUDA device; otherwise vLLM engines take the storage path, and one log line says why.
 """
 
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import logging
 import socket
 import threading
@@ -46,8 +47,9 @@ from urllib.parse import urlparse
 import httpx
 import torch
 
-from schemas.weight_transfer import packed_chunks, tensor_sha256
+from schemas.weight_transfer import checksum_key, packed_chunks, tensor_sha256
 
+from .vllm_api import VllmSyncError
 from .weight_sync import Gateway, PolarEngine, VllmEngine, WeightSyncError, drop_adapter, switch_adapter
 
 logger = logging.getLogger(__name__)
@@ -88,23 +90,19 @@ def _reach_address(url: str) -> str:
 
 @dataclass
 class _Link:
-    """rank 0's end of one engine's group."""
+    """rank 0's end of one of our engines' gloo groups (a vLLM engine's is a vllm_api.VllmLink)."""
 
     engine: Any
     pg: Any = None
     store: Any = None
-    kind: str = "gloo"  # or "nccl" (vLLM's communicator)
     formed: float = field(default_factory=time.time)
+    sent_meta: list | None = None  # the tensors the engine last received in this group: sent again, named by []
 
     def broadcast(self, buf: torch.Tensor, timeout: datetime.timedelta):
-        if self.kind == "gloo":
-            return self.pg.broadcast(buf, 0, timeout)
-        self.pg.broadcast(buf.cuda(non_blocking=True), src=0)  # pragma: no cover - vLLM on a GPU host
-        torch.cuda.current_stream().synchronize()  # pragma: no cover
-        return None
+        return self.pg.broadcast(buf, 0, timeout)
 
     def close(self) -> None:
-        if self.pg is not None and self.kind == "gloo":
+        if self.pg is not None:
             try:
                 self.pg.abort()
             except Exception:  # noqa: BLE001
@@ -178,6 +176,11 @@ class WeightTransfer:
         self.lora = lora  # the tensors are a LoRA adapter's (finish_adapter); vLLM engines then load from storage
         self.stale: set[str] = set()  # engine URLs to load from storage at the next sync
         self.links: dict[str, _Link] = {}
+        self.vllm_links: dict[str, Any] = {}  # vllm_api.VllmLink per vLLM engine
+        self.vllm_init_info_cls = None  # None: vLLM's NCCL backend; tests name a gloo one registered with vLLM
+        self._vllm_live: dict[str, Any] = {}  # this sync's vLLM links still receiving
+        self._vllm_opened: list = []  # this sync's vLLM engines paused for a transfer (resumed by finish)
+        self._vllm_why: str | None = None  # why vLLM engines cannot take the in-memory path (once computed)
         self.client = httpx.Client(timeout=self.timeout_s)
         self._pending: dict[str, _Pending] = {}
         self._storage: list = []
@@ -192,6 +195,11 @@ class WeightTransfer:
         self._kept: list[torch.Tensor] = []
         self._kept_lent = False
         self._pool_lock = threading.Lock()
+
+    @property
+    def wire(self) -> dict[str, Any]:
+        """The wire parameters, announced once per group in its init info (vLLM 0.28+), not per update."""
+        return {"packed": True, "packed_buffer_size_bytes": self.buffer_bytes, "packed_num_buffers": self.num_buffers}
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -219,8 +227,21 @@ class WeightTransfer:
 
     def _can_broadcast(self, e) -> bool:
         if isinstance(e, VllmEngine):  # vLLM takes an adapter from a path only: a LoRA run's goes by storage
-            return not self.lora and _vllm_available()
+            return not self.lora and self._vllm_unavailable() is None
         return isinstance(e, PolarEngine)
+
+    def _vllm_unavailable(self) -> str | None:
+        """Why vLLM engines go by storage (one line, logged once), or None."""
+        if self._vllm_why is None:
+            from .vllm_api import unsupported
+
+            why = unsupported()
+            if why is None and self.vllm_init_info_cls is None and not torch.cuda.is_available():
+                why = "vLLM's NCCL backend needs a CUDA device"
+            self._vllm_why = why or ""
+            if why:
+                logger.warning("vLLM engines load weights from storage: %s", why)
+        return self._vllm_why or None
 
     def mark_stale(self, e, why: str) -> None:
         key = self._key(e)
@@ -228,6 +249,10 @@ class WeightTransfer:
         link = self.links.pop(key, None)
         if link is not None:
             link.close()
+        self._vllm_live.pop(key, None)
+        vlink = self.vllm_links.pop(key, None)
+        if vlink is not None:
+            vlink.close()
         logger.warning("engine %s is stale (%s): it loads from storage at the next sync", key, why)
 
     # ------------------------------------------------------------------ group
@@ -236,11 +261,10 @@ class WeightTransfer:
         from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
         address = self.master_address or _reach_address(e.base_url)
-        if isinstance(e, VllmEngine):  # pragma: no cover - needs vllm and a GPU
-            return self._form_vllm(e, address)
         td = datetime.timedelta(seconds=self.timeout_s)
         store = TCPStore(address, 0, 2, True, timeout=td, wait_for_workers=False)
-        body = {"init_info": {"master_address": address, "master_port": store.port, "rank_offset": 1, "world_size": 2}}
+        body = {"init_info": {"master_address": address, "master_port": store.port, "rank_offset": 1, "world_size": 2,
+                              **self.wire}}
         box: dict[str, Any] = {}
 
         def call():
@@ -266,24 +290,24 @@ class WeightTransfer:
             raise WeightSyncError(box.get("error") or f"{self._key(e)}: /init_weight_transfer_engine did not answer")
         return _Link(e, pg, store)
 
-    def _form_vllm(self, e, address: str) -> _Link:  # pragma: no cover - needs vllm and a GPU
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+    def _open_vllm(self, e) -> None:
+        """A vLLM engine's round: its group (formed again when the tensors changed), then ``send_weights`` started,
+        waiting for the tensors ``send`` feeds it."""
+        from .vllm_api import VllmLink
 
-        r = self.client.get(f"{self._key(e)}/get_world_size", timeout=self.timeout_s)
-        r.raise_for_status()
-        world = 1 + int(r.json()["world_size"])
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        init = {"master_address": address, "master_port": port, "rank_offset": 1, "world_size": world}
-        box: dict[str, Any] = {}
-        t = threading.Thread(target=lambda: box.update(r=self._post(e, "/init_weight_transfer_engine",
-                                                                    timeout=self.timeout_s + 10, json={"init_info": init})),
-                             daemon=True)
-        t.start()
-        group = NCCLWeightTransferEngine.trainer_init(init)
-        t.join(timeout=self.timeout_s + 10)
-        return _Link(e, group, None, kind="nccl")
+        key = self._key(e)
+        vlink = self.vllm_links.get(key)
+        if vlink is None or vlink.meta != self._meta:
+            if vlink is not None:
+                vlink.close()
+            vlink = VllmLink(key, self._meta, self.master_address or _reach_address(key), self.timeout_s,
+                             self.buffer_bytes, self.num_buffers, self.vllm_init_info_cls)
+            self.vllm_links.pop(key, None)
+            vlink.form()
+            self.vllm_links[key] = vlink
+        vlink.open()
+        self._vllm_live[key] = vlink
+        self._vllm_opened.append(e)
 
     # ------------------------------------------------------------------ the three steps
     def prepare(self, meta: list[tuple[str, torch.dtype, list[int]]]) -> bool:
@@ -291,12 +315,12 @@ class WeightTransfer:
         whether tensors are to be sent (every trainer rank must then iterate them: ``send``)."""
         t0 = time.monotonic()
         self._meta, self._pending, self._storage, self.checksums = list(meta), {}, [], {}
+        self._vllm_live, self._vllm_opened = {}, []
         self.last = {"broadcast": [], "storage": [], "stale": [], "errors": {}}
         sizes = [math_prod(s) * d.itemsize for _, d, s in meta]
         nbuf = len(packed_chunks(sizes, self.buffer_bytes))
         update_info = {"names": [n for n, _, _ in meta], "dtype_names": [_dtype_name(d) for _, d, _ in meta],
-                       "shapes": [list(s) for _, _, s in meta], "packed": True,
-                       "packed_buffer_size_bytes": self.buffer_bytes, "packed_num_buffers": self.num_buffers}
+                       "shapes": [list(s) for _, _, s in meta]}
         for e in self.engines:
             key = self._key(e)
             broadcast = (self.mode != "storage" and key not in self.stale and self._can_broadcast(e)
@@ -304,12 +328,19 @@ class WeightTransfer:
             if not broadcast:
                 self._storage.append(e)
                 continue
+            if isinstance(e, VllmEngine):
+                try:
+                    e.pause()  # vLLM loads layer by layer, in place: no generation meanwhile
+                    self._open_vllm(e)
+                except Exception as err:  # noqa: BLE001 - VllmSyncError, WeightSyncError, or vLLM's own
+                    self.last["errors"][key] = str(err)[:400]
+                    self.mark_stale(e, f"prepare: {err}")
+                    self._storage.append(e)
+                continue
             try:
                 link = self.links.get(key)
                 if link is None:
                     link = self.links[key] = self._form(e)
-                if isinstance(e, VllmEngine):  # pragma: no cover - vLLM wants no generation during an update
-                    e.pause()
                 try:
                     self._post(e, "/start_weight_update")
                 except WeightSyncError as err:
@@ -324,24 +355,35 @@ class WeightTransfer:
                 self._storage.append(e)  # still gets this version, from storage
                 continue
             p = self._pending[key] = _Pending(link)
-            p.thread = threading.Thread(target=self._update_call, args=(p, update_info, nbuf), daemon=True,
+            # vLLM 0.28+: a round with the same tensors as the group's last names none (the engine reuses them)
+            info = {"names": [], "dtype_names": [], "shapes": []} if link.sent_meta == self._meta else update_info
+            p.thread = threading.Thread(target=self._update_call, args=(p, info, nbuf), daemon=True,
                                         name=f"polar-transfer-{key}")
             p.thread.start()
         self.last["bytes_per_engine"] = sum(sizes)
         self.last["buffers"] = nbuf
         self.last["prepare_s"] = round(time.monotonic() - t0, 4)
-        return bool(self._pending) or self.verify
+        return bool(self._pending) or bool(self._vllm_live) or self.verify
 
     def _update_call(self, p: _Pending, update_info: dict, nbuf: int) -> None:
         try:
             p.reply = self._post(p.link.engine, "/update_weights", timeout=self.timeout_s * (nbuf + 1) + 10,
                                  json={"update_info": update_info})
+            p.link.sent_meta = self._meta
         except WeightSyncError as err:
             p.error = str(err)
 
     def live(self) -> bool:
         """Some engine of this sync is still receiving."""
-        return any(not p.dead for p in self._pending.values())
+        return any(not p.dead for p in self._pending.values()) or bool(self._vllm_live)
+
+    def _feed_vllm(self, name: str, t: torch.Tensor) -> None:
+        for key, vlink in list(self._vllm_live.items()):
+            try:
+                vlink.feed(name, t)
+            except Exception as err:  # noqa: BLE001 - VllmSyncError: this engine is dropped, the others go on
+                self._vllm_live.pop(key, None)
+                self.last["errors"][key] = str(err)[:400]
 
     def send(self, tensors: Iterable[tuple[str, torch.Tensor]], keep: bool = False) -> list[Packed] | None:
         """rank 0: pack ``tensors`` (in ``prepare``'s order) and broadcast each buffer to every live group.
@@ -381,9 +423,10 @@ class WeightTransfer:
                     want = self._meta[i]
                     if name != want[0] or list(t.shape) != list(want[2]) or t.dtype != want[1]:
                         raise WeightSyncError(f"tensor {i} is {name} {tuple(t.shape)} {t.dtype}, update_info said {want}")
+                    self._feed_vllm(name, t)
                     flat = t.to("cpu").contiguous().reshape(-1).view(torch.uint8)
                     if self.verify:
-                        self.checksums[name] = tensor_sha256(t)
+                        self.checksums[checksum_key(name)] = tensor_sha256(t)
                     parts.append(flat)
                 # A buffer of one tensor (an embedding, say) is that tensor's bytes already: it goes from its
                 # own memory, and its copy for the export (keep) is made while it is in flight.
@@ -407,6 +450,12 @@ class WeightTransfer:
                 if self.throttle_s:
                     time.sleep(self.throttle_s)  # tests and benchmarks: a transfer slow enough to interrupt
             wait_all()
+            for key, vlink in list(self._vllm_live.items()):
+                try:
+                    vlink.close_round()
+                except Exception as err:  # noqa: BLE001 - VllmSyncError
+                    self._vllm_live.pop(key, None)
+                    self.last["errors"][key] = str(err)[:400]
         finally:
             for _ in it:  # nothing left normally; drained so FSDP2's gathers stay matched (an error too)
                 pass
@@ -449,14 +498,25 @@ class WeightTransfer:
         engine got ``version``."""
         t0 = time.monotonic()
         ok = self._arrived()
-        export_error = None
-        if self._storage and url is not None and url_ready is not None:
-            t_wait = time.monotonic()  # before the gateway is held: rollouts go on meanwhile
-            try:
-                url_ready()  # a stale or storage engine must load an export that exists
-            except Exception as err:  # noqa: BLE001 - the export failed: these engines stay stale
-                export_error = f"export {url}: {err}"
-            self.last["export_wait_s"] = round(time.monotonic() - t_wait, 4)
+        export: dict[str, Any] = {}
+
+        def export_error() -> str | None:
+            """None once ``url`` is written (waited for once: a stale or storage engine must load an export that
+            exists); else why these engines stay stale."""
+            if url is None:
+                return "no checkpoint URL for the storage path"
+            if url_ready is not None and "waited" not in export:
+                t_wait = time.monotonic()
+                try:
+                    url_ready()
+                except Exception as err:  # noqa: BLE001 - the export failed
+                    export["error"] = f"export {url}: {err}"
+                export["waited"] = True
+                self.last["export_wait_s"] = round(time.monotonic() - t_wait, 4)
+            return export.get("error")
+
+        if self._storage:
+            export_error()  # before the gateway is held: rollouts go on meanwhile
         paused: list = []
         done: list = []
         try:
@@ -465,17 +525,23 @@ class WeightTransfer:
                 paused.append(gateway)
             for e in ok:
                 try:
-                    reply = self._post(e, "/finish_weight_update", json={"weight_version": str(version)})
-                    self.last.setdefault("engine_pause_s", {})[self._key(e)] = reply.get("pause_s")
+                    if isinstance(e, VllmEngine):
+                        self._vllm_live[self._key(e)].finish(version)
+                    else:
+                        reply = self._post(e, "/finish_weight_update", json={"weight_version": str(version)})
+                        self.last.setdefault("engine_pause_s", {})[self._key(e)] = reply.get("pause_s")
                     self.last["broadcast"].append(self._key(e))
                     done.append(e)
-                except WeightSyncError as err:
+                except (WeightSyncError, VllmSyncError) as err:
                     self.last["errors"][self._key(e)] = str(err)
                     self.mark_stale(e, f"finish: {err}")
+            for e in self._unverified(done):  # before the stamp: an engine that got other bytes reloads
+                done.remove(e)
+                self._storage.append(e)
             for e in self._storage:
                 key = self._key(e)
-                if url is None or export_error:
-                    self.last["errors"][key] = export_error or "no checkpoint URL for the storage path"
+                if why := export_error():
+                    self.last["errors"][key] = why
                     self.stale.add(key)
                     continue
                 try:
@@ -501,12 +567,12 @@ class WeightTransfer:
                     part.resume()
                 except WeightSyncError as err:
                     errors.append(str(err))
-            for e in ok:
-                if isinstance(e, VllmEngine):  # pragma: no cover
-                    try:
-                        e.resume()
-                    except WeightSyncError as err:
-                        errors.append(str(err))
+            for e in self._vllm_opened:  # paused for the transfer in prepare, whatever became of it
+                try:
+                    e.resume()
+                except WeightSyncError as err:
+                    errors.append(str(err))
+            self._vllm_opened = []
         self.last["stale"] = sorted(self.stale)
         self.last["finish_s"] = round(time.monotonic() - t0, 4)
         self._pending = {}
@@ -529,6 +595,12 @@ class WeightTransfer:
                 self.mark_stale(p.link.engine, p.error or "transfer failed")
             else:
                 ok.append(p.link.engine)
+        for e in self._vllm_opened:
+            key = self._key(e)
+            if key in self._vllm_live:
+                ok.append(e)
+            elif key not in self.stale:
+                self.mark_stale(e, self.last["errors"].get(key) or "transfer failed")
         return ok
 
     def finish_adapter(self, url: str | None, version: int, name: str, config: dict, gateway: Gateway | None = None,
@@ -579,6 +651,28 @@ class WeightTransfer:
         self.last["finish_s"] = round(time.monotonic() - t0, 4)
         return self.last
 
+    def _unverified(self, engines: list) -> list:
+        """``verify``: the engines among ``engines`` whose weights are not the sent tensors, compared as vLLM's
+        ``/weight_checker`` compares (both sides' names); each is marked stale. vLLM's own digests name its fused
+        parameters (qkv_proj...), which no trainer-side tensor matches, so vLLM engines are not compared."""
+        if not self.verify or not self.checksums:
+            return []
+        t0, bad = time.monotonic(), []
+        for e in [e for e in engines if isinstance(e, PolarEngine)]:
+            key = self._key(e)
+            try:
+                r = self._post(e, "/weight_checker", json={"action": "compare", "baseline": self.checksums})
+                if not r.get("match"):
+                    raise WeightSyncError(f"{key}: weight_checker: {len(r.get('mismatches') or [])} tensors differ "
+                                          f"from the sent ones, e.g. {(r.get('mismatches') or ['?'])[:3]}")
+            except WeightSyncError as err:
+                self.last["errors"][key] = str(err)
+                self.last["broadcast"].remove(key)
+                self.mark_stale(e, f"verify: {err}")
+                bad.append(e)
+        self.last["verify_s"] = round(time.monotonic() - t0, 4)
+        return bad
+
     def verify_engines(self) -> dict[str, bool]:
         """``/weight_checker`` compare of each broadcast engine against the sent tensors' checksums."""
         out = {}
@@ -609,9 +703,10 @@ class WeightTransfer:
         return report
 
     def close(self) -> None:
-        for link in self.links.values():
+        for link in [*self.links.values(), *self.vllm_links.values()]:
             link.close()
         self.links.clear()
+        self.vllm_links.clear()
         self.client.close()
 
 
@@ -620,8 +715,3 @@ def math_prod(shape) -> int:
     for s in shape:
         n *= int(s)
     return n
-
-
-def _vllm_available() -> bool:
-    """vLLM's trainer-side helper can be used: vllm importable and a CUDA device (NCCL)."""
-    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()

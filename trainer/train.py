@@ -115,7 +115,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         seen = SeenIds(state.get("seen", []))
         source = GroupSource(settings, cfg.consumer_group, offsets_from_json(state.get("offsets", {})), cfg.start_from)
         publisher = Publisher(settings, client_id="polar-trainer") if cfg.sync_every else None
-        engines = [engine_from_spec(s) for s in cfg.engines]
+        engines = [engine_from_spec(s, settings) for s in cfg.engines]
         transfer = (WeightTransfer(engines, cfg.weight_transfer, cfg.weight_transfer_timeout_s,
                                    cfg.weight_transfer_buffer_mb << 20, master_address=cfg.weight_transfer_address,
                                    verify=cfg.weight_transfer_verify, throttle_s=cfg.weight_transfer_throttle_s,
@@ -326,13 +326,11 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                     elif transfer is not None:
                         report = transfer.finish(url, version, gateway,
                                                  url_ready=pending_export.wait if pending_export else None)
-                        if transfer.verify:
-                            report["verified"] = transfer.verify_engines()
                         log.write({"event": "sync", "step": step, "policy_version": version, "mode": cfg.weight_transfer,
                                    "sync_s": round(time.perf_counter() - t_sync, 4),
                                    "export": "background" if pending_export else "written",
                                    **{k: report.get(k) for k in ("broadcast", "storage", "stale", "errors", "bytes_sent",
-                                                                 "engine_pause_s", "export_wait_s", "verified")
+                                                                 "engine_pause_s", "export_wait_s", "verify_s")
                                       if report.get(k)}})
                     elif adapter is not None:
                         unload_errors = sync_adapter(engines, url, version, lora.adapter_name(cfg.model_name, version),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -96,6 +96,7 @@ class VllmEngine(_HttpEngine):
     """A vLLM OpenAI-compatible server with its dev-mode RL routes."""
 
     name: str = "vllm"
+    settings: Any = None  # infra Settings: where an s3:// adapter is read from (None: the environment's)
 
     def load(self, url: str, version: int) -> None:
         if not url.startswith("file://"):
@@ -109,6 +110,14 @@ class VllmEngine(_HttpEngine):
     def served_version(self) -> int | None:
         return None  # not read back here: a resumed trainer always hands vLLM its weights again
 
+    def load_adapter(self, name: str, url: str) -> None:
+        """vLLM loads an adapter from a local directory only: one in object storage is copied to one first."""
+        try:
+            local = local_adapter_dir(url, self.settings)
+        except (OSError, ValueError) as e:
+            raise WeightSyncError(f"{self.base_url}: cannot bring adapter {url} to a local directory: {e}") from e
+        super().load_adapter(name, local)
+
 
 def _adapter_path(url: str) -> str:
     """What ``lora_path`` takes: a directory the engine can read (file:// becomes its path; vLLM reads local
@@ -116,13 +125,50 @@ def _adapter_path(url: str) -> str:
     return url.removeprefix("file://")
 
 
-def engine_from_spec(spec: str) -> Engine:
+def local_adapter_dir(url: str, settings=None, root: str | None = None) -> str:
+    """A local directory holding the PEFT adapter at ``url``: its own path for file:// or a plain path; for
+    s3:// a copy under ``root`` (default ``<cache>/adapters``), named after the URL (a version's adapter
+    never changes once written) and made whole before it is named (a copy cut short is never handed over)."""
+    import hashlib
+    import os
+    import shutil
+    import tempfile
+
+    from infra.settings import CACHE_DIR, Settings
+    from infra.storage import filesystem
+
+    if "://" not in url or url.startswith("file://"):
+        return url.removeprefix("file://")
+    base = os.path.join(root or os.path.join(CACHE_DIR, "adapters"),
+                        hashlib.sha256(url.encode()).hexdigest()[:16] + "-" + url.rstrip("/").rsplit("/", 1)[-1])
+    if os.path.isfile(os.path.join(base, "adapter_config.json")):
+        return base
+    fs, path = filesystem(url, settings or Settings())
+    try:
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)]
+    except FileNotFoundError:
+        names = []
+    if "adapter_config.json" not in names:
+        raise FileNotFoundError(f"no adapter_config.json under {url} (PEFT's layout)")
+    os.makedirs(os.path.dirname(base), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".adapter-", dir=os.path.dirname(base))
+    try:
+        for n in names:
+            fs.get_file(f"{path.rstrip('/')}/{n}", os.path.join(tmp, n))
+        if not os.path.exists(base):  # else a concurrent copy finished first: the same bytes
+            os.replace(tmp, base)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return base
+
+
+def engine_from_spec(spec: str, settings: Any = None) -> Engine:
     """``polar=http://host:port`` or ``vllm=http://host:port``."""
     kind, _, url = spec.partition("=")
     if kind == "polar":
         return PolarEngine(url)
     if kind == "vllm":
-        return VllmEngine(url)
+        return VllmEngine(url, settings=settings)
     raise ValueError(f"engine spec {spec!r}: expected polar=URL or vllm=URL")
 
 

@@ -24,7 +24,7 @@ async def test_batched_equals_alone(served, sampling):
         stats = served.engine.batcher.stats
         steps_before = stats["decode_steps"]
         # Hold the engine so all eight are waiting, then release them into one batch.
-        assert (await client.post("/pause")).json() == {"status": "paused"}
+        assert (await client.post("/pause", params={"mode": "keep"})).json() == {"status": "paused"}
         tasks = [asyncio.create_task(_complete(client, p, **sampling)) for p in PROMPTS]
         while len(served.engine.batcher._pending) < len(PROMPTS):
             await asyncio.sleep(0.01)

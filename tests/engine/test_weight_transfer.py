@@ -19,14 +19,17 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.transfer import InitInfo, UpdateInfo, packed_chunks, tensor_sha256
+from schemas.weight_transfer import checksum_key
 from trainer.broadcast import WeightTransfer, named_tensors, tensor_meta
 from trainer.weight_sync import PolarEngine
 
 ROOT = Path(__file__).parents[2]
-# vLLM's field names (vllm/distributed/weight_transfer/nccl_engine.py: NCCLWeightTransferInitInfo,
-# NCCLWeightTransferUpdateInfo), written out here so a rename on our side fails this test
-VLLM_INIT_INFO = {"master_address", "master_port", "rank_offset", "world_size"}
-VLLM_UPDATE_INFO = {"names", "dtype_names", "shapes", "packed", "packed_buffer_size_bytes", "packed_num_buffers"}
+# vLLM 0.33's field names (vllm/distributed/weight_transfer/nccl_common.py: NCCLWeightTransferInitInfo;
+# nccl_engine.py: NCCLWeightTransferUpdateInfo), written out here so a rename on our side fails this test (the
+# wheel itself drives the engine in test_vllm_oracle.py). Since 0.28 the wire parameters ride the init info.
+VLLM_INIT_INFO = {"master_address", "master_port", "rank_offset", "world_size", "nccl_unique_id_b64", "packed",
+                  "packed_buffer_size_bytes", "packed_num_buffers"}
+VLLM_UPDATE_INFO = {"names", "dtype_names", "shapes"}
 
 
 def perturbed(model_dir, seed: int, scale: float = 0.05):
@@ -70,7 +73,8 @@ def test_refusals_change_nothing(module_engine_server, engine_server_factory):
         assert c.post("/finish_weight_update", json={"weight_version": "9"}).status_code == 409
         r = c.post("/init_weight_transfer_engine", json={"init_info": {"master_address": "127.0.0.1"}})
         assert r.status_code == 400
-        r = c.post("/init_weight_transfer_engine", json={"init_info": {**dict.fromkeys(VLLM_INIT_INFO, 1), "bogus": 1}})
+        r = c.post("/init_weight_transfer_engine", json={"init_info": {"master_address": "127.0.0.1", "master_port": 1,
+                                                                      "rank_offset": 1, "world_size": 2, "bogus": 1}})
         assert r.status_code == 400 and "bogus" in r.text
         r = c.post("/update_weights", json={"update_info": {"names": ["x"], "dtype_names": ["float32"], "shapes": [[1]]}})
         assert r.status_code == 409  # no group
@@ -98,7 +102,7 @@ def test_broadcast_is_bit_exact_and_sampling_follows(module_engine_server, tiny_
         assert report["broadcast"] == [url] and not report["stale"] and not report["errors"]
         assert report["buffers"] > 1  # packed into several fixed-size buffers
         # every tensor's sha256 on the engine equals the trainer's
-        ours = {n: tensor_sha256(t) for n, t in named_tensors(model)}
+        ours = {checksum_key(n): tensor_sha256(t) for n, t in named_tensors(model)}
         served = checksums(url)
         assert all(served[n] == h for n, h in ours.items()) and set(ours) <= set(served)
         assert served != before
@@ -129,7 +133,7 @@ def test_broadcast_is_bit_exact_and_sampling_follows(module_engine_server, tiny_
             wt.send(named_tensors(new))
             assert checksums(url) == serving  # staged, not served
             wt.finish(None, version)
-            want = {n: tensor_sha256(t) for n, t in named_tensors(new)}
+            want = {checksum_key(n): tensor_sha256(t) for n, t in named_tensors(new)}
             assert {n: h for n, h in checksums(url).items() if n in want} == want
         assert httpx.get(f"{url}/weight_info").json()["transfer"]["buffers_reused"] > reused
     finally:
@@ -139,10 +143,16 @@ def test_broadcast_is_bit_exact_and_sampling_follows(module_engine_server, tiny_
     assert paths[:4] == ["/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update"]
     bodies = dict(sent[:4])
     assert set(bodies["/init_weight_transfer_engine"]) == {"init_info"}
-    assert set(bodies["/init_weight_transfer_engine"]["init_info"]) == VLLM_INIT_INFO
+    init_info = bodies["/init_weight_transfer_engine"]["init_info"]
+    assert set(init_info) == VLLM_INIT_INFO - {"nccl_unique_id_b64"}  # vLLM's trainer drops the unused mode too
+    assert init_info["packed"] is True and init_info["packed_buffer_size_bytes"] == 1 << 20
     assert set(bodies["/update_weights"]) == {"update_info"}
     assert set(bodies["/update_weights"]["update_info"]) == VLLM_UPDATE_INFO
     assert bodies["/update_weights"]["update_info"]["dtype_names"][0] == "float32"
+    # later rounds in the same group send the same tensors: they name none (vLLM 0.28+), and still arrive
+    updates = [body["update_info"] for p, body in sent if p == "/update_weights"]
+    assert len(updates) == 4 and updates[0]["names"]
+    assert updates[1:] == [{"names": [], "dtype_names": [], "shapes": []}] * 3
     assert bodies["/finish_weight_update"] == {"weight_version": "3"}
     assert bodies["/start_weight_update"] is None
 

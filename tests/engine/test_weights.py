@@ -92,8 +92,8 @@ async def test_pause_holds_new_requests_and_update_drains(engine_server, new_che
         old = await running
         assert old.json()["policy_version"] == 0 and len(old.json()["choices"][0]["text"]) > 0
         assert (await update).json()["policy_version"] == 3
-        # paused: a new request waits in the queue until resume
-        assert (await c.post("/pause")).json() == {"status": "paused"}
+        # paused with keep: a new request waits in the queue until resume (wait and abort answer 503: below)
+        assert (await c.post("/pause", params={"mode": "keep"})).json() == {"status": "paused"}
         assert (await c.get("/is_paused")).json() == {"is_paused": True}
         held = asyncio.create_task(c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}))
         while not batcher._pending:
@@ -114,6 +114,17 @@ async def test_pause_abort_ends_running_requests(engine_server):
         assert (await c.post("/pause", params={"mode": "abort"})).json() == {"status": "paused"}
         (choice,) = (await running).json()["choices"]
         assert choice["finish_reason"] == "abort" and 0 < len(choice["token_ids"]) < 2000
+        # as vLLM: while paused in abort (its default) or wait mode, new requests are answered 503, not held
+        refused = await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == 503, refused.text
+        await c.post("/resume")
+        assert (await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})).status_code == 200
+        assert (await c.post("/pause")).json() == {"status": "paused"}  # mode abort by default
+        assert (await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                            "max_tokens": 2})).status_code == 503
+        await c.post("/resume")
+        assert (await c.post("/pause", params={"mode": "wait"})).json() == {"status": "paused"}
+        assert (await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})).status_code == 503
         await c.post("/resume")
         assert (await c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})).status_code == 200
 

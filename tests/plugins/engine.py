@@ -130,9 +130,7 @@ class EngineProcesses:
 
     def serve_on_port(self, port: int, **kwargs) -> EngineServer:
         """An in-process engine listening on ``port`` (e.g. where a killed engine process was)."""
-        import uvicorn
-
-        from engine.app import create_app
+        from engine.app import create_app, make_server
         from engine.models import load_model
         from engine.serving import Engine, EngineOptions
 
@@ -141,7 +139,7 @@ class EngineProcesses:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
-        server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning", lifespan="on"))
+        server = make_server(create_app(engine), log_level="warning", lifespan="on")
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"engine-{port}", daemon=True)
         thread.start()
         deadline = time.monotonic() + 60

@@ -22,12 +22,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from schemas.weight_transfer import tensor_sha256
+from schemas.weight_transfer import checksum_key, tensor_sha256
 from infra.settings import Settings
 from infra.storage import filesystem
 from tests.plugins.engine import ENGINE_PROCESS_DEADLINE_S as DEADLINE_S
 from trainer import checkpoint
-from trainer.broadcast import Packed, WeightTransfer, named_tensors
+from trainer.broadcast import Packed, WeightTransfer, named_tensors, tensor_meta
 from trainer.config import ConfigError, TrainConfig
 from trainer.weight_sync import PolarEngine, WeightSyncError
 
@@ -54,7 +54,7 @@ def info(url):
 
 
 def matches(url, model) -> bool:
-    baseline = {n: tensor_sha256(t) for n, t in named_tensors(model)}
+    baseline = {checksum_key(n): tensor_sha256(t) for n, t in named_tensors(model)}
     r = httpx.post(f"{url}/weight_checker", json={"action": "compare", "baseline": baseline}, timeout=60)
     return r.json()["match"]
 
@@ -309,7 +309,8 @@ def test_a_training_step_broadcasts_to_the_engine(polar_settings, tiny_model_dir
     records = [json.loads(line) for line in (tmp_path / "run" / "train.jsonl").read_text().splitlines()]
     sync = [r for r in records if r.get("event") == "sync"]
     assert len(sync) == 1 and sync[0]["mode"] == "broadcast" and sync[0]["broadcast"] == [engine.url]
-    assert sync[0]["verified"] == {engine.url: True} and sync[0]["sync_s"] > 0 and sync[0]["export"] == "background"
+    assert sync[0]["verify_s"] >= 0 and not sync[0].get("errors")  # verified (before the stamp) and matched
+    assert sync[0]["sync_s"] > 0 and sync[0]["export"] == "background"
     assert not [r for r in records if r.get("event") in ("sync_error", "export_error")]
     exported = [r for r in records if r.get("event") == "export"]
     export_url = checkpoint.weights_dir(polar_settings.checkpoint_url, 1)
@@ -319,7 +320,7 @@ def test_a_training_step_broadcasts_to_the_engine(polar_settings, tiny_model_dir
     assert checkpoint._read_manifest(fs, path) is not None
     fs_state = read_checkpoint(export_url, polar_settings)
     served = httpx.post(f"{engine.url}/weight_checker", json={"action": "checksum"}, timeout=60).json()["checksums"]
-    assert {n: tensor_sha256(t) for n, t in fs_state.items()} == {n: served[n] for n in fs_state}
+    assert {n: tensor_sha256(t) for n, t in fs_state.items()} == {n: served[checksum_key(n)] for n in fs_state}
     assert checkpoint.newest_export(polar_settings.checkpoint_url, polar_settings) == 1
 
 
@@ -339,3 +340,61 @@ def test_send_buffers_live_across_syncs_and_a_set_lent_to_an_export_is_reused_on
         assert wt._buffers([8, 4], keep=True)(0).data_ptr() == lent(0).data_ptr()
     finally:
         wt.close()
+
+
+def test_verified_before_stamped_a_mismatch_reloads_from_storage(engine_server, tiny_model_dir, tmp_path):
+    """With ``verify``, the engines' digests are compared with the sent tensors' (vLLM's ``/weight_checker``
+    compare) after the swap and before the gateway stamps the version. Bytes that arrive changed (here: one
+    staged tensor altered inside the engine between the transfer and the finish, the fault injected) mark the
+    engine stale and it loads the step's export from storage, still before the stamp: when the gateway is
+    stamped, the engine serves the sent weights."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from trainer.broadcast import BackgroundExport
+    from trainer.weight_sync import Gateway
+
+    url, engine = engine_server.url, engine_server.url
+    model = perturbed(tiny_model_dir, 21)
+    at_stamp: list = []
+
+    class GatewayAdmin(BaseHTTPRequestHandler):  # records the admin calls; at the stamp, what the engine serves
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            if self.path.startswith("/admin/policy_version"):
+                at_stamp.append(matches(engine, model))
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), GatewayAdmin)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    gateway = Gateway(f"http://127.0.0.1:{server.server_port}", "token")
+    receiver = engine_server._server.config.app.state.receiver
+    wt = WeightTransfer([PolarEngine(url)], "broadcast", timeout_s=DEADLINE_S, verify=True)
+    try:
+        for version, corrupt in ((1, False), (2, True)):
+            export_url = f"file://{tmp_path}/weights/v{version:08d}"
+            assert wt.prepare(tensor_meta(model))
+            packed = wt.send(named_tensors(model), keep=True)
+            if corrupt:
+                wt._pending[url].thread.join(30)  # the engine holds every tensor (its /update_weights returned)
+                with torch.no_grad():
+                    next(iter(receiver._staging.values())).view(-1)[0] += 1.0
+            export = BackgroundExport(export_url, lambda: checkpoint.write_packed_export(
+                export_url, packed, model, tiny_model_dir, Settings(), {"policy_version": version}),
+                after=lambda: wt.release(packed))
+            report = wt.finish(export_url, version, gateway, url_ready=export.wait)
+            if not corrupt:
+                assert report["broadcast"] == [url] and report["storage"] == [] and report["verify_s"] >= 0
+            else:
+                assert report["broadcast"] == [] and report["storage"] == [url] and report["stale"] == []
+                assert "weight_checker: 1 tensors differ" in report["errors"][url]
+        assert at_stamp == [True, True]  # both stamps found the engine serving the sent weights
+        assert httpx.get(f"{url}/policy_version").json()["policy_version"] == 2
+    finally:
+        wt.close()
+        server.shutdown()

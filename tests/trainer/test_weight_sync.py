@@ -3,6 +3,7 @@
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import pytest
@@ -153,3 +154,24 @@ def test_a_lora_sync_loads_the_new_adapter_stamps_it_then_unloads_the_old(record
     handler.fail_on = "/v1/unload_lora_adapter"
     errors = sync_adapter([PolarEngine(url)], "file:///a/v4", 4, "run-v4", None, previous="run-v3")
     assert len(errors) == 1 and "HTTP 500" in errors[0]
+
+
+def test_vllm_gets_an_s3_adapter_as_a_local_directory(recorder, polar_settings, tmp_path):
+    """vLLM loads adapters from local directories only: an adapter in object storage is copied to one, whole,
+    before ``/v1/load_lora_adapter`` names it (never an s3:// path); our engine reads s3:// itself."""
+    from infra.storage import join, write_bytes
+
+    handler, url = recorder
+    adapter = join(polar_settings.storage_url, "adapters", "v00000005")
+    files = {"adapter_config.json": b'{"r": 8, "peft_type": "LORA"}', "adapter_model.safetensors": b"\x00weights\x01"}
+    for name, data in files.items():
+        write_bytes(join(adapter, name), data, polar_settings)
+    VllmEngine(url, settings=polar_settings).load_adapter("run-v5", adapter)
+    PolarEngine(url).load_adapter("run-v5", adapter)
+    (_, to_vllm), (_, to_polar) = handler.calls
+    local = Path(to_vllm["lora_path"])
+    assert "://" not in to_vllm["lora_path"] and local.is_dir()
+    assert {p.name: p.read_bytes() for p in local.iterdir()} == files
+    assert to_polar["lora_path"] == adapter
+    with pytest.raises(WeightSyncError, match="adapter_config.json"):
+        VllmEngine(url, settings=polar_settings).load_adapter("run-v6", join(polar_settings.storage_url, "nothing"))
