@@ -36,6 +36,7 @@ from schemas import TaskRequest
 from .base import ExecResult, ExecSpec, RuntimeUnavailable, _tail, sandbox_port
 from .bwrap import HOME, TUNNEL, WORKSPACE
 from .images import ImageBuildError, engine_argv, ensure_image
+from .site import host_site, site_mode
 
 OWNER_LABEL = "io.polarstream.owner"
 SESSION_LABEL = "io.polarstream.session"
@@ -85,8 +86,10 @@ class ContainerRuntime:
     persistent = False
 
     def __init__(self, sock_path: Path | None = None, *, engine: str = "podman", image: str = "", owner: str = "",
-                 pids_limit: int = 1024):
+                 pids_limit: int = 1024, site_settings: str = ""):
         self.name = engine
+        # site.py: the host's CA, proxy and index settings go in ("off": not; "": POLAR_SITE_SETTINGS, else auto)
+        self.site_settings = site_mode(site_settings)
         self.engine, self.sock_path, self.image, self.pids_limit = engine, sock_path, image, pids_limit
         self.owner = owner or "polarstream"
         self.python = "python3"
@@ -109,8 +112,9 @@ class ContainerRuntime:
             raise RuntimeUnavailable(f"task {task.task_id}: storage_mb={env.storage_mb} cannot be enforced by {self.engine} "
                                      "on this storage (overlay without project quotas); remove it from task.toml")
         t0 = time.monotonic()
+        site = await asyncio.to_thread(host_site, self.site_settings)
         if env is not None:
-            image, built_s = await ensure_image(env, self.engine, log=log_path)
+            image, built_s = await ensure_image(env, self.engine, log=log_path, site=site)
         elif self.image:
             image, built_s = self.image, 0.0
         else:
@@ -125,7 +129,7 @@ class ContainerRuntime:
                 "--network", "bridge" if env is not None and env.allow_internet else "none",
                 "--ulimit", f"nofile={_hard(resource.RLIMIT_NOFILE, 4096)}:{_hard(resource.RLIMIT_NOFILE, 4096)}",
                 "--ulimit", f"nproc={_hard(resource.RLIMIT_NPROC, 4096)}:{_hard(resource.RLIMIT_NPROC, 4096)}",
-                "--pids-limit", str(self.pids_limit), "-v", f"{home}:{HOME}", "-e", f"HOME={HOME}"]
+                "--pids-limit", str(self.pids_limit), "-v", f"{home}:{HOME}", "-e", f"HOME={HOME}", *site.run_args()]
         if env is not None and env.memory_mb:
             argv += ["--memory", f"{env.memory_mb}m", "--memory-swap", f"{env.memory_mb}m"]
         if env is not None and env.cpus:

@@ -1,0 +1,89 @@
+"""A Terminal-Bench 2.0-shaped task on this machine, which reaches PyPI and Debian only through a TLS proxy
+whose CA only the host trusts, and reaches neither Docker Hub nor astral.sh (docs/rollout.md, "Air-gapped
+sites and TLS proxies"): real podman, real PyPI.
+
+- its ``FROM python:3.13-slim-bookworm`` is met by a Debian trixie stand-in that carries python 3.13 and
+  a pip that installs; its ``RUN pip install`` reaches PyPI with the host's CA, and fails without it;
+- its unmodified ``tests/test.sh`` (apt-get, astral.sh's installer, ``uvx -p 3.13 -w pytest==8.4.1``)
+  scores the solution 1 and the untouched workspace 0, with the uv we bring where astral.sh is unreachable.
+
+The verifier here needs the network: the test opens the task's containers with the engine's bridge
+(``allow_internet``), as the verifier's own network policy will (issue 72, per-phase networks).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.node.oracle import check_task
+from gateway.runtimes import ContainerRuntime, ExecSpec, ImageBuildError, Limits
+from gateway.runtimes.images import ensure_image, image_exists
+from gateway.runtimes.site import SiteSettings, host_site
+from producers.tasks import load_tasks
+from schemas import EnvironmentSpec, TaskRequest
+
+pytestmark = pytest.mark.integration
+
+TASK = Path(__file__).parent / "fixtures" / "tb2-uv-verifier"
+DOCKERFILE = "FROM python:3.13-slim-bookworm\nWORKDIR /app\nRUN pip install six==1.17.0\n"
+
+
+@pytest.fixture(scope="module")
+def site() -> SiteSettings:
+    found = host_site("auto")
+    assert found.ca_bundle, "this machine's pip names a CA bundle (pip config list: cert); the test is about it"
+    return found
+
+
+async def _rmi(tag: str) -> None:
+    from gateway.runtimes.images import _run, engine_argv
+
+    await _run([*engine_argv("podman"), "rmi", "-f", tag])
+
+
+async def test_a_python_313_build_installs_from_pypi_through_the_site_ca_and_not_without_it(tmp_path, site):
+    env = EnvironmentSpec(context={"Dockerfile": DOCKERFILE + f"# {tmp_path.name}\n"})  # its own image, built now
+    tag, built_s = await ensure_image(env, "podman", log=tmp_path / "build.log", site=site)
+    try:
+        assert built_s > 0
+        rt = ContainerRuntime(None, owner=str(tmp_path))
+        task = TaskRequest(task_id="t", instruction="x", workspace={"kind": "image", "mount": "/app"}, environment=env)
+        box = await rt.open(task, tmp_path / "s")
+        try:
+            spec = ExecSpec(argv=["sh", "-c", "python --version; python -c 'import six; print(six.__version__)'; pip --version; "
+                                  "if ls /usr/lib/python3*/EXTERNALLY-MANAGED; then echo marked; else echo unmarked; fi"],
+                            env={"PATH": "/usr/local/bin:/usr/bin:/bin"}, workspace=tmp_path, home=tmp_path / "s" / "home",
+                            limits=Limits(timeout_s=60), network="none", log_path=tmp_path / "run.log")
+            ran = await box.run(spec)
+        finally:
+            await box.close()
+        out = ran.output_tail
+        assert ran.returncode == 0 and "Python 3.13." in out and "\n1.17.0\n" in out, out
+        assert out.rstrip().endswith("unmarked")  # no PEP 668 marker: pip installs as in the registry's python images
+    finally:
+        await _rmi(tag)
+    # the same build with no site settings meets the proxy's certificate and fails, naming its step
+    bare = EnvironmentSpec(context={"Dockerfile": DOCKERFILE + f"# {tmp_path.name} bare\n"})
+    with pytest.raises(ImageBuildError, match=r"STEP \d/\d: RUN pip install six==1.17.0"):
+        await ensure_image(bare, "podman", log=tmp_path / "bare.log", site=SiteSettings())
+    assert "CERTIFICATE_VERIFY_FAILED" in (tmp_path / "bare.log").read_text()
+
+
+async def test_an_unmodified_tb2_verifier_scores_the_solution_1_and_the_untouched_workspace_0(tmp_path, site):
+    (task,) = load_tasks(TASK)
+    assert task.environment is not None and task.environment.memory_mb == 2048
+    # until the verifier's network is its own phase's, the task's containers get the bridge for it
+    task = task.model_copy(update={"environment": task.environment.model_copy(update={"allow_internet": True})})
+    rt = ContainerRuntime(None, owner=str(tmp_path))
+    result = await check_task(task, rt, tmp_path)
+    logs = {k: (tmp_path / k / "eval.log").read_text() for k in ("untouched", "solved")}
+    assert result.untouched.reward == 0.0 and result.untouched.error == "", (result.untouched, logs["untouched"][-2000:])
+    assert result.solved is not None and result.solved.reward == 1.0, (result.solved, logs["solved"][-2000:])
+    solved = logs["solved"]
+    assert "astral.sh" in solved and "2 passed" in solved  # the installer found no astral.sh; our uvx ran pytest
+    assert "1 failed, 1 passed" in logs["untouched"]  # on python 3.13, as the test asks: only the answer was missing
+    assert await rt.cleanup() == 0
+    tag = (await ensure_image(task.environment, "podman", site=site))[0]
+    assert await image_exists("podman", tag)
