@@ -31,6 +31,8 @@ from .site import SiteSettings, host_site
 
 TAG_REPO = "localhost/polar-task"
 STANDIN_LABEL = "io.polarstream.standin"
+RECIPE_LABEL = "io.polarstream.standin.recipe"  # what made a stand-in: one made by an older recipe is made again
+RECIPE_VERSION = 2  # 2: python stand-ins carry their tag's python and no PEP 668 marker
 
 
 class ImageBuildError(RuntimeError):
@@ -63,6 +65,19 @@ def context_hash(files: dict[str, bytes]) -> str:
     for rel in sorted(files):
         h.update(rel.encode() + b"\0" + hashlib.sha256(files[rel]).digest())
     return h.hexdigest()[:20]
+
+
+def task_tag(files: dict[str, bytes]) -> str:
+    """The tag of the image a build context makes: its content and the recipes of its stand-in bases."""
+    return f"{TAG_REPO}:{context_hash({**files, **standin_salt(files)})}"
+
+
+def standin_salt(files: dict[str, bytes]) -> dict[str, bytes]:
+    """The recipes of the stand-ins a context builds on, as one more entry of its hash: an image built on
+    an older stand-in (a ``python:3.13`` of Debian 12's python 3.11) is not taken for today's."""
+    dockerfile = files.get("Dockerfile", b"").decode(errors="replace")
+    recipes = [recipe_id(r) for base in from_images(dockerfile) if (r := standin_recipe(base)) is not None]
+    return {"\0standin-recipes": "\n".join(recipes).encode()} if recipes else {}
 
 
 def from_images(dockerfile: str) -> list[str]:
@@ -119,6 +134,11 @@ def standin_recipe(name: str) -> tuple[str, list[str]] | None:
         return m.group(3) or "bookworm", PYTHON_EXTRA
     suite = next((s for s, v in DEBIAN_PYTHON.items() if v == f"3.{m.group(2)}"), None)
     return (suite, PYTHON_EXTRA) if suite else None
+
+
+def recipe_id(recipe: tuple[str, list[str]]) -> str:
+    """The stand-in recipe as its image's label says it: ``2:trixie:python3-pip,...``."""
+    return f"{RECIPE_VERSION}:{recipe[0]}:{','.join(recipe[1])}"
 
 
 def qualified(name: str) -> str:
@@ -193,7 +213,8 @@ async def build_base(name: str, engine: str = "podman", *, log: Path | None = No
                               f"--include={packages}", suite, str(tar)], 900, log, env=env)
         if rc != 0:
             raise ImageBuildError(f"{name}: mmdebstrap {suite} failed: {out.strip()[-200:]}")
-        changes = ["--change", "CMD [\"bash\"]", "--change", f"LABEL {STANDIN_LABEL}=debian-{suite}-minbase"]
+        changes = ["--change", "CMD [\"bash\"]", "--change", f"LABEL {STANDIN_LABEL}=debian-{suite}-minbase",
+                   "--change", f"LABEL {RECIPE_LABEL}={recipe_id(recipe)}"]
         rc, out = await _run([*engine_argv(engine), "import", *changes, str(tar), tag], 300, log)
         if rc != 0:
             raise ImageBuildError(f"{name}: importing the stand-in failed: {out.strip()[-200:]}")
@@ -249,11 +270,12 @@ def _scratch_dir(need_bytes: int = 2 << 30) -> str | None:
 
 
 async def ensure_base(name: str, engine: str, log: Path | None = None) -> str:
-    """``name`` present locally: found, pulled, or (no registry) built as a Debian stand-in."""
-    if await image_exists(engine, name) or await image_exists(engine, qualified(name)):
+    """``name`` present locally: found, pulled, or (no registry) built as a Debian stand-in (again, when
+    the one present was made by an older recipe: a ``python:3.13`` stand-in of Debian 12's python 3.11)."""
+    if (await image_exists(engine, name) or await image_exists(engine, qualified(name))) and not await stale_standin(engine, name):
         return name
     async with _MachineLock(lock_dir() / f"base-{hashlib.sha256(name.encode()).hexdigest()[:16]}.lock"):
-        if await image_exists(engine, qualified(name)):
+        if await image_exists(engine, qualified(name)) and not await stale_standin(engine, name):
             return name
         rc, out = await _run([*engine_argv(engine), "pull", "-q", name], 600, log)
         if rc == 0:
@@ -265,6 +287,15 @@ async def ensure_base(name: str, engine: str, log: Path | None = None) -> str:
         return name
 
 
+async def stale_standin(engine: str, name: str) -> bool:
+    """Whether ``name`` is a stand-in of ours whose recipe is not today's (a pulled image never is)."""
+    fmt = f'{{{{index .Labels "{STANDIN_LABEL}"}}}}|{{{{index .Labels "{RECIPE_LABEL}"}}}}'
+    rc, out = await _run([*engine_argv(engine), "image", "inspect", "--format", fmt, qualified(name)])
+    standin, _, made_by = out.strip().partition("|")
+    recipe = standin_recipe(name)
+    return rc == 0 and standin not in ("", "<no value>") and recipe is not None and made_by != recipe_id(recipe)
+
+
 async def ensure_image(env: EnvironmentSpec, engine: str = "podman", *, log: Path | None = None,
                        site: SiteSettings | None = None) -> tuple[str, float]:
     """The image a task runs in, built when its context's image is not there yet; (tag, build seconds).
@@ -272,7 +303,7 @@ async def ensure_image(env: EnvironmentSpec, engine: str = "podman", *, log: Pat
     if env.image:
         return await ensure_base(env.image, engine, log), 0.0
     files = context_files(env)
-    tag = f"{TAG_REPO}:{context_hash(files)}"
+    tag = task_tag(files)
     if await image_exists(engine, tag):
         return tag, 0.0
     t0 = time.monotonic()

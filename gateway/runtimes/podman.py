@@ -129,7 +129,7 @@ class ContainerRuntime:
                 "--network", "bridge" if env is not None and env.allow_internet else "none",
                 "--ulimit", f"nofile={_hard(resource.RLIMIT_NOFILE, 4096)}:{_hard(resource.RLIMIT_NOFILE, 4096)}",
                 "--ulimit", f"nproc={_hard(resource.RLIMIT_NPROC, 4096)}:{_hard(resource.RLIMIT_NPROC, 4096)}",
-                "--pids-limit", str(self.pids_limit), "-v", f"{home}:{HOME}", "-e", f"HOME={HOME}", *site.run_args()]
+                "--pids-limit", str(self.pids_limit), "-v", f"{home}:{HOME}", "-e", f"HOME={HOME}", *site.run_args(root)]
         if env is not None and env.memory_mb:
             argv += ["--memory", f"{env.memory_mb}m", "--memory-swap", f"{env.memory_mb}m"]
         if env is not None and env.cpus:

@@ -11,7 +11,7 @@ pip's and apt's config files, mounted. Nothing of it goes into a built image's l
 
     site = host_site("auto")       # "off": none of it
     site.env()                     # {"SSL_CERT_FILE": CA_PATH, "PIP_CERT": CA_PATH, ..., "PIP_INDEX_URL": ...}
-    site.run_args()                # podman run's -v/-e for a session container
+    site.run_args(scratch)         # podman run's -v/-e for a session container
     site.build_args(scratch)       # podman build's --volume/--build-arg for its RUN steps
 """
 
@@ -57,9 +57,15 @@ class SiteSettings:
     def mounts(self) -> list[str]:
         return [f"{self.ca_bundle}:{CA_PATH}:ro"] if self.ca_bundle else []
 
-    def run_args(self) -> list[str]:
-        """``podman run`` arguments: the bundle mounted read-only, the variables set for every exec."""
-        return [*(a for m in self.mounts() for a in ("-v", m)), *(a for k, v in sorted(self.env().items()) for a in ("-e", f"{k}={v}"))]
+    def run_args(self, scratch: Path) -> list[str]:
+        """``podman run`` arguments: the bundle mounted read-only, the variables set for every exec, and
+        apt's conf.d file (apt reads no variable for its CA; written under ``scratch``, which must
+        outlive the container)."""
+        args = [a for m in self.mounts() for a in ("-v", m)]
+        if APT_CONF in (files := self.build_files()):
+            (host := scratch / "site-apt.conf").write_text(files[APT_CONF])
+            args += ["-v", f"{host}:{APT_CONF}:ro"]
+        return args + [a for k, v in sorted(self.env().items()) for a in ("-e", f"{k}={v}")]
 
     def build_files(self) -> dict[str, str]:
         """Config files for a build's RUN steps, by the path they are mounted at: podman 4.3's ``build

@@ -2,10 +2,10 @@
 ``source $HOME/.local/bin/env`` and ``uvx -p 3.13 -w pytest==... pytest ...``. Where astral.sh cannot be
 reached (a cluster that sees only its package mirrors) the installer's download fails and so would the
 verifier, for no fault of the agent's. uv is on PyPI too, as a wheel carrying its binaries: fetched once
-through the host's pip (its mirror, CA and proxy) into the download cache, and copied into a session's
-container as the installer would leave them (``$HOME/.local/bin/{uv,uvx,env}``), copied in before each
-verifier run (after the agent's, so nothing the agent left there is run). Where the installer does reach
-astral.sh it overwrites them with its own: copies, not mounts, so it can.
+through the host's pip (its mirror, CA and proxy) into the download cache, and copied into the session's
+container where the installer would leave them (``$HOME/.local/bin/{uv,uvx,env}``) before each verifier
+run that calls uv (after the agent's run, so nothing the agent left there is run). Where the installer
+does reach astral.sh it overwrites them with its own: copies, not mounts, so it can.
 
     bindir = await ensure_uv()   # <cache>/uv/0.9.5 with uv, uvx and env, or None (no wheel to be had)
 """

@@ -37,14 +37,15 @@ def test_pip_config_list_is_read_with_the_environment_over_the_files():
     assert said == {"index-url": "https://env.example/simple", "trusted-host": "mirror.example"}
 
 
-def test_the_site_ca_goes_in_under_every_name_tools_read_and_nothing_else_comes_unasked(bundle):
+def test_the_site_ca_goes_in_under_every_name_tools_read_and_nothing_else_comes_unasked(bundle, tmp_path):
     site = read_site({}, {"cert": str(bundle)})
     assert site.ca_bundle == str(bundle.resolve())
     env = site.env()
     assert {env[k] for k in ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")} == {CA_PATH}
     assert not any(k.endswith(("PROXY", "_proxy", "INDEX_URL")) for k in env)
-    args = site.run_args()
-    assert args[:2] == ["-v", f"{bundle.resolve()}:{CA_PATH}:ro"] and f"PIP_CERT={CA_PATH}" in args
+    args = site.run_args(tmp_path)
+    assert args[:4] == ["-v", f"{bundle.resolve()}:{CA_PATH}:ro", "-v", f"{tmp_path / 'site-apt.conf'}:{APT_CONF}:ro"]
+    assert (tmp_path / "site-apt.conf").read_text() == f'Acquire::https::CAInfo "{CA_PATH}";\n' and f"PIP_CERT={CA_PATH}" in args
 
 
 def test_a_bundle_that_is_not_there_is_not_mounted_and_the_next_one_named_is(bundle):
@@ -77,7 +78,8 @@ def test_a_build_gets_pip_and_apt_config_files_mounted_and_proxies_as_build_args
 
 
 def test_no_site_settings_add_nothing_and_off_is_off(tmp_path):
-    assert SiteSettings().run_args() == [] and SiteSettings().build_args(tmp_path) == []
+    assert SiteSettings().run_args(tmp_path) == [] and SiteSettings().build_args(tmp_path) == []
+    assert list(tmp_path.iterdir()) == []
     assert host_site("off") == SiteSettings()
     with pytest.raises(ValueError, match="site_settings: 'on' is not one of auto, off"):
         host_site("on")
@@ -137,3 +139,15 @@ def test_uv_goes_in_only_for_a_verifier_that_calls_it():
     assert uses_uv(spec("curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh\nuvx -p 3.13 -w pytest==8.4.1 pytest"))
     assert uses_uv(spec("uv run pytest /tests"))
     assert not uses_uv(spec("python3 -m pytest /tests  # the uvula test"))
+
+
+def test_a_task_image_built_on_a_stand_in_is_tagged_by_the_stand_ins_recipe_too(monkeypatch):
+    from gateway.runtimes import images
+
+    on_standin = {"Dockerfile": b"FROM python:3.13-slim-bookworm AS build\nFROM build\nRUN true\n"}
+    elsewhere = {"Dockerfile": b"FROM quay.io/acme/tool:1\nRUN true\n"}
+    assert images.task_tag(elsewhere) == f"{images.TAG_REPO}:{images.context_hash(elsewhere)}"
+    before = images.task_tag(on_standin)
+    assert before != f"{images.TAG_REPO}:{images.context_hash(on_standin)}"
+    monkeypatch.setattr(images, "RECIPE_VERSION", images.RECIPE_VERSION + 1)  # the stand-ins' recipe changes
+    assert images.task_tag(on_standin) != before and images.task_tag(elsewhere) == f"{images.TAG_REPO}:{images.context_hash(elsewhere)}"

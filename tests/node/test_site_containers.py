@@ -13,6 +13,7 @@ The verifier here needs the network: the test opens the task's containers with t
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,9 @@ from schemas import EnvironmentSpec, TaskRequest
 pytestmark = pytest.mark.integration
 
 TASK = Path(__file__).parent / "fixtures" / "tb2-uv-verifier"
-DOCKERFILE = "FROM python:3.13-slim-bookworm\nWORKDIR /app\nRUN pip install six==1.17.0\n"
+# {run}: a RUN line of its own each time, so that no layer cached by an earlier build (with or without
+# the site's CA) stands in for the install
+DOCKERFILE = "FROM python:3.13-slim-bookworm\nWORKDIR /app\nRUN echo {run} && pip install six==1.17.0\n"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +47,7 @@ async def _rmi(tag: str) -> None:
 
 
 async def test_a_python_313_build_installs_from_pypi_through_the_site_ca_and_not_without_it(tmp_path, site):
-    env = EnvironmentSpec(context={"Dockerfile": DOCKERFILE + f"# {tmp_path.name}\n"})  # its own image, built now
+    env = EnvironmentSpec(context={"Dockerfile": DOCKERFILE.format(run=uuid.uuid4().hex)})
     tag, built_s = await ensure_image(env, "podman", log=tmp_path / "build.log", site=site)
     try:
         assert built_s > 0
@@ -65,8 +68,8 @@ async def test_a_python_313_build_installs_from_pypi_through_the_site_ca_and_not
     finally:
         await _rmi(tag)
     # the same build with no site settings meets the proxy's certificate and fails, naming its step
-    bare = EnvironmentSpec(context={"Dockerfile": DOCKERFILE + f"# {tmp_path.name} bare\n"})
-    with pytest.raises(ImageBuildError, match=r"STEP \d/\d: RUN pip install six==1.17.0"):
+    bare = EnvironmentSpec(context={"Dockerfile": DOCKERFILE.format(run=uuid.uuid4().hex)})
+    with pytest.raises(ImageBuildError, match=r"STEP 3/\d: RUN echo \w+ && pip install six==1.17.0"):
         await ensure_image(bare, "podman", log=tmp_path / "bare.log", site=SiteSettings())
     assert "CERTIFICATE_VERIFY_FAILED" in (tmp_path / "bare.log").read_text()
 
@@ -87,3 +90,43 @@ async def test_an_unmodified_tb2_verifier_scores_the_solution_1_and_the_untouche
     assert await rt.cleanup() == 0
     tag = (await ensure_image(task.environment, "podman", site=site))[0]
     assert await image_exists("podman", tag)
+
+
+async def test_a_stand_in_made_by_an_older_recipe_is_made_again(tmp_path):
+    from gateway.runtimes.images import STANDIN_LABEL, _run, engine_argv, recipe_id, stale_standin, standin_recipe
+
+    # a python:3.9 stand-in as the first recipe made them: labelled a stand-in, no recipe label
+    name, tar = "docker.io/library/python:3.9-slim-bullseye", tmp_path / "empty.tar"
+    assert (await _run(["tar", "-cf", str(tar), "-T", "/dev/null"]))[0] == 0
+    if await image_exists("podman", name):
+        pytest.skip(f"{name} is present on this machine; the test would replace it")
+    try:
+        rc, out = await _run([*engine_argv("podman"), "import", "--change", f"LABEL {STANDIN_LABEL}=debian-bullseye-minbase",
+                              str(tar), name])
+        assert rc == 0, out
+        assert await stale_standin("podman", name)
+        rc, out = await _run([*engine_argv("podman"), "import", "--change", f"LABEL {STANDIN_LABEL}=debian-bullseye-minbase",
+                              "--change", f"LABEL io.polarstream.standin.recipe={recipe_id(standin_recipe(name))}", str(tar), name])
+        assert rc == 0, out
+        assert not await stale_standin("podman", name)
+    finally:
+        await _rmi(name)
+    assert not await stale_standin("podman", name)  # not there: nothing to make again
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+async def test_pip_in_a_session_container_reaches_pypi_with_the_site_settings_only(tmp_path, site, mode):
+    env = EnvironmentSpec(context={"Dockerfile": "FROM python:3.13-slim-bookworm\nWORKDIR /app\n"}, allow_internet=True)
+    task = TaskRequest(task_id="t", instruction="x", workspace={"kind": "image", "mount": "/app"}, environment=env)
+    box = await ContainerRuntime(None, owner=str(tmp_path), site_settings=mode).open(task, tmp_path / "s")
+    try:
+        ran = await box.run(ExecSpec(argv=["pip", "download", "--no-deps", "--retries", "0", "-d", "/tmp/dl", "six==1.17.0"],
+                                     env={"PATH": "/usr/local/bin:/usr/bin:/bin"}, workspace=tmp_path,
+                                     home=tmp_path / "s" / "home", limits=Limits(timeout_s=120), network="none",
+                                     log_path=tmp_path / "pip.log"))
+    finally:
+        await box.close()
+    if mode == "auto":
+        assert ran.returncode == 0 and "Saved /tmp/dl/six-1.17.0" in ran.output_tail, ran.output_tail
+    else:
+        assert ran.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in ran.output_tail, ran.output_tail
