@@ -47,8 +47,8 @@ def base_command(
     import asyncio
     import shutil
 
-    from gateway.runtimes.images import (DEBIAN_PYTHON, STANDIN_LABEL, UBUNTU_SUITE, ImageBuildError, build_base, engine_argv,
-                                         qualified, standin_recipe)
+    from gateway.runtimes.images import (DEBIAN_PYTHON, RECIPE_LABEL, STANDIN_LABEL, UBUNTU_SUITE, ImageBuildError, build_base,
+                                         engine_argv, qualified, recipe_id, standin_recipe)
 
     recipe = standin_recipe(name := image_name.strip())
     if recipe is None:
@@ -64,7 +64,10 @@ def base_command(
     tag = qualified(name)
     if not force:
         found = next(((n, v) for n in (name, tag) if (v := _label(engine_argv(container_engine), n, STANDIN_LABEL)) is not None), None)
-        if found is not None:
+        old = found is not None and found[1] and _label(engine_argv(container_engine), found[0], RECIPE_LABEL) != recipe_id(recipe)
+        if old:  # what tasks would otherwise find: made again, as ensure_base would
+            typer.echo(f"{name} is present as a stand-in of an older recipe; building it again")
+        elif found is not None:
             kind = f"a stand-in ({describe(name, suite, extra)})" if found[1] else "not a stand-in of ours (pulled, or imported by hand)"
             where = "" if found[0] == name else f" as {found[0]}"
             typer.echo(f"{name} is present{where}: {kind}; --force builds the stand-in again")
