@@ -13,7 +13,9 @@ does reach astral.sh it overwrites them with its own: copies, not mounts, so it 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import platform
 import re
 import shutil
 import sys
@@ -42,6 +44,7 @@ case ":${PATH}:" in
 esac
 """
 
+log = logging.getLogger(__name__)
 _missing: dict[str, str] = {}  # version -> why its wheel could not be had (asked once per process)
 
 
@@ -84,22 +87,26 @@ async def ensure_uv(version: str = UV_VERSION) -> Path | None:
             return dest
         wheels = wheel_dir()
         wheels.mkdir(parents=True, exist_ok=True)
-        found = sorted(wheels.glob(f"uv-{version}-py3-none-*.whl"))
+        found = _wheels(wheels, version)
         if not found:
             rc, out = await _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                                   "-d", str(wheels), f"uv=={version}"], 300)
-            found = sorted(wheels.glob(f"uv-{version}-py3-none-*.whl"))
+            found = _wheels(wheels, version)
             if rc != 0 or not found:
-                _missing[version] = (out.strip().splitlines() or ["timed out"])[-1][:200]
+                _missing[version] = why = (out.strip().splitlines() or ["timed out"])[-1][:200]
+                log.warning("uv %s for verifiers: no wheel from the package index (%s); a verifier that installs uv "
+                            "from astral.sh needs astral.sh", version, why)
                 return None
         return await asyncio.to_thread(extract_binaries, found[0], dest)
+
+
+def _wheels(wheels: Path, version: str) -> list[Path]:
+    """uv's glibc wheels for this machine's architecture in the cache (the containers share its kernel and
+    arch; a musl or another arch's wheel someone else fetched is not for them)."""
+    return sorted(w for w in wheels.glob(f"uv-{version}-py3-none-*.whl")
+                  if "manylinux" in w.name and w.name.removesuffix(".whl").endswith(platform.machine()))
 
 
 def uses_uv(spec) -> bool:
     """Whether a verifier (an EvaluatorSpec) calls uv or uvx: only then is uv copied in (50 MB)."""
     return any(re.search(r"\buvx?\b", text) for text in (spec.command, *spec.tests.values()))
-
-
-def why_missing(version: str = UV_VERSION) -> str:
-    """Why ``ensure_uv`` found no wheel ("" when it did, or has not tried)."""
-    return _missing.get(version, "")

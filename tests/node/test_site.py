@@ -151,3 +151,18 @@ def test_a_task_image_built_on_a_stand_in_is_tagged_by_the_stand_ins_recipe_too(
     assert before != f"{images.TAG_REPO}:{images.context_hash(on_standin)}"
     monkeypatch.setattr(images, "RECIPE_VERSION", images.RECIPE_VERSION + 1)  # the stand-ins' recipe changes
     assert images.task_tag(on_standin) != before and images.task_tag(elsewhere) == f"{images.TAG_REPO}:{images.context_hash(elsewhere)}"
+
+
+def test_the_cached_uv_wheel_taken_is_this_machines_glibc_one(tmp_path):
+    import platform
+
+    from gateway.runtimes.uvtool import _wheels
+
+    arch, other = platform.machine(), "aarch64" if platform.machine() != "aarch64" else "x86_64"
+    names = [f"uv-0.9.5-py3-none-musllinux_1_1_{arch}.whl", f"uv-0.9.5-py3-none-manylinux_2_17_{other}.manylinux2014_{other}.whl",
+             f"uv-0.9.4-py3-none-manylinux_2_17_{arch}.manylinux2014_{arch}.whl"]
+    for name in names:
+        (tmp_path / name).touch()
+    assert _wheels(tmp_path, "0.9.5") == []
+    (mine := tmp_path / f"uv-0.9.5-py3-none-manylinux_2_17_{arch}.manylinux2014_{arch}.whl").touch()
+    assert _wheels(tmp_path, "0.9.5") == [mine]
