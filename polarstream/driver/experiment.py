@@ -73,6 +73,10 @@ class Experiment(BaseModel):
         "auto", description="the sandbox sessions run in. auto: a task that brings an image (a Harbor task's "
         "environment/Dockerfile) runs in a container of it (podman, else docker), any other task under bwrap when it "
         "works here (else unsandboxed); bwrap and subprocess run no image; podman and docker run only image tasks")
+    site_settings: Literal["auto", "off"] = Field(
+        "auto", description="auto: the host's CA bundle, proxies and package index (pip config) go into task image "
+        "builds and task containers, where it has them (a TLS proxy's CA, a mirror: docs/rollout.md, air-gapped "
+        "sites); off: none of them")
     train: str = Field("builtin:arith", description="task source RL trains on: a JSONL file (TaskRequest or flat rows), "
                        "a .parquet file, a Harbor task directory (or a directory of them), or builtin:arith")
     eval: str = Field("builtin:arith-heldout", description="task source evaluated before training, every eval_every "
