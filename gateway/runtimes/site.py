@@ -32,6 +32,7 @@ CA_PATH = "/etc/ssl/polarstream-site-ca.pem"
 # Every name a common tool reads its CA bundle from: Python's ssl and uv, pip, requests, curl, git, Node.
 CA_VARS = ("SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS")
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY")
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
 # pip's settings that name where packages come from (``pip config``'s key -> the variable pip reads).
 PIP_KEYS = {"index-url": "PIP_INDEX_URL", "extra-index-url": "PIP_EXTRA_INDEX_URL", "trusted-host": "PIP_TRUSTED_HOST"}
 PIP_CONF = "/etc/xdg/pip/pip.conf"
@@ -120,6 +121,10 @@ def read_site(environ: Mapping[str, str], pip_config: Mapping[str, str]) -> Site
     for k in PROXY_VARS:  # both spellings: curl reads only the lower-case http_proxy
         if v := environ.get(k) or environ.get(k.lower()):
             proxy[k] = proxy[k.lower()] = v
+    if proxy.keys() - {"NO_PROXY", "no_proxy"}:
+        # the gateway is at the container's own loopback (the tunnel): a harness must not ask the proxy for it
+        hosts = [h for h in (proxy.get("NO_PROXY") or "").split(",") if h.strip()]
+        proxy["NO_PROXY"] = proxy["no_proxy"] = ",".join(dict.fromkeys([*hosts, *LOOPBACK]))
     index = {var: pip_config[key] for key, var in PIP_KEYS.items() if pip_config.get(key)}
     index.update({k: environ[k] for k in UV_VARS if environ.get(k)})
     # uv reads its own variable; a pip mirror is the site's mirror for uv too

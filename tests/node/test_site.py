@@ -57,7 +57,10 @@ def test_proxies_in_both_spellings_and_pips_index_for_uv_too(bundle):
     site = read_site({"https_proxy": "http://proxy:3128", "NO_PROXY": "localhost,.internal", "UV_INSECURE_HOST": "mirror"},
                      {"index-url": "https://mirror/simple", "extra-index-url": "https://extra/simple", "cert": str(bundle)})
     env = site.env()
-    assert env["HTTPS_PROXY"] == env["https_proxy"] == "http://proxy:3128" and env["no_proxy"] == "localhost,.internal"
+    assert env["HTTPS_PROXY"] == env["https_proxy"] == "http://proxy:3128"
+    # the gateway, at the container's loopback, is never asked of the proxy
+    assert env["NO_PROXY"] == env["no_proxy"] == "localhost,.internal,127.0.0.1,::1"
+    assert read_site({"NO_PROXY": "a.b"}, {}).env() == {"NO_PROXY": "a.b", "no_proxy": "a.b"}  # no proxy, nothing added
     assert env["PIP_INDEX_URL"] == env["UV_DEFAULT_INDEX"] == "https://mirror/simple"
     assert env["PIP_EXTRA_INDEX_URL"] == "https://extra/simple" and env["UV_INSECURE_HOST"] == "mirror"
     # uv's own index setting is the site's word for uv: pip's does not override it
@@ -73,8 +76,10 @@ def test_a_build_gets_pip_and_apt_config_files_mounted_and_proxies_as_build_args
     assert Path(mounts[APT_CONF]).read_text() == f'Acquire::https::CAInfo "{CA_PATH}";\n'
     assert ["--build-arg", "HTTP_PROXY=http://proxy:3128"] == args[args.index("--build-arg"):][:2]
     assert "--env" not in args  # podman 4.3 gives --env to the image's config, not to its RUN steps
-    assert site.build_args(tmp_path, mounts=False) == ["--build-arg", "HTTP_PROXY=http://proxy:3128", "--build-arg",
-                                                       "http_proxy=http://proxy:3128"]
+    loopback = "localhost,127.0.0.1,::1"
+    assert site.build_args(tmp_path, mounts=False) == [
+        "--build-arg", "HTTP_PROXY=http://proxy:3128", "--build-arg", f"NO_PROXY={loopback}",
+        "--build-arg", "http_proxy=http://proxy:3128", "--build-arg", f"no_proxy={loopback}"]
 
 
 def test_no_site_settings_add_nothing_and_off_is_off(tmp_path):
