@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 venv: $(STAMP)
 
 # Debian packages: the sandboxes (bubblewrap; podman with runc for tasks that bring an image, mmdebstrap
-# for their offline Debian bases) and the viewer's browser test (chromium); Java 17 and Maven come with
+# for their offline Debian bases, Docker's registry for the test that pulls a task's prebuilt image) and the viewer's browser test (chromium); Java 17 and Maven come with
 # the machine.
 system:
 	@command -v bwrap >/dev/null || { echo "installing bubblewrap (sandbox runtime)"; \
@@ -21,11 +21,11 @@ system:
 	  { $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -q >/dev/null && \
 	    $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q bubblewrap >/dev/null; } || \
 	  echo "warning: bubblewrap could not be installed; sandboxed runs will use the subprocess runtime"; }
-	@{ command -v podman && command -v runc && command -v mmdebstrap; } >/dev/null || { \
-	  echo "installing podman, runc and mmdebstrap (containers for tasks with an image)"; \
-	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q podman runc mmdebstrap >/dev/null 2>&1 || \
+	@{ command -v podman && command -v runc && command -v mmdebstrap && command -v docker-registry; } >/dev/null || { \
+	  echo "installing podman, runc, mmdebstrap and docker-registry (containers for tasks with an image)"; \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q podman runc mmdebstrap docker-registry >/dev/null 2>&1 || \
 	  { $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -q >/dev/null && \
-	    $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q podman runc mmdebstrap >/dev/null; } || \
+	    $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q podman runc mmdebstrap docker-registry >/dev/null; } || \
 	  echo "warning: podman could not be installed; tasks with an image cannot run here"; }
 	@command -v chromium >/dev/null || { echo "installing chromium (headless browser for the viewer test)"; \
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q chromium >/dev/null 2>&1 || \

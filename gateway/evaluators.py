@@ -21,9 +21,15 @@ In a session's container (an image task, ``runtime.persistent``) there is no cop
 the container's final state, as Harbor's does and as published verifiers expect; ``files`` and
 ``python`` read the workspace copied out of it.
 
+Before any evaluator of a session's container, what the agent left running in it is killed
+(``EvaluatorSpec.agent_processes``, default kill; keep is Harbor's behaviour), so the verifier judges the
+agent's files, not a process still writing them, and no agent process shares the verifier's network.
+
 Outcomes: a verifier timeout is recorded (metric ``verifier_timeout``) with reward 0.0: the agent left a
 workspace that does not verify in time. A broken evaluator (bad spec, crash, unparsable output) is an
-infrastructure failure: ``error`` is set and the session is masked, never scored 0.
+infrastructure failure: ``error`` is set and the session is masked, never scored 0. So is a Harbor
+verifier that scored 0 without judging (verifier_faults.py: its network, DNS, an install, TLS, a missing
+interpreter, or a timeout before its tests started): ``fault`` holds the cause and the lines that show it.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from pathlib import Path
 
 from gateway.runtimes import ExecResult, ExecSpec, Limits, Runtime, RuntimeUnavailable, command_env
 from gateway.runtimes.uvtool import ensure_uv, uses_uv
-from schemas import EvaluatorSpec, TaskRequest
+from gateway.verifier_faults import classify
+from schemas import EvaluatorSpec, TaskRequest, VerifierFault
 
 
 @dataclass
@@ -47,6 +54,7 @@ class EvalResult:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str = ""  # non-empty: the evaluator itself failed (infrastructure), the session is masked
     detail: str = ""
+    fault: VerifierFault | None = None  # the verifier never got to judge (then error is set too)
 
 
 def fresh_copy(workspace: Path, dest: Path) -> Path:
@@ -121,15 +129,38 @@ async def run_harbor(spec: EvaluatorSpec, copy: Path, home: Path, scratch: Path,
         home=home, limits=Limits(timeout_s=spec.timeout_s), network=spec.network, log_path=log_path,
         mount=task.workspace.mount or "/app", mounts=mounts))
     if isinstance(res, EvalResult):
-        return res
+        timed_out = "verifier_timeout" in res.metrics
+        return _unless_fault(res, _log_text(log_path, ""), logs, timed_out) if timed_out else res
     metrics = {"eval_exit_code": float(res.returncode or 0)}
     try:
         written = reward_file(logs)
     except ValueError as e:
         return EvalResult(None, metrics, error=f"verifier: {e}", detail=res.output_tail[-500:])
     if written is None:
-        return EvalResult(1.0 if res.returncode == 0 else 0.0, metrics, detail=res.output_tail[-500:])
-    return EvalResult(written, {**metrics, "reward_file": 1.0}, detail=res.output_tail[-500:])
+        result = EvalResult(1.0 if res.returncode == 0 else 0.0, metrics, detail=res.output_tail[-500:])
+    else:
+        result = EvalResult(written, {**metrics, "reward_file": 1.0}, detail=res.output_tail[-500:])
+    return _unless_fault(result, _log_text(log_path, res.output_tail), logs) if result.reward == 0.0 else result
+
+
+def _unless_fault(result: EvalResult, log: str, logs: Path, timed_out: bool = False) -> EvalResult:
+    """``result`` (a 0), or an infrastructure error when the verifier's output shows it never judged."""
+    fault = classify(log, timed_out=timed_out, reported=(logs / "ctrf.json").is_file())
+    if fault is None:
+        return result
+    return EvalResult(None, {**result.metrics, "verifier_fault": 1.0}, error=fault.summary(), detail=result.detail, fault=fault)
+
+
+LOG_READ_BYTES = 512 * 1024  # an apt-and-pip prelude's output fits; a runaway log is read from its end
+
+
+def _log_text(log_path: Path | None, fallback: str) -> str:
+    """The verifier's whole output (its last LOG_READ_BYTES), else what the run kept of it."""
+    if log_path is None or not log_path.is_file():
+        return fallback
+    with open(log_path, "rb") as f:
+        f.seek(max(0, log_path.stat().st_size - LOG_READ_BYTES))
+        return f.read().decode(errors="replace")
 
 
 def write_tree(root: Path, files: dict[str, str]) -> None:
@@ -212,6 +243,12 @@ async def evaluate(spec: EvaluatorSpec, workspace: Path, scratch: Path, task: Ta
     """Evaluate ``workspace`` per ``spec`` on a fresh copy under ``scratch``; never raises for evaluator faults."""
     if spec.kind == "none":
         return EvalResult(None, detail="no evaluator")
+    stop = getattr(runtime, "stop_processes", None)
+    if stop is not None and spec.agent_processes == "kill":
+        try:
+            await stop()
+        except RuntimeUnavailable as e:
+            return EvalResult(None, error=f"evaluator runtime: {e}")
     try:
         if not getattr(runtime, "persistent", False):
             copy = fresh_copy(workspace, scratch / "eval-workspace")

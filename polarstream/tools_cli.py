@@ -267,21 +267,36 @@ def tasks_command(
     runtime: Annotated[str, typer.Option(help="sandbox for --check: auto (a container of the task's image for a task with "
                                               "environment/Dockerfile, else bwrap), bwrap, podman, docker, apptainer")] = "auto",
     jobs: Annotated[int, typer.Option(min=1, help="tasks --check runs at once (image builds and runs overlap)")] = 2,
+    force_build: Annotated[bool, typer.Option("--force-build", help="build each task's environment/Dockerfile even where "
+                                                                    "its docker_image could be pulled (Harbor's --force-build)")] = False,
+    agent_processes: Annotated[str, typer.Option(help="what the solution left running when the verifier opens: kill, or "
+                                                      "keep (Harbor's behaviour: tests that query a server it started)")] = "kill",
 ) -> None:
     """List the tasks a source holds, as polarstream reads them; --check runs each task's oracle.
 
     In a directory of Harbor tasks each task is read on its own: one that cannot run here (it asks for a
-    GPU, its task.toml is malformed) is refused in its own line and the others are listed or checked."""
+    GPU, its task.toml is malformed, its image can be neither pulled nor built) is refused in its own line
+    and the others are listed or checked. A task with an image says how it gets it: pulled, local, built
+    (and why, where it names a docker_image: unreachable, absent, force_build), +standin where a FROM
+    base is an offline stand-in (gateway/runtimes/image_source.py)."""
     import asyncio
     import tempfile
 
-    tasks, refused = _read_tasks(tasks_file)
+    if agent_processes not in ("kill", "keep"):
+        raise _fail(f"--agent-processes: {agent_processes!r} is not kill or keep", 2)
+    from producers.tasks import with_phase_policies
+
+    tasks, refused = _read_tasks(tasks_file, force_build)
+    tasks = [with_phase_policies(t, agent_processes=agent_processes) for t in tasks]
+    plans, tasks, refused = _plan_images(tasks, refused, runtime)
     width = max([len(t.task_id) for t in tasks] + [len(name) for name, _ in refused] + [24]) + 2
     if not check:
         for t in tasks:
             ws = t.workspace.kind + (f" {t.workspace.source}" if t.workspace.source else "")
+            image = f"  image {plans[t.task_id].label()}" if t.task_id in plans else ""
             typer.echo(f"{t.task_id:<{width}}workspace {ws}{f' at {t.workspace.mount}' if t.workspace.mount else ''}  "
-                       f"evaluator {t.evaluator.kind}{'  solution' if t.metadata.get('solution') else ''}")
+                       f"evaluator {t.evaluator.kind}  verifier network {_verifier_net(t)}"
+                       f"{'  solution' if t.metadata.get('solution') else ''}{image}")
         for name, why in refused:
             typer.echo(f"{name:<{width}}refused: {why}")
         if refused:
@@ -294,7 +309,8 @@ def tasks_command(
         rt = make_runtime(runtime)
     except ValueError as e:
         raise _fail(str(e)) from None
-    typer.echo(f"{'task':<{width}}{'solution':<10}{'untouched':<11}{'build s':>8}{'run s':>8}  verdict")
+    typer.echo(f"{'task':<{width}}{'solution':<10}{'untouched':<11}{'build s':>8}{'run s':>8}  {'image':<{IMAGE_W}}"
+               f"{'verifier net':<14}verdict")
     for name, why in refused:
         typer.echo(f"{name:<{width}}refused: {why}")
 
@@ -321,7 +337,9 @@ def tasks_command(
             verdict = "ok" if res.ok else "FAILED" + "".join(
                 f"; {what}: {_one_line(r.error)[:160]}" for what, r in (("untouched", res.untouched), ("solution", res.solved))
                 if r is not None and r.error)
-            typer.echo(f"{t.task_id:<{width}}{solved:<10}{show(res.untouched):<11}{secs}  {verdict}")
+            image = plans[t.task_id].label() if t.task_id in plans else "-"
+            typer.echo(f"{t.task_id:<{width}}{solved:<10}{show(res.untouched):<11}{secs}  {image:<{IMAGE_W}}"
+                       f"{_verifier_net(t):<14}{verdict}")
         return bad
 
     with tempfile.TemporaryDirectory(prefix="polar-oracle-") as tmp:
@@ -330,27 +348,54 @@ def tasks_command(
         raise _fail(f"{bad} of {len(tasks) + len(refused)} tasks failed their check (untouched must score 0, the solution 1)")
 
 
+def _verifier_net(task) -> str:
+    """The verifier's network as the table shows it: outside (a Harbor verifier's default in a container) or none."""
+    return "outside" if task.evaluator.network == "host" else "none"
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _read_tasks(source: Path):
+IMAGE_W = 28  # the image column: "built:unreachable+standin" and a little
+
+
+def _read_tasks(source: Path, force_build: bool = False):
     """(tasks, [(name, why refused)]): a directory of Harbor tasks read task by task, anything else whole
     (a source that holds no usable task at all is one ``error:`` line, as before)."""
-    from producers.tasks import TaskSourceError, harbor_dirs, harbor_task, load_tasks
+    from producers.tasks import TaskSourceError, harbor_dirs, harbor_task, load_tasks, split_source
 
     try:
-        if not source.is_dir() or len(dirs := harbor_dirs(source)) == 1:
-            return load_tasks(source), []
+        path, options = split_source(source)
+        force_build = force_build or options.get("force_build", False)
+        if not path.is_dir() or len(dirs := harbor_dirs(path)) == 1:
+            return load_tasks(path, force_build=force_build), []
     except TaskSourceError as e:
         raise _fail(str(e)) from None
     tasks, refused = [], []
     for d in dirs:
         try:
-            tasks.append(harbor_task(d))
+            tasks.append(harbor_task(d, force_build=force_build))
         except TaskSourceError as e:
             refused.append((d.name, str(e).removeprefix(f"{d.resolve()}: ")))
     return tasks, refused
+
+
+def _plan_images(tasks: list, refused: list, runtime: str):
+    """({task id: ImagePlan}, tasks that can get their image, refused + those that cannot, with why), asked
+    of the container engine the check would use; with none installed nothing is asked (no plans)."""
+    import asyncio
+
+    from gateway.runtimes import container_engine
+    from gateway.runtimes.image_source import plan_images
+
+    imaged = [t for t in tasks if t.environment is not None]
+    engine = runtime if runtime in ("podman", "docker") else container_engine()
+    if not imaged or not engine:
+        return {}, tasks, refused
+    plans = dict(zip((t.task_id for t in imaged), asyncio.run(plan_images([t.environment for t in imaged], engine))))
+    out = [(t.task_id, plans[t.task_id].why) for t in tasks if t.task_id in plans and plans[t.task_id].refused]
+    return plans, [t for t in tasks if not (t.task_id in plans and plans[t.task_id].refused)], refused + out
 
 
 def register(app: typer.Typer) -> None:

@@ -5,10 +5,13 @@
   optional ``ref``), ``test_cmd`` (exit 0 = solved), optional ``id``, ``setup_cmd`` and ``timeout``
   (the agent's seconds). A row becomes a task whose evaluator runs ``test_cmd`` in the final workspace.
 - **Harbor / Terminal-Bench task directories**: ``instruction.md``, ``task.toml``, ``tests/test.sh``,
-  optional ``solution/solve.sh``, and ``environment/Dockerfile`` (or ``[environment] docker_image``). A
+  optional ``solution/solve.sh``, and ``environment/Dockerfile`` and/or ``[environment] docker_image``. A
   directory holding one task, or holding task directories. As published, the task runs in a container
   of its own image (workspace kind ``image``: the image's WORKDIR, /app by default), with the
-  ``[environment]`` limits; the context travels inline when it is small text, else by its path. A task
+  ``[environment]`` limits (``memory = "2G"`` or ``memory_mb``, ``storage = "10G"`` or ``storage_mb``,
+  ``cpus``); both the image's name and the Dockerfile's context travel (inline when small text, else by
+  its path), and the node pulls or builds as Harbor would (gateway/runtimes/image_source.py). The source
+  option ``DIR?force_build=1`` (Harbor's ``--force-build``) builds the Dockerfile even so. A task
   may instead give its workspace as a directory (``workspace/``, or ``[metadata] workspace = "PATH"``):
   then it runs under bwrap with no image. Either way the verifier sees ``tests/`` at /tests and a
   writable /logs/verifier (``gateway/evaluators.py``, kind ``harbor``).
@@ -38,14 +41,35 @@ class TaskSourceError(ValueError):
 FLAT_KEYS = {"id", "task_id", "instruction", "workspace", "ref", "setup_cmd", "test_cmd", "timeout", "num_samples", "metadata"}
 
 
-def load_tasks(source: str | Path, **defaults: Any) -> list[TaskRequest]:
-    """Every task in ``source`` (a file or directory, module docstring); ``defaults`` (e.g. ``num_samples``,
-    ``harness``) fill fields a task does not set itself."""
-    path = Path(source)
+SOURCE_OPTIONS = ("force_build",)
+
+
+def split_source(source: str | Path) -> tuple[Path, dict[str, bool]]:
+    """A task source and its options: ``DIR?force_build=1`` is DIR with force_build (a path that exists
+    as written, ``?`` and all, is only a path). TaskSourceError for an option there is none of."""
+    text = str(source)
+    if "?" not in text or Path(text).exists():
+        return Path(text), {}
+    path, _, query = text.rpartition("?")
+    options = {}
+    for part in filter(None, query.split("&")):
+        key, _, value = part.partition("=")
+        if key not in SOURCE_OPTIONS or value.lower() not in ("", "1", "true", "yes", "0", "false", "no"):
+            raise TaskSourceError(f"{text}: {part!r} is not a source option (options: {', '.join(f'{o}=1' for o in SOURCE_OPTIONS)})")
+        options[key] = value.lower() in ("", "1", "true", "yes")
+    return Path(path), options
+
+
+def load_tasks(source: str | Path, *, force_build: bool = False, **defaults: Any) -> list[TaskRequest]:
+    """Every task in ``source`` (a file or directory, module docstring; ``DIR?force_build=1`` or
+    ``force_build``: build Harbor tasks' Dockerfiles even where their image could be pulled); ``defaults``
+    (e.g. ``num_samples``, ``harness``) fill fields a task does not set itself."""
+    path, options = split_source(source)
+    force_build = force_build or options.get("force_build", False)
     if not path.exists():
         raise FileNotFoundError(errno.ENOENT, "no such file or directory", str(path))
     if path.is_dir():
-        return [harbor_task(d, **defaults) for d in harbor_dirs(path)]
+        return [harbor_task(d, force_build=force_build, **defaults) for d in harbor_dirs(path)]
     if path.suffix == ".parquet":
         return [_row_task(row, f"{path}: row {i}", defaults, f"{path.stem}-{i}") for i, row in enumerate(_parquet_rows(path), 1)]
     return task_lines(path.read_text(), str(path), **defaults)
@@ -72,7 +96,7 @@ def harbor_dirs(root: Path) -> list[Path]:
     return found
 
 
-def harbor_task(task_dir: Path, **defaults: Any) -> TaskRequest:
+def harbor_task(task_dir: Path, *, force_build: bool = False, **defaults: Any) -> TaskRequest:
     """One Harbor task directory as a TaskRequest (module docstring)."""
     task_dir = task_dir.resolve()
     where = str(task_dir)
@@ -88,7 +112,7 @@ def harbor_task(task_dir: Path, **defaults: Any) -> TaskRequest:
     if env.get("gpus"):
         raise TaskSourceError(f"{where}: needs {env['gpus']} GPU(s) ([environment] gpus); polarstream's sandbox has none")
     workspace = _harbor_workspace(task_dir, meta)
-    environment = None if workspace else _harbor_environment(task_dir, env)
+    environment = None if workspace else _harbor_environment(task_dir, env, force_build)
     name = str((conf.get("task") or {}).get("name") or task_dir.name)
     try:
         return TaskRequest.model_validate({
@@ -101,7 +125,7 @@ def harbor_task(task_dir: Path, **defaults: Any) -> TaskRequest:
             "environment": environment,
             "evaluator": EvaluatorSpec(kind="harbor", command="bash /tests/test.sh", tests=_text_tree(task_dir / "tests"),
                                        timeout_s=float(verifier.get("timeout_sec") or 600.0),
-                                       network="host" if verifier.get("network_mode") == "public" else "none",
+                                       network=_verifier_network(verifier, env, environment is not None),
                                        env={str(k): str(v) for k, v in (verifier.get("env") or {}).items()}),
             "timeouts": Timeouts(**({"agent_s": float(agent["timeout_sec"])} if agent.get("timeout_sec") else {})),
             "metadata": {**defaults.get("metadata", {}), "source": "harbor", "task_dir": where,
@@ -109,6 +133,29 @@ def harbor_task(task_dir: Path, **defaults: Any) -> TaskRequest:
         })
     except (ValidationError, ValueError) as e:
         raise TaskSourceError(f"{where}: {_first_error(e)}") from None
+
+
+def _verifier_network(verifier: dict, env: dict, in_container: bool) -> str:
+    """The verifier's network as Harbor gives it: ``allow_internet`` (default true) for the whole trial. Ours
+    is per phase (the agent's stays off unless the task sets allow_internet), so published verifiers, which
+    install curl, uv and pytest first, can run. Only a container can give the outside without the host's
+    loopback: a task run under bwrap (a ``workspace/`` of ours) gets it only when it says network_mode = "public"."""
+    mode = verifier.get("network_mode")
+    if mode is not None:
+        return "host" if mode == "public" else "none"
+    return "host" if in_container and env.get("allow_internet", True) is not False else "none"
+
+
+def with_phase_policies(task: TaskRequest, agent_network: str = "task", agent_processes: str = "kill") -> TaskRequest:
+    """``task`` under an experiment's network and process policies: ``agent_network`` task (as task.toml says),
+    gateway (none but the gateway) or internet (the outside too; a container task only); ``agent_processes``
+    kill or keep what the agent left running when the verifier opens."""
+    update: dict[str, Any] = {}
+    if task.environment is not None and agent_network != "task":
+        update["environment"] = task.environment.model_copy(update={"allow_internet": agent_network == "internet"})
+    if agent_processes != task.evaluator.agent_processes:
+        update["evaluator"] = task.evaluator.model_copy(update={"agent_processes": agent_processes})
+    return task.model_copy(update=update) if update else task
 
 
 def _harbor_workspace(task_dir: Path, meta: dict) -> Path | None:
@@ -127,37 +174,58 @@ def _harbor_workspace(task_dir: Path, meta: dict) -> Path | None:
 INLINE_CONTEXT_BYTES = 256 * 1024  # a larger or binary build context travels by its path instead
 
 
-def _harbor_environment(task_dir: Path, env: dict) -> EnvironmentSpec | None:
-    """``environment/`` and ``[environment]`` as an EnvironmentSpec (None: the task has no image)."""
+def _harbor_environment(task_dir: Path, env: dict, force_build: bool = False) -> EnvironmentSpec | None:
+    """``environment/`` and ``[environment]`` as an EnvironmentSpec (None: the task has no image). Both
+    the image's name and the Dockerfile's context are kept: which one is used is decided where the task
+    runs (gateway/runtimes/image_source.py), as Harbor decides it."""
     context_dir = task_dir / "environment"
     image = str(env.get("docker_image") or "")
-    if not image and not (context_dir / "Dockerfile").is_file():
+    dockerfile = (context_dir / "Dockerfile").is_file()
+    if not image and not dockerfile:
         return None
     context: dict[str, str] = {}
-    if not image:
+    if dockerfile:
         files = [p for p in sorted(context_dir.rglob("*")) if p.is_file()]
         if sum(p.stat().st_size for p in files) <= INLINE_CONTEXT_BYTES:
             try:
                 context = {str(p.relative_to(context_dir)): p.read_text() for p in files}
             except UnicodeDecodeError:
                 context = {}
-    memory = env.get("memory_mb")
-    if memory is None and isinstance(env.get("memory"), str):  # Terminal-Bench's older "2G" spelling
-        memory = _megabytes(env["memory"], task_dir)
+    cpus, memory, storage = _cpus(env.get("cpus"), task_dir), _size_mb(env, "memory", task_dir), _size_mb(env, "storage", task_dir)
     try:
         return EnvironmentSpec(
-            image=image, context=context, context_dir="" if (image or context) else str(context_dir),
-            cpus=env.get("cpus"), memory_mb=memory, storage_mb=env.get("storage_mb"),
+            image=image, context=context, context_dir=str(context_dir) if dockerfile and not context else "",
+            cpus=cpus, memory_mb=memory, storage_mb=storage, force_build=force_build,
             build_timeout_s=float(env.get("build_timeout_sec") or 600.0), allow_internet=bool(env.get("allow_internet", False)))
     except (ValidationError, ValueError) as e:
         raise TaskSourceError(f"{task_dir}: [environment] {_first_error(e)}") from None
 
 
-def _megabytes(text: str, task_dir: Path) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.I)
+def _size_mb(env: dict, key: str, task_dir: Path) -> int | None:
+    """``<key>_mb`` (Harbor's template) or ``<key> = "2G"`` (Terminal-Bench 2.0's spelling), in MB as
+    Harbor reads them (G = 1024 M); both given must agree."""
+    mb, text = env.get(f"{key}_mb"), env.get(key)
+    if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int)):
+        raise TaskSourceError(f"{task_dir}: [environment] {key}_mb = {mb!r} is not a whole number of MB")
+    if text is None:
+        return mb
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT])i?B?\s*", text, re.I) if isinstance(text, str) else None
     if not m:
-        raise TaskSourceError(f"{task_dir}: [environment] memory = {text!r} is not a size like '2G'")
-    return int(float(m.group(1)) * {"": 1 / 2**20, "K": 1 / 1024, "M": 1, "G": 1024, "T": 2**20}[m.group(2).upper()])
+        raise TaskSourceError(f"{task_dir}: [environment] {key} = {text!r} is not a size like '2G' or '512M'")
+    parsed = int(float(m.group(1)) * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 2**20}[m.group(2).upper()])
+    if mb is not None and mb != parsed:
+        raise TaskSourceError(f"{task_dir}: [environment] {key} = {text!r} and {key}_mb = {mb} disagree; give one")
+    return parsed
+
+
+def _cpus(value: Any, task_dir: Path) -> float | None:
+    """``cpus = 1`` (or 1.5); a string of a number as well, since TOML writers differ."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TaskSourceError(f"{task_dir}: [environment] cpus = {value!r} is not a number") from None
 
 
 def _dockerfile_workdir(task_dir: Path) -> str:

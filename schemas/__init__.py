@@ -28,6 +28,7 @@ from .records import (
     TrainingGroup,
     Trajectory,
     Usage,
+    VerifierFault,
     WorkspaceSpec,
     derived_event_id,
     float32_digits,
@@ -38,7 +39,7 @@ __all__ = [
     "CallOutput", "CallRecorded", "ChainInfo", "DeltaError", "EngineSampling", "EnvironmentSpec", "EvaluatorSpec", "HarnessSpec",
     "Parts", "PolicyVersion", "PromptDelta", "RECORD_BY_TOPIC", "RECORD_TYPES", "Record", "RecordDecodeError",
     "RecordTooLarge", "SCHEMA_VERSION", "SessionAssigned", "SessionEvent", "TaskRequest", "Timeouts",
-    "Timings", "ToolCallOut", "Trace", "TrainingGroup", "Trajectory", "Usage", "WorkspaceSpec", "decode",
+    "Timings", "ToolCallOut", "Trace", "TrainingGroup", "Trajectory", "Usage", "VerifierFault", "WorkspaceSpec", "decode",
     "derived_event_id", "document", "encode", "encode_prompt", "float32_digits", "full_sequence", "is_packed", "join_parts", "new_event_id",
     "resolve_prompt", "split_record",
 ]

@@ -94,7 +94,12 @@ class EnvironmentSpec(_Model):
     storage_mb: int | None = Field(None, gt=0)
     gpus: int = Field(0, ge=0)
     build_timeout_s: float = Field(600.0, gt=0)
-    allow_internet: bool = False  # no network but the gateway unless the task says so
+    # The agent's phase (harness, prepare, a solution): no network but the gateway unless the task or the
+    # experiment says so. The verifier's network is its own (EvaluatorSpec.network).
+    allow_internet: bool = False
+    # Build the context even where ``image`` could be pulled (Harbor's --force-build); both are kept so
+    # the node decides where it runs (gateway/runtimes/image_source.py)
+    force_build: bool = False
 
     @model_validator(mode="after")
     def _one_source(self) -> "EnvironmentSpec":
@@ -117,7 +122,13 @@ class EvaluatorSpec(_Model):
     # kind == harbor: the task's tests/ (relative path -> content), shown at /tests to the verifier only;
     # the reward is /logs/verifier/reward.txt or reward.json when the verifier writes one, else its exit code
     tests: dict[str, str] = Field(default_factory=dict)
-    network: Literal["none", "host"] = "none"  # kind == harbor: the verifier's network (task.toml network_mode)
+    # The verifier's network: "host" = the outside world (in a session's container: the engine's bridge, never
+    # the host's loopback); Harbor tasks with an image get it unless task.toml says allow_internet = false.
+    network: Literal["none", "host"] = "none"
+    # What the agent left running in a session's container before the verifier opens: kill (default: the
+    # verifier judges files, not a process that may still write them or use the verifier's network) or keep
+    # (Harbor's behaviour, for tests that query a server the agent started).
+    agent_processes: Literal["kill", "keep"] = "kill"
     env: dict[str, str] = Field(default_factory=dict)  # kind == harbor: the verifier's environment ([verifier] env)
     expected_files: dict[str, str] = Field(default_factory=dict)  # kind == files: path -> exact content
     callable: str = ""  # kind == python: "module:function", called with (workspace_path, task)
@@ -288,6 +299,17 @@ class CallRecorded(Record):
         return self.session_id
 
 
+class VerifierFault(_Model):
+    """Why a verifier could not judge (gateway/verifier_faults.py): its cause and the output lines that show it."""
+
+    cause: Literal["tls", "dns", "network", "interpreter", "install", "timeout"]
+    evidence: list[str] = Field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line for a session's detail: the cause and the first line that shows it."""
+        return f"verifier fault ({self.cause}): {self.evidence[0] if self.evidence else ''}"[:300]
+
+
 class SessionEvent(Record):
     TOPIC: ClassVar[str] = "session-events"
     session_id: str = Field(min_length=1)
@@ -306,6 +328,8 @@ class SessionEvent(Record):
     task_set: str = "default"
     zero_signal: ZeroSignal = "mask"  # the task's (TaskRequest.zero_signal)
     detail: str = ""
+    # on finished (status infra_error): the verifier never got to judge, and why; absent on older records
+    verifier_fault: VerifierFault | None = None
 
     def key(self) -> str:
         return self.session_id

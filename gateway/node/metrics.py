@@ -34,6 +34,11 @@ def _finished(pipeline: Any) -> Iterator[Reading]:
         yield (pipeline.cfg.node_id, status), float(n)
 
 
+def _verifier_faults(pipeline: Any) -> Iterator[Reading]:
+    for cause, n in pipeline.verifier_faults.items():
+        yield (pipeline.cfg.node_id, cause), float(n)
+
+
 _GAUGES = (
     Sampled("polar_node_sessions", "Sessions in each stage of the node (INIT, READY, RUN, POSTRUN)",
             ("node", "stage"), _stages),
@@ -43,6 +48,9 @@ _GAUGES = (
             "over a window: rate() / run workers)", ("node",), _run_busy, counter=True),
     Sampled("polar_node_sessions_finished", "Sessions the node finished, by status", ("node", "status"), _finished,
             counter=True),
+    Sampled("polar_node_verifier_faults", "Sessions masked (infra_error) because their verifier could not judge, "
+            "by cause: tls, dns, network, interpreter, install, timeout (gateway/verifier_faults.py)",
+            ("node", "cause"), _verifier_faults, counter=True),
 )
 
 

@@ -92,6 +92,7 @@ class Pipeline:
         self.tasks: set[asyncio.Task] = set()
         self.stage = Counter({"init": 0, "ready": 0, "run": 0, "postrun": 0})
         self.finished: Counter[str] = Counter()
+        self.verifier_faults: Counter[str] = Counter()  # sessions masked because the verifier could not judge, by cause
         self.run_busy_s = 0.0
         self.started_at = time.monotonic()
 
@@ -171,8 +172,10 @@ class Pipeline:
             job.metrics["total_s"] = time.monotonic() - job.times["admitted"]
             await self._emit(session_event(job, "finished", status=job.status, reward=job.reward,
                                            metrics=dict(job.metrics), num_calls=job.num_calls or 0,
-                                           detail=f"{self.cfg.node_id}: {job.detail[-900:]}"))
+                                           detail=f"{self.cfg.node_id}: {job.detail[-900:]}", verifier_fault=job.fault))
             self.finished[job.status or "?"] += 1
+            if job.fault is not None:
+                self.verifier_faults[job.fault.cause] += 1
             await teardown(job, self.cfg.keep_workdirs)
         except asyncio.CancelledError:  # the node stopping without drain: a READY session's container too
             if job.sandbox is not None:

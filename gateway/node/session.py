@@ -18,7 +18,7 @@ from gateway import harnesses
 from gateway.evaluators import evaluate
 from gateway.harnesses.install import prefix
 from gateway.runtimes import ExecSpec, ImageBuildError, Limits, Runtime, RuntimeUnavailable
-from schemas import SessionAssigned, SessionEvent, derived_event_id
+from schemas import SessionAssigned, SessionEvent, VerifierFault, derived_event_id
 from schemas.records import SessionStatus
 
 from .config import NodeConfig
@@ -54,6 +54,7 @@ class Job:
     reward: float | None = None
     detail: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    fault: VerifierFault | None = None  # the verifier never got to judge (status infra_error)
     num_calls: int | None = None
     times: dict[str, float] = field(default_factory=lambda: {"admitted": time.monotonic()})
 
@@ -218,6 +219,7 @@ async def postrun_stage(job: Job, cfg: NodeConfig, runtime: Runtime) -> None:
     job.metrics.update(res.metrics)
     if res.error:
         job.end("infra_error", res.error)  # a broken evaluator is not the agent's fault: masked
+        job.fault = res.fault  # and one that could not reach its packages is not either
     else:
         job.end("ok", res.detail, reward=res.reward)
 

@@ -142,12 +142,15 @@ def recipe_id(recipe: tuple[str, list[str]]) -> str:
 
 
 def qualified(name: str) -> str:
-    """``debian:bookworm-slim`` as a Dockerfile's short name resolves it: docker.io/library/..."""
-    if "/" not in name.split(":")[0]:
+    """A short name as Docker resolves it (podman alone refuses one): ``debian:bookworm-slim`` is
+    docker.io/library/debian:bookworm-slim, ``x/y:t`` docker.io/x/y:t; a first part with a dot or a port,
+    or ``localhost``, is a registry already; no tag is ``:latest`` (a digest stays as it is)."""
+    first, _, rest = name.partition("/")
+    if not rest:
         name = f"docker.io/library/{name}"
-    elif name.count("/") == 1 and "." not in name.split("/")[0]:
+    elif not ("." in first or ":" in first or first == "localhost"):
         name = f"docker.io/{name}"
-    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+    return name if ":" in name.rsplit("/", 1)[-1] or "@" in name else f"{name}:latest"
 
 
 async def _run(argv: list[str], timeout_s: float | None = None, log: Path | None = None,
@@ -269,15 +272,16 @@ def _scratch_dir(need_bytes: int = 2 << 30) -> str | None:
         return None
 
 
-async def ensure_base(name: str, engine: str, log: Path | None = None) -> str:
+async def ensure_base(name: str, engine: str, log: Path | None = None, *, pull: bool = True) -> str:
     """``name`` present locally: found, pulled, or (no registry) built as a Debian stand-in (again, when
-    the one present was made by an older recipe: a ``python:3.13`` stand-in of Debian 12's python 3.11)."""
+    the one present was made by an older recipe: a ``python:3.13`` stand-in of Debian 12's python 3.11);
+    ``pull=False`` when its registry is known not to answer (image_source.py), so no pull waits on it again."""
     if (await image_exists(engine, name) or await image_exists(engine, qualified(name))) and not await stale_standin(engine, name):
         return name
     async with _MachineLock(lock_dir() / f"base-{hashlib.sha256(name.encode()).hexdigest()[:16]}.lock"):
         if await image_exists(engine, qualified(name)) and not await stale_standin(engine, name):
             return name
-        rc, out = await _run([*engine_argv(engine), "pull", "-q", name], 600, log)
+        rc, out = await _run([*engine_argv(engine), "pull", "-q", qualified(name)], 600, log) if pull else (1, "not pulled")
         if rc == 0:
             return name
         if standin_recipe(name) is None:

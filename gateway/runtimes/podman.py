@@ -10,20 +10,29 @@ task without an image runs in the node's ``--image`` with its directory bound at
 from the node: its install tree at its host path and the host's ``node`` at /usr/local/bin/node (no
 layer to build per image and version; the image needs glibc and libstdc++, as Debian's and Ubuntu's have).
 
-Network: ``none``, or the engine's bridge when the task's ``allow_internet`` is set (never the host's,
-whose loopback holds Kafka and the storage server). The gateway comes in through tunnel.py, which the
-node runs on the host inside the container's network namespace for the length of a harness run: the
-image needs no python for it, and the verifier runs after it is gone.
+Network, per phase: the agent's runs (harness, prepare, a solution) get none but the gateway unless the
+task's ``allow_internet`` is set; a run whose spec asks for ``host`` (a Harbor verifier, by default) gets
+the outside world. Outside always means the engine's bridge, never the host's network, whose loopback
+holds Kafka and the storage server. One container has both phases, so a container that will need the
+bridge starts on it and is disconnected from it at once (before anything but its idle PID 1 runs), and
+connected again for the run that asks; ``network connect`` to a container started with ``--network
+none`` is refused by the engine. The gateway comes in through tunnel.py, which the node runs on the host
+inside the container's network namespace for the length of a harness run: the image needs no python
+for it, and the verifier runs after it is gone. ``stop_processes`` ends what the agent left running.
 
 Limits: ``memory_mb`` (swap included), ``cpus``, a pids cap and open files; a run past its deadline
-kills the container (the session ends there in any case). Each container is labelled with its owner
-(the node's work dir), so a restarted node removes what its predecessor left (``cleanup``).
+kills the container (the session ends there in any case). ``storage_mb`` is enforced where the engine's
+storage can (overlay on xfs mounted with project quotas: ``--storage-opt size=``); elsewhere it is
+advisory, said once per runtime (a node has one), never a failure of the session. Each container is
+labelled with its owner (the node's work dir), so a restarted node removes what its predecessor left
+(``cleanup``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import resource
 import shutil
@@ -35,8 +44,11 @@ from schemas import TaskRequest
 
 from .base import ExecResult, ExecSpec, RuntimeUnavailable, _tail, sandbox_port
 from .bwrap import HOME, TUNNEL, WORKSPACE
-from .images import ImageBuildError, engine_argv, ensure_image
+from .image_source import task_image
+from .images import ImageBuildError, engine_argv
 from .site import host_site, site_mode
+
+log = logging.getLogger("polarstream.node")
 
 OWNER_LABEL = "io.polarstream.owner"
 SESSION_LABEL = "io.polarstream.session"
@@ -93,6 +105,8 @@ class ContainerRuntime:
         self.engine, self.sock_path, self.image, self.pids_limit = engine, sock_path, image, pids_limit
         self.owner = owner or "polarstream"
         self.python = "python3"
+        self._storage_quota: bool | None = None  # whether --storage-opt size= works here, asked once
+        self._storage_warned = False
 
     def unavailable(self) -> str:
         """Why this runtime cannot run here ("" when it can)."""
@@ -108,13 +122,11 @@ class ContainerRuntime:
         env = task.environment
         if env is not None and env.gpus:
             raise RuntimeUnavailable(f"task {task.task_id} asks for {env.gpus} GPU(s); this node's containers have none")
-        if env is not None and env.storage_mb:
-            raise RuntimeUnavailable(f"task {task.task_id}: storage_mb={env.storage_mb} cannot be enforced by {self.engine} "
-                                     "on this storage (overlay without project quotas); remove it from task.toml")
         t0 = time.monotonic()
+        storage = await self._storage_opt(env.storage_mb) if env is not None and env.storage_mb else []
         site = await asyncio.to_thread(host_site, self.site_settings)
         if env is not None:
-            image, built_s = await ensure_image(env, self.engine, log=log_path, site=site)
+            image, built_s = await task_image(env, self.engine, task_id=task.task_id, log_path=log_path, site=site)
         elif self.image:
             image, built_s = self.image, 0.0
         else:
@@ -122,11 +134,13 @@ class ContainerRuntime:
         home = root / "home"
         home.mkdir(parents=True, exist_ok=True)
         name = "polar-" + hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+        agent_online = env is not None and env.allow_internet
+        bridged = agent_online or task.evaluator.network == "host"  # some phase of this session goes outside
         workdir = task.workspace.mount or (WORKSPACE if env is None else "")
         argv = ["run", "-d", "--name", name, "--label", f"{OWNER_LABEL}={self.owner}",
                 "--label", f"{SESSION_LABEL}={root.name}", "--label", f"{PROCESS_LABEL}={owner_process()}",
                 "--hostname", "polar-sandbox",
-                "--network", "bridge" if env is not None and env.allow_internet else "none",
+                "--network", "bridge" if bridged else "none",
                 "--ulimit", f"nofile={_hard(resource.RLIMIT_NOFILE, 4096)}:{_hard(resource.RLIMIT_NOFILE, 4096)}",
                 "--ulimit", f"nproc={_hard(resource.RLIMIT_NPROC, 4096)}:{_hard(resource.RLIMIT_NPROC, 4096)}",
                 "--pids-limit", str(self.pids_limit), "-v", f"{home}:{HOME}", "-e", f"HOME={HOME}", *site.run_args(root)]
@@ -134,6 +148,7 @@ class ContainerRuntime:
             argv += ["--memory", f"{env.memory_mb}m", "--memory-swap", f"{env.memory_mb}m"]
         if env is not None and env.cpus:
             argv += ["--cpus", f"{env.cpus:g}"]
+        argv += storage
         if env is None:
             (root / "workspace").mkdir(parents=True, exist_ok=True)
             argv += ["-v", f"{root / 'workspace'}:{workdir}"]
@@ -152,7 +167,10 @@ class ContainerRuntime:
         if rc != 0:
             raise RuntimeUnavailable(f"{self.engine}: cannot start the session container: {out.strip()[-300:]}")
         box = ContainerSandbox(self, name, image, workdir, root, built_s)
+        box.bridged = box.online = bridged
+        box.agent_online = agent_online
         try:  # the session has no sandbox until this returns: nothing else would remove the container
+            await box.set_online(agent_online)  # only its idle PID 1 has run: the agent starts offline
             fmt = "{{.State.Pid}}\n{{.Config.WorkingDir}}\n{{range .Config.Env}}{{println .}}{{end}}"
             rc, out = await _engine(self.engine, "inspect", "--format", fmt, name)
             lines = out.splitlines() if rc == 0 else []
@@ -167,6 +185,21 @@ class ContainerRuntime:
         box.image_path = next((ln[5:] for ln in lines[2:] if ln.startswith("PATH=")), "")
         box.open_s = time.monotonic() - t0
         return box
+
+    async def _storage_opt(self, storage_mb: int) -> list[str]:
+        """``--storage-opt size=`` where this engine's storage enforces it; else [] and, the first time,
+        one warning that the task's storage limit is advisory here."""
+        if self._storage_quota is None:
+            rc, out = await _engine(self.engine, "info", "--format",
+                                    '{{.Store.GraphDriverName}}\t{{index .Store.GraphStatus "Backing Filesystem"}}\t{{.Store.GraphRoot}}')
+            driver, fs, root = ((out.strip().split("\t") + ["", "", ""])[:3]) if rc == 0 else ("", "", "")
+            self._storage_quota = storage_quota(driver, fs, mount_options(root) if root else "")
+            if not self._storage_quota and not self._storage_warned:  # sessions opening at once ask together
+                self._storage_warned = True
+                log.warning("tasks' storage limits ([environment] storage / storage_mb) are advisory on this node: %s "
+                            "storage is %s on %s, and only overlay on xfs mounted with project quotas (prjquota) "
+                            "can enforce them", self.engine, driver or "unknown", fs or "an unknown filesystem")
+        return ["--storage-opt", f"size={storage_mb}m"] if self._storage_quota else []
 
     async def cleanup(self, orphans: bool = False) -> int:
         """Remove every container this owner left (a node that died with this work dir) and, with
@@ -197,6 +230,9 @@ class ContainerSandbox:
         self.dead = ""  # why the container is gone (a timeout killed it)
         self.image_path = ""  # the image's own PATH (a venv's bin, say), kept behind the one a run sets
         self.pid = ""  # the container's first process on the host: its network namespace takes the tunnel
+        self.bridged = False  # started on the engine's bridge: its runs may be connected to the outside
+        self.online = False  # connected to the bridge now
+        self.agent_online = False  # the agent's phase may reach the outside (the task's allow_internet)
 
     def workspace_view(self, spec_workspace: Path, mount: str = "") -> str:
         return mount or self.workdir
@@ -231,6 +267,7 @@ class ContainerSandbox:
         for seen_at, host in spec.mounts.items():
             if seen_at not in outputs:
                 await self._copy_in(host, seen_at)
+        await self.set_online(spec.network == "host" or self.agent_online)
         tunnel = await self._tunnel(spec) if spec.network == "gateway" else None
         log = open(spec.log_path, "ab") if spec.log_path else open(os.devnull, "wb")
         t0 = time.monotonic()
@@ -258,6 +295,30 @@ class ContainerSandbox:
             for seen_at, host in outputs.items():
                 await self._copy_out(seen_at, host)
         return ExecResult(rc, timed_out, time.monotonic() - t0, _tail(spec.log_path))
+
+    async def set_online(self, online: bool) -> None:
+        """Connect the container to the engine's bridge, or disconnect it; RuntimeUnavailable when a run
+        asks for the outside and the container was not started on the bridge (its task says no phase needs it)."""
+        if online == self.online:
+            return
+        if online and not self.bridged:
+            raise RuntimeUnavailable(f"{self.runtime.engine}: a run asks for the network, but this session's "
+                                     "container has none (the task's verifier network is 'none')")
+        net = bridge_name(self.runtime.engine)
+        rc, out = await _engine(self.runtime.engine, "network", "connect" if online else "disconnect", net, self.cname)
+        if rc != 0:
+            raise RuntimeUnavailable(f"{self.runtime.engine}: cannot {'connect' if online else 'disconnect'} the "
+                                     f"session container {'to' if online else 'from'} {net}: {out.strip()[-200:]}")
+        self.online = online
+
+    async def stop_processes(self) -> None:
+        """Kill every process in the container but its idle PID 1 (what the agent started and left running):
+        ``kill -9 -1`` signals all but PID 1 and the caller, as root whoever the image's user is."""
+        if self.dead:
+            return
+        rc, out = await _engine(self.runtime.engine, "exec", "-u", "0", self.cname, "/bin/sh", "-c", "kill -9 -1 2>/dev/null; true")
+        if rc != 0:
+            raise RuntimeUnavailable(f"{self.runtime.engine}: cannot stop the agent's processes: {out.strip()[-200:]}")
 
     async def oom_killed(self) -> bool:
         """Whether the kernel killed a process of this container for its memory limit (cgroup v1 or v2)."""
@@ -315,6 +376,27 @@ class ContainerSandbox:
             rest = line + (await proc.stdout.read())
             raise RuntimeUnavailable(f"gateway tunnel into the container failed: {rest.decode(errors='replace').strip()[-300:]}")
         return proc
+
+
+def storage_quota(driver: str, backing_fs: str, mount_opts: str) -> bool:
+    """Whether ``--storage-opt size=`` is enforced: overlay on xfs with project quotas (podman-run(1))."""
+    return driver == "overlay" and backing_fs == "xfs" and bool(set(mount_opts.split(",")) & {"prjquota", "pquota"})
+
+
+def mount_options(path: str) -> str:
+    """The mount options of the filesystem that holds ``path`` (the longest mount point above it)."""
+    best, opts = "", ""
+    try:
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 4 and (path == fields[1] or path.startswith(fields[1].rstrip("/") + "/")) and len(fields[1]) >= len(best):
+                best, opts = fields[1], fields[3]
+    except OSError:
+        pass
+    return opts
+def bridge_name(engine: str) -> str:
+    """The engine's default bridge network (what ``--network bridge`` joins): podman's is "podman"."""
+    return "podman" if Path(engine).name == "podman" else "bridge"
 
 
 async def _engine(engine: str, *args: str, timeout_s: float = 120.0) -> tuple[int | None, str]:

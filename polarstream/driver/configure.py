@@ -2,7 +2,8 @@
 
 What the file alone does not show is checked here, before anything starts (a run otherwise finds it out
 only after six processes came up): the tasks in its sources, the model (resolved once, for every component
-started here), the harness and the runtime, and what ``--only`` needs. Each problem is an ExperimentError
+started here), the harness and the runtime, the tasks' images where the sessions run here (one that can be
+neither pulled nor built refuses the run, not each of its sessions), and what ``--only`` needs. Each problem is an ExperimentError
 of one line naming the key and the fix.
 
 The same command continues a run that was killed: the run's id is a digest of the experiment and the run
@@ -58,8 +59,8 @@ def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: 
         cfg.api = str(exp.harness_config["api"])
     here = frozenset() if driver_only else only or frozenset(COMPONENTS)  # the components started on this machine
     if not exp.train.startswith("builtin:"):
-        cfg.train_tasks = _tasks("train", exp.train)
-        cfg.eval_tasks = _tasks("eval", exp.eval) if exp.eval else []
+        cfg.train_tasks = _tasks("train", exp.train, exp)
+        cfg.eval_tasks = _tasks("eval", exp.eval, exp) if exp.eval else []
         cfg.task_set = exp.name
         # resolved where a component that loads it starts; the machines that start none leave it to those that do
         cfg.model = str(_model(exp.model)) if here & {"ui", "engine", "node", "trainer"} else exp.model
@@ -73,17 +74,19 @@ def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: 
     _harness(exp.harness, installed=bool(cfg.model) and "node" in here)
     if "node" in here:  # the sessions run here
         cfg.runtime = _runtime(exp.runtime, [*train, *heldout])
+        _images({"train": train, "eval": heldout}, cfg.runtime)
     if exp.order == "epochs" and exp.epochs:
         cfg.steps = min(cfg.steps, epoch_steps(len(train), exp.groups_per_step, exp.epochs))
     return cfg
 
 
-def _tasks(key: str, source: str) -> list:
-    """The tasks of the source at ``key`` (train or eval); ExperimentError naming the key otherwise."""
-    from producers.tasks import TaskSourceError, load_tasks
+def _tasks(key: str, source: str, exp: Experiment) -> list:
+    """The tasks of the source at ``key`` (train or eval), under the file's agent_network and agent_processes;
+    ExperimentError naming the key otherwise."""
+    from producers.tasks import TaskSourceError, load_tasks, with_phase_policies
 
     try:
-        return load_tasks(source)
+        return [with_phase_policies(t, exp.agent_network, exp.agent_processes) for t in load_tasks(source)]
     except TaskSourceError as e:
         raise ExperimentError(f"{key}: {e}") from None
 
@@ -162,6 +165,26 @@ def _runtime(runtime: str, tasks: list) -> str:
                               f"{placed.workspace.mount or '/app'}, which only bwrap can show; {fix}")
     # auto with no image among the tasks: the node gets what runs them, as it always did
     return host if not imaged else picked
+
+
+def _images(sources: dict[str, list], runtime: str) -> None:
+    """ExperimentError naming the first task whose image can be neither pulled nor built here (and how many
+    more), asked of the container engine the node will use (gateway/runtimes/image_source.py)."""
+    import asyncio
+
+    from gateway.runtimes import container_engine
+    from gateway.runtimes.image_source import plan_images
+
+    imaged = [(key, t) for key, tasks in sources.items() for t in tasks if t.environment is not None]
+    engine = runtime if runtime in ("podman", "docker") else container_engine()
+    if not imaged or not engine:
+        return
+    plans = asyncio.run(plan_images([t.environment for _, t in imaged], engine))
+    refused = [(key, t, plan) for (key, t), plan in zip(imaged, plans) if plan.refused]
+    if refused:
+        key, task, plan = refused[0]
+        more = f" ({len(refused) - 1} more task(s) refused as well)" if len(refused) > 1 else ""
+        raise ExperimentError(f"{key}: task {task.task_id}: {plan.why}{more}")
 
 
 # Trainer settings the experiment sets itself, so that the driver and the trainer cannot disagree on them

@@ -78,7 +78,8 @@ class Experiment(BaseModel):
         "builds and task containers, where it has them (a TLS proxy's CA, a mirror: docs/rollout.md, air-gapped "
         "sites); off: none of them")
     train: str = Field("builtin:arith", description="task source RL trains on: a JSONL file (TaskRequest or flat rows), "
-                       "a .parquet file, a Harbor task directory (or a directory of them), or builtin:arith")
+                       "a .parquet file, a Harbor task directory (or a directory of them; DIR?force_build=1 builds their "
+                       "Dockerfiles even where their docker_image could be pulled), or builtin:arith")
     eval: str = Field("builtin:arith-heldout", description="task source evaluated before training, every eval_every "
                       "steps and after the last; '' = no evaluation")
     group_size: int = Field(8, ge=1, le=1024, description="samples per task (the GRPO group)")
@@ -97,6 +98,14 @@ class Experiment(BaseModel):
                                                     "one's place)")
     replace_cap: int = Field(8, ge=0, description="zero_signal: replace only: replacements a step may drop and replace "
                              "again; later ones are masked, so a step always closes")
+    agent_network: Literal["task", "gateway", "internet"] = Field(
+        "task", description="the agent's network in a task's container: task (none but the gateway, unless its "
+        "task.toml sets allow_internet = true), gateway (none but the gateway, whatever the task says) or internet "
+        "(the outside too: an RL policy that can reach it can fetch answers). The verifier's is the task's own "
+        "(docs/rollout.md, \"The verifier's network\")")
+    agent_processes: Literal["kill", "keep"] = Field(
+        "kill", description="what the agent left running in its container when the verifier opens: kill, or keep "
+        "(Harbor's behaviour, for tests that query a server the agent started)")
     retire: Literal["none", "solved", "unsolved", "both"] = Field("none", description="curriculum: stop drawing a train "
                                                                   "task whose last retire_after groups were all solved "
                                                                   "(every sample 1), all unsolved (every sample 0), or either")
@@ -156,7 +165,8 @@ class Experiment(BaseModel):
     def _sources(self) -> "Experiment":
         for field in ("train", "eval"):
             source = getattr(self, field)
-            if source and not source.startswith("builtin:") and not Path(source).exists():
+            # DIR?force_build=1: a task source with its options (producers/tasks.py split_source)
+            if source and not source.startswith("builtin:") and not Path(source).exists() and not Path(source.rpartition("?")[0]).exists():
                 raise ValueError(f"{field}: {source!r}: no such file or directory")
             if source.startswith("builtin:") and source not in BUILTIN_SOURCES:
                 raise ValueError(f"{field}: {source!r}: the built-in sources are {', '.join(BUILTIN_SOURCES)}")

@@ -73,11 +73,18 @@ def test_a_reward_file_that_is_not_a_reward_is_an_evaluator_error_not_a_zero(tmp
 
 
 @needs_bwrap
-def test_a_verifier_past_its_timeout_scores_0(tmp_path):
-    task, ws = _task(tmp_path, "sleep 30")
+def test_a_verifier_past_its_timeout_is_masked_before_its_tests_start_and_scores_0_after(tmp_path):
+    task, ws = _task(tmp_path, "echo 'Get:1 http://deb.debian.org/debian bookworm InRelease'; sleep 30")
     task.evaluator.timeout_s = 1
-    res = asyncio.run(evaluate(task.evaluator, ws, tmp_path / "scratch", task, BwrapRuntime()))
-    assert res.reward == 0.0 and res.metrics == {"verifier_timeout": 1.0}
+    res = asyncio.run(evaluate(task.evaluator, ws, tmp_path / "scratch", task, BwrapRuntime(), tmp_path / "eval.log"))
+    assert res.reward is None and res.fault is not None and res.fault.cause == "timeout"  # stuck installing: not the agent's
+    assert "bookworm InRelease" in res.fault.evidence[-1] and res.metrics["verifier_fault"] == 1.0
+    started = tmp_path / "started"
+    started.mkdir()
+    task, ws = _task(started, "echo '============================= test session starts =============================='; sleep 30")
+    task.evaluator.timeout_s = 1
+    res = asyncio.run(evaluate(task.evaluator, ws, started / "scratch", task, BwrapRuntime(), started / "eval.log"))
+    assert res.reward == 0.0 and res.metrics == {"verifier_timeout": 1.0} and res.fault is None  # the agent's code hung
 
 
 def test_the_subprocess_runtime_refuses_harbor_mounts_in_one_line(tmp_path):

@@ -7,8 +7,8 @@ sites and TLS proxies"): real podman, real PyPI.
 - its unmodified ``tests/test.sh`` (apt-get, astral.sh's installer, ``uvx -p 3.13 -w pytest==8.4.1``)
   scores the solution 1 and the untouched workspace 0, with the uv we bring where astral.sh is unreachable.
 
-The verifier here needs the network: the test opens the task's containers with the engine's bridge
-(``allow_internet``), as the verifier's own network policy will (issue 72, per-phase networks).
+The verifier reaches the mirrors on the engine's bridge, the network its phase gets (Harbor's default);
+the agent's phase has none but the gateway.
 """
 
 from __future__ import annotations
@@ -77,8 +77,7 @@ async def test_a_python_313_build_installs_from_pypi_through_the_site_ca_and_not
 async def test_an_unmodified_tb2_verifier_scores_the_solution_1_and_the_untouched_workspace_0(tmp_path, site):
     (task,) = load_tasks(TASK)
     assert task.environment is not None and task.environment.memory_mb == 2048
-    # until the verifier's network is its own phase's, the task's containers get the bridge for it
-    task = task.model_copy(update={"environment": task.environment.model_copy(update={"allow_internet": True})})
+    assert not task.environment.allow_internet and task.evaluator.network == "host"  # the agent offline, the verifier not
     rt = ContainerRuntime(None, owner=str(tmp_path))
     result = await check_task(task, rt, tmp_path)
     logs = {k: (tmp_path / k / "eval.log").read_text() for k in ("untouched", "solved")}

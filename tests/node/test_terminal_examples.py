@@ -28,13 +28,14 @@ def test_every_terminal_example_scores_1_solved_and_0_untouched_in_its_own_conta
     r = CliRunner().invoke(app, ["tasks", str(TERMINAL), "--check"])
     assert r.exit_code == 0, r.output
     header, *lines = r.output.splitlines()
-    assert header.split() == ["task", "solution", "untouched", "build", "s", "run", "s", "verdict"]
+    assert header.split() == ["task", "solution", "untouched", "build", "s", "run", "s", "image", "verifier", "net", "verdict"]
     rows = _rows(r.output)
     assert len(rows) == len(lines) == 5, r.output
     for task, line in rows.items():
-        solution, untouched, build_s, run_s, verdict = line.split()[1:]
+        solution, untouched, build_s, run_s, image, net, verdict = line.split()[1:]
         assert (solution, untouched, verdict) == ("1", "0", "ok"), line
-        assert float(build_s) >= 0 and float(run_s) > 0, line
+        assert net == "none", line  # each says allow_internet = false: Harbor would give its verifier none either
+        assert float(build_s) >= 0 and float(run_s) > 0 and image.startswith("built"), line  # Dockerfiles, no docker_image
 
 
 def _harbor(root: Path, name: str, dockerfile: str, toml: str = "") -> None:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from producers.tasks import TaskSourceError, load_tasks
+from producers.tasks import TaskSourceError, load_tasks, with_phase_policies
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "coding"
 
@@ -74,6 +74,25 @@ def test_a_published_task_runs_in_its_own_image_with_its_limits(tmp_path):
     (pre,) = load_tasks(harbor(tmp_path, "pre", toml='[environment]\ndocker_image = "org/img:1"\nmemory = "2G"\n', workspace=False))
     assert (pre.workspace.kind, pre.environment.image, pre.environment.memory_mb, pre.environment.allow_internet) == (
         "image", "org/img:1", 2048, False)
+
+
+def test_the_verifier_gets_harbors_network_the_agent_keeps_none_and_an_experiment_can_change_both(tmp_path):
+    image = "FROM debian:bookworm-slim\nWORKDIR /app\n"
+    (published,) = load_tasks(harbor(tmp_path, "pub", dockerfile=image, workspace=False))
+    assert published.evaluator.network == "host" and published.environment.allow_internet is False  # Harbor's default, per phase
+    assert published.evaluator.agent_processes == "kill"
+    (closed,) = load_tasks(harbor(tmp_path, "closed", dockerfile=image, workspace=False, toml="[environment]\nallow_internet = false\n"))
+    assert closed.evaluator.network == "none"  # Harbor would give its verifier none either
+    (private,) = load_tasks(harbor(tmp_path, "priv", dockerfile=image, workspace=False, toml='[verifier]\nnetwork_mode = "none"\n'))
+    assert private.evaluator.network == "none"  # a [verifier] key wins
+    (bwrap,) = load_tasks(harbor(tmp_path, "ws"))
+    assert bwrap.evaluator.network == "none"  # no container: "outside" would be the host's own network
+    assert with_phase_policies(published) is published
+    open_ = with_phase_policies(published, "internet", "keep")
+    assert open_.environment.allow_internet is True and open_.evaluator.agent_processes == "keep"
+    assert with_phase_policies(open_, "gateway").environment.allow_internet is False
+    assert published.environment.allow_internet is False and published.evaluator.agent_processes == "kill"  # a copy
+    assert with_phase_policies(bwrap, "internet").environment is None
 
 
 def test_a_metadata_workspace_path_is_resolved_against_the_task(tmp_path):
@@ -150,3 +169,43 @@ def test_an_empty_file_holds_no_tasks(tmp_path):
     (tmp_path / "e.jsonl").write_text("\n\n")
     with pytest.raises(TaskSourceError, match="no tasks in it"):
         load_tasks(tmp_path / "e.jsonl")
+
+
+# Terminal-Bench 2.0 writes memory = "2G" and storage = "10G"; Harbor's own template memory_mb and storage_mb
+@pytest.mark.parametrize("tb2, harbor_keys", [
+    ('memory = "2G"\nstorage = "10G"\ncpus = 1\n', "memory_mb = 2048\nstorage_mb = 10240\ncpus = 1.0\n"),
+    ('memory = "512M"\nstorage = "1.5G"\ncpus = "2"\n', "memory_mb = 512\nstorage_mb = 1536\ncpus = 2\n"),
+    ('memory = "2Gi"\nmemory_mb = 2048\n', "memory_mb = 2048\n"),  # both spellings, agreeing
+])
+def test_both_spellings_of_each_resource_key_are_the_same_spec(tmp_path, tb2, harbor_keys):
+    (a,) = load_tasks(harbor(tmp_path, "a", dockerfile="FROM x\n", toml=f"[environment]\n{tb2}", workspace=False))
+    (b,) = load_tasks(harbor(tmp_path, "b", dockerfile="FROM x\n", toml=f"[environment]\n{harbor_keys}", workspace=False))
+    assert a.environment == b.environment
+    assert a.environment.memory_mb in (512, 2048) and isinstance(a.environment.cpus, (float, type(None)))
+
+
+@pytest.mark.parametrize("toml, words", [
+    ('storage = "ten gigs"', "[environment] storage = 'ten gigs' is not a size like '2G' or '512M'"),
+    ("storage = 10", "[environment] storage = 10 is not a size like '2G'"),
+    ('memory = "2G"\nmemory_mb = 1024', "[environment] memory = '2G' and memory_mb = 1024 disagree"),
+    ('storage_mb = "10G"', "[environment] storage_mb = '10G' is not a whole number of MB"),
+    ('cpus = "two"', "[environment] cpus = 'two' is not a number"),
+])
+def test_a_bad_size_is_one_line_naming_the_task_and_key(tmp_path, toml, words):
+    d = harbor(tmp_path, dockerfile="FROM x\n", toml=f"[environment]\n{toml}\n", workspace=False)
+    with pytest.raises(TaskSourceError) as e:
+        load_tasks(d)
+    assert str(e.value).startswith(f"{d.resolve()}: {words}") and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_prebuilt_image_and_its_dockerfile_both_travel_and_force_build_is_a_source_option(tmp_path):
+    d = harbor(tmp_path, dockerfile="FROM debian:bookworm-slim\n", toml='[environment]\ndocker_image = "org/img:1"\n',
+               workspace=False)
+    (t,) = load_tasks(d)
+    assert (t.environment.image, t.environment.context, t.environment.force_build) == (
+        "org/img:1", {"Dockerfile": "FROM debian:bookworm-slim\n"}, False)
+    assert load_tasks(f"{tmp_path}?force_build=1")[0].environment.force_build
+    assert load_tasks(d, force_build=True)[0].environment.force_build
+    assert not load_tasks(f"{d}?force_build=0")[0].environment.force_build
+    with pytest.raises(TaskSourceError, match=r"\?force_bild=1: 'force_bild=1' is not a source option \(options: force_build=1\)"):
+        load_tasks(f"{d}?force_bild=1")
