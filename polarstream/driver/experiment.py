@@ -166,7 +166,7 @@ class Experiment(BaseModel):
         for field in ("train", "eval"):
             source = getattr(self, field)
             # DIR?force_build=1: a task source with its options (producers/tasks.py split_source)
-            if source and not source.startswith("builtin:") and not Path(source).exists() and not Path(source.rpartition("?")[0]).exists():
+            if source and not source.startswith("builtin:") and not Path(source).exists() and not Path(source.partition("?")[0]).exists():
                 raise ValueError(f"{field}: {source!r}: no such file or directory")
             if source.startswith("builtin:") and source not in BUILTIN_SOURCES:
                 raise ValueError(f"{field}: {source!r}: the built-in sources are {', '.join(BUILTIN_SOURCES)}")
