@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.runtimes import ExecResult, ExecSpec, Limits, Runtime, RuntimeUnavailable, command_env
+from gateway.runtimes.uvtool import ensure_uv, uses_uv
 from gateway.verifier_faults import classify
 from schemas import EvaluatorSpec, TaskRequest, VerifierFault
 
@@ -118,11 +119,15 @@ async def run_harbor(spec: EvaluatorSpec, copy: Path, home: Path, scratch: Path,
         write_tree(tests, spec.tests)
     except ValueError as e:
         return EvalResult(None, error=f"evaluator.tests: {e}")
+    mounts = {"/tests": tests, "/logs/verifier": logs}
+    if getattr(runtime, "persistent", False) and uses_uv(spec) and (uv := await ensure_uv()) is not None:
+        # uv where TB 2.0's installer puts it, put there again after the agent's run (uvtool.py)
+        mounts[f"{runtime.home_view(home)}/.local/bin"] = uv
     res = await _verify(runtime, ExecSpec(
         argv=["/bin/bash", "-c", spec.command or "bash /tests/test.sh"], env={**command_env(runtime, home), **spec.env},
         workspace=copy,
         home=home, limits=Limits(timeout_s=spec.timeout_s), network=spec.network, log_path=log_path,
-        mount=task.workspace.mount or "/app", mounts={"/tests": tests, "/logs/verifier": logs}))
+        mount=task.workspace.mount or "/app", mounts=mounts))
     if isinstance(res, EvalResult):
         timed_out = "verifier_timeout" in res.metrics
         return _unless_fault(res, _log_text(log_path, ""), logs, timed_out) if timed_out else res

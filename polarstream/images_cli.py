@@ -1,9 +1,10 @@
 """``polarstream images base NAME``: an offline stand-in for a base image that task Dockerfiles build FROM.
 
-Where no registry answers, ``debian:<suite>[-slim]`` and ``python:<version>[-slim]-<suite>`` are built
-from Debian's own packages with mmdebstrap (gateway/runtimes/images.py, ``build_base``) and imported
-under the name asked for, labelled ``io.polarstream.standin``. A stand-in is not the registry's image:
-the command says so, and what it holds instead. Task images build their bases this way by themselves
+Where no registry answers, ``debian:<suite>[-slim]``, ``python:<version>[-slim][-<suite>]`` (a version
+some Debian suite ships: 3.13 is trixie's, 3.11 bookworm's) and ``ubuntu:<release>`` (the nearest Debian
+suite) are built from Debian's own packages with mmdebstrap (gateway/runtimes/images.py, ``build_base``)
+and imported under the name asked for, labelled ``io.polarstream.standin``. A stand-in is not the
+registry's image: the command says so, and what it holds instead. Task images build their bases this way by themselves
 when they need one; the command makes one ahead of time, or again (``--force``).
 """
 
@@ -17,17 +18,18 @@ import typer
 images_app = typer.Typer(no_args_is_help=True, add_completion=False,
                          help="Base images for tasks that bring a Dockerfile (offline Debian stand-ins).")
 
-# The python3 each Debian suite ships: what a python:<version>-<suite> stand-in runs instead.
-DEBIAN_PYTHON = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13"}
-
 
 def describe(name: str, suite: str, extra: list[str]) -> str:
     """What the stand-in for ``name`` holds, said against what the name promises."""
+    from gateway.runtimes.images import DEBIAN_PYTHON
+
     python = DEBIAN_PYTHON.get(suite, "")
     what = f"Debian {suite} minbase + python3 {python} from Debian's packages".replace("  ", " ")
     if extra:
         what += f" (with {', '.join(extra)})"
     what += ", not the registry's image"
+    if name.split("/")[-1].startswith("ubuntu:"):
+        what += "; Debian, not Ubuntu (Ubuntu's package versions may differ)"
     asked = re.match(r"python:(\d+\.\d+)", name.split("/")[-1])
     if asked and python and asked.group(1) != python:
         what += f"; its python is {python}, not the {asked.group(1)} the name asks for"
@@ -45,12 +47,15 @@ def base_command(
     import asyncio
     import shutil
 
-    from gateway.runtimes.images import STANDIN_LABEL, ImageBuildError, build_base, engine_argv, qualified, standin_recipe
+    from gateway.runtimes.images import (DEBIAN_PYTHON, RECIPE_LABEL, STANDIN_LABEL, UBUNTU_SUITE, ImageBuildError, build_base,
+                                         engine_argv, qualified, recipe_id, standin_recipe)
 
     recipe = standin_recipe(name := image_name.strip())
     if recipe is None:
-        typer.echo(f"error: {name}: no offline stand-in for it; stand-ins are made for debian:<suite>[-slim] and "
-                   f"python:<version>[-slim]-<suite> (suites {', '.join(DEBIAN_PYTHON)})", err=True)
+        pythons = ", ".join(f"{v} ({s})" for s, v in DEBIAN_PYTHON.items())
+        typer.echo(f"error: {name}: no offline stand-in for it; stand-ins are made for debian:<suite>[-slim], "
+                   f"ubuntu:<release> ({', '.join(r for r in UBUNTU_SUITE if '.' in r)}) and python:<version>[-slim][-<suite>] "
+                   f"of a version a Debian suite ships: {pythons}", err=True)
         raise typer.Exit(1)
     if not shutil.which(container_engine):
         typer.echo(f"error: {container_engine} is not installed (Debian: apt-get install podman runc mmdebstrap; `make system` does it)", err=True)
@@ -59,7 +64,10 @@ def base_command(
     tag = qualified(name)
     if not force:
         found = next(((n, v) for n in (name, tag) if (v := _label(engine_argv(container_engine), n, STANDIN_LABEL)) is not None), None)
-        if found is not None:
+        old = found is not None and found[1] and _label(engine_argv(container_engine), found[0], RECIPE_LABEL) != recipe_id(recipe)
+        if old:  # what tasks would otherwise find: made again, as ensure_base would
+            typer.echo(f"{name} is present as a stand-in of an older recipe; building it again")
+        elif found is not None:
             kind = f"a stand-in ({describe(name, suite, extra)})" if found[1] else "not a stand-in of ours (pulled, or imported by hand)"
             where = "" if found[0] == name else f" as {found[0]}"
             typer.echo(f"{name} is present{where}: {kind}; --force builds the stand-in again")

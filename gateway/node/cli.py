@@ -92,6 +92,9 @@ def node(
     temperature: float = typer.Option(1.0, help="the run's sampling temperature, pinned on its sessions (the trainer's)"),
     session_timeout_ms: int = typer.Option(10_000, help="Kafka group session timeout: how fast a dead node's sessions move"),
     keep_workdirs: bool = typer.Option(False, help="keep session directories (debugging)"),
+    site_settings: str = typer.Option("", help="auto: the host's CA bundle, proxies and package index go into image builds "
+                                               "and task containers (where it has them); off: not (default: "
+                                               "$POLAR_SITE_SETTINGS, else auto)"),
     config: Optional[Path] = typer.Option(None, help="settings YAML (Kafka, topics, session secret)"),
     log_level: str = typer.Option("INFO", help="log level"),
 ) -> None:
@@ -119,7 +122,8 @@ def node(
         cfg = NodeConfig(work_dir=Path("."), cache_dir=settings.cache_dir, runtime=runtime, image=image,
                          init_workers=init_workers, ready_target=ready_target, run_workers=run_workers,
                          postrun_workers=postrun_workers, model_name=model_name, cpu_s=cpu_s, memory_mb=memory_mb,
-                         keep_workdirs=keep_workdirs, gateway_port=port, **({"node_id": node_id} if node_id else {}))
+                         keep_workdirs=keep_workdirs, gateway_port=port, site_settings=site_settings,
+                         **({"node_id": node_id} if node_id else {}))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     cfg.work_dir = (work_dir or settings.data_dir / "node" / cfg.node_id).absolute()

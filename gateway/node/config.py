@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway.runtimes.site import site_mode
+
 
 @dataclass
 class NodeConfig:
@@ -20,6 +22,9 @@ class NodeConfig:
     node_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
     runtime: str = "bwrap"  # gateway.runtimes.RUNTIMES: auto | subprocess | bwrap | podman | docker | apptainer
     image: str = ""  # podman / docker / apptainer image for tasks that bring none
+    # The host's CA bundle, proxies and package index into image builds and session containers
+    # (gateway/runtimes/site.py): "auto" where the host has them, "off"; "" = POLAR_SITE_SETTINGS, else auto.
+    site_settings: str = ""
     init_workers: int = 4  # concurrent INIT stages (workspace + prepare)
     ready_target: int = 2  # prepared sessions kept waiting for a run slot (0: prepare only when a slot frees)
     run_workers: int = 2  # concurrent harness runs (what keeps the engine busy)
@@ -40,6 +45,7 @@ class NodeConfig:
                 raise ValueError(f"{name}: must be at least 1")
         if self.ready_target < 0:
             raise ValueError("ready_target: must be >= 0")
+        site_mode(self.site_settings)  # ValueError names it
 
     @property
     def capacity(self) -> int:

@@ -83,7 +83,8 @@ class Node:
             await asyncio.sleep(0.05)
         sock_path = self._sock_dir / "gateway.sock"
         self._relay = await serve_unix_to_tcp(str(sock_path), "127.0.0.1", self.gateway_port)
-        runtime = make_runtime(self.cfg.runtime, sock_path, self.cfg.image, owner=str(self.cfg.work_dir.resolve()))
+        runtime = make_runtime(self.cfg.runtime, sock_path, self.cfg.image, owner=str(self.cfg.work_dir.resolve()),
+                               site_settings=self.cfg.site_settings)
         await self._clean_predecessor(runtime)
         self.publisher = Publisher(self.settings, client_id=f"polar-node-{self.cfg.node_id}")
         self.pipeline = Pipeline(self.cfg, runtime, self.gateway_port, self._publish_event, self.settle_calls)

@@ -30,6 +30,7 @@ from schemas import EnvironmentSpec
 
 from .images import (STANDIN_LABEL, ImageBuildError, _run, engine_argv, ensure_base, ensure_image, from_images,
                      image_exists, qualified, standin_recipe)
+from .site import SiteSettings
 
 log = logging.getLogger("polarstream.node")
 
@@ -146,7 +147,7 @@ async def _base_plan(base: str, engine: str) -> tuple[str, str]:
         return "pull", ""
     if standin_recipe(base) is None:
         return "refuse", (f"its Dockerfile's base {base} cannot be pulled ({seen.detail or seen.state}) and has no "
-                          "offline stand-in (debian:<suite> and python:<ver>-<suite> have one)")
+                          "offline stand-in (debian:<suite>, ubuntu:<release> and python:<version> of a Debian suite's python have one)")
     if not shutil.which("mmdebstrap"):
         return "refuse", f"its Dockerfile's base {base} cannot be pulled ({seen.detail}) and mmdebstrap is not installed to make a stand-in"
     return "standin", ""
@@ -203,10 +204,10 @@ def _say_once(task_id: str, text: str) -> None:
 
 
 async def task_image(env: EnvironmentSpec, engine: str = "podman", *, task_id: str = "",
-                     log_path: Path | None = None) -> tuple[str, float]:
+                     log_path: Path | None = None, site: SiteSettings | None = None) -> tuple[str, float]:
     """The image a session of the task runs in, got as ``plan_image`` says: (tag, seconds spent building).
     A docker_image whose pull fails after all falls back to the Dockerfile. ImageBuildError of one line
-    when there is neither."""
+    when there is neither. ``site``: what a build's RUN steps get of the host's CA, proxies and index (site.py)."""
     plan = await plan_image(env, engine)
     if plan.refused:
         raise ImageBuildError(plan.why)
@@ -227,7 +228,7 @@ async def task_image(env: EnvironmentSpec, engine: str = "podman", *, task_id: s
     for base in plan.standin_bases:  # made offline now: ensure_image would try to pull them first
         await ensure_base(base, engine, log_path, pull=False)
     built = env.model_copy(update={"image": ""})  # images.ensure_image builds the context of an image-less spec
-    return await ensure_image(built, engine, log=log_path)
+    return await ensure_image(built, engine, log=log_path, site=site)
 
 
 __all__ = ["FORGET_S", "PROBE_S", "ImagePlan", "Probe", "has_dockerfile", "plan_image", "plan_images", "probe", "qualified",

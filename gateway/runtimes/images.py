@@ -7,9 +7,10 @@ A build runs under one machine-wide lock per hash (``fcntl`` on a file in the ca
 asking for the same image build it once. A build that fails or overruns ``build_timeout_s`` raises
 ``ImageBuildError`` naming the failing ``STEP n/m`` line: a task error, never a reward.
 
-Where no registry answers, ``FROM debian:bookworm-slim`` (or ``python:3.12-slim-bookworm``...) is met by a
-base built from Debian's packages with mmdebstrap (``build_base``); the image is labelled as a stand-in
-and ``polarstream images base NAME`` says so when it makes one.
+Where no registry answers, ``FROM debian:bookworm-slim`` (or ``python:3.13-slim-bookworm``, ``ubuntu:24.04``...)
+is met by a base built from Debian's packages with mmdebstrap (``build_base``): a ``python:`` stand-in
+carries the python its tag names (3.13 is trixie's), an ``ubuntu:`` one is the nearest Debian suite. The
+image is labelled as a stand-in and ``polarstream images base NAME`` says so when it makes one.
 """
 
 from __future__ import annotations
@@ -26,8 +27,12 @@ from pathlib import Path
 
 from schemas import EnvironmentSpec
 
+from .site import SiteSettings, host_site
+
 TAG_REPO = "localhost/polar-task"
 STANDIN_LABEL = "io.polarstream.standin"
+RECIPE_LABEL = "io.polarstream.standin.recipe"  # what made a stand-in: one made by an older recipe is made again
+RECIPE_VERSION = 2  # 2: python stand-ins carry their tag's python and no PEP 668 marker
 
 
 class ImageBuildError(RuntimeError):
@@ -62,6 +67,19 @@ def context_hash(files: dict[str, bytes]) -> str:
     return h.hexdigest()[:20]
 
 
+def task_tag(files: dict[str, bytes]) -> str:
+    """The tag of the image a build context makes: its content and the recipes of its stand-in bases."""
+    return f"{TAG_REPO}:{context_hash({**files, **standin_salt(files)})}"
+
+
+def standin_salt(files: dict[str, bytes]) -> dict[str, bytes]:
+    """The recipes of the stand-ins a context builds on, as one more entry of its hash: an image built on
+    an older stand-in (a ``python:3.13`` of Debian 12's python 3.11) is not taken for today's."""
+    dockerfile = files.get("Dockerfile", b"").decode(errors="replace")
+    recipes = [recipe_id(r) for base in from_images(dockerfile) if (r := standin_recipe(base)) is not None]
+    return {"\0standin-recipes": "\n".join(recipes).encode()} if recipes else {}
+
+
 def from_images(dockerfile: str) -> list[str]:
     """The external images a Dockerfile builds on (``FROM x [AS y]``; later stages naming ``y`` skipped)."""
     stages, bases = set(), []
@@ -83,21 +101,44 @@ def failing_step(output: str) -> str:
 # ------------------------------------------------------------------------------ offline Debian bases
 
 
+# The python3 each Debian suite ships, and the Debian suite closest to each Ubuntu release (Ubuntu's
+# images carry no python; ours do, for the node's tooling).
+DEBIAN_PYTHON = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13"}
+UBUNTU_SUITE = {"20.04": "bullseye", "focal": "bullseye", "22.04": "bookworm", "jammy": "bookworm",
+                "24.04": "trixie", "noble": "trixie", "latest": "trixie"}
+PYTHON_EXTRA = ["python3-pip", "python3-venv", "python-is-python3"]
+
+
 def standin_recipe(name: str) -> tuple[str, list[str]] | None:
-    """(Debian suite, extra packages) to stand in for ``name``, or None when it is not a Debian base we
-    can make: ``debian:<suite>[-slim]`` and ``python:<version>[-slim]-<suite>`` (with Debian's python3)."""
-    bare = name.split("/")[-1]
-    repo, _, tag = bare.partition(":")
-    suites = ("bookworm", "trixie", "bullseye")
+    """(Debian suite, extra packages) to stand in for ``name``, or None when it is not a base we can
+    make: ``debian:<suite>[-slim]``, ``python:<version>[-slim][-<suite>]`` (the suite that ships that
+    python: 3.13 is trixie's whatever suite the tag names; a version no suite ships has none) and
+    ``ubuntu:<release>`` (the Debian suite nearest it)."""
+    full = qualified(name)
+    if not full.startswith("docker.io/library/"):
+        return None  # another registry's or user's image: nothing of Debian's looks like it
+    repo, _, tag = full.removeprefix("docker.io/library/").partition(":")
     if repo == "debian":
-        suite = (tag or "bookworm").removesuffix("-slim")
-        return (suite, []) if suite in suites else None
-    if repo == "python":
-        suite = next((s for s in suites if tag.endswith(s)), "bookworm" if tag in ("", "3", "slim") else "")
-        # python-is-python3: the registry's python images answer to ``python`` as well (Dockerfiles and
-        # verifiers call it), and ``pip`` installs system-wide there (PIP_BREAK_SYSTEM_PACKAGES below)
-        return (suite, ["python3-pip", "python3-venv", "python-is-python3"]) if suite else None
-    return None
+        suite = ("bookworm" if tag == "latest" else tag).removesuffix("-slim")
+        return (suite, []) if suite in DEBIAN_PYTHON else None
+    if repo == "ubuntu":
+        return (UBUNTU_SUITE[tag], []) if tag in UBUNTU_SUITE else None
+    if repo != "python":
+        return None
+    m = re.fullmatch(r"(?:(3)(?:\.(\d+))?(?:\.\d+)?)?(?:-?slim)?(?:-(\w+))?", "" if tag == "latest" else tag)
+    if m is None or (m.group(3) and m.group(3) not in DEBIAN_PYTHON):
+        return None  # alpine, windowsservercore, a suite we do not know
+    # python-is-python3: the registry's python images answer to ``python`` as well (Dockerfiles and
+    # verifiers call it); their pip installs system-wide (build_base removes Debian's PEP 668 marker).
+    if m.group(2) is None:  # python:3, python:slim-bookworm: any python 3; the named suite's, else bookworm's
+        return m.group(3) or "bookworm", PYTHON_EXTRA
+    suite = next((s for s, v in DEBIAN_PYTHON.items() if v == f"3.{m.group(2)}"), None)
+    return (suite, PYTHON_EXTRA) if suite else None
+
+
+def recipe_id(recipe: tuple[str, list[str]]) -> str:
+    """The stand-in recipe as its image's label says it: ``2:trixie:python3-pip,...``."""
+    return f"{RECIPE_VERSION}:{recipe[0]}:{','.join(recipe[1])}"
 
 
 def qualified(name: str) -> str:
@@ -147,7 +188,8 @@ async def build_base(name: str, engine: str = "podman", *, log: Path | None = No
     """Build a Debian stand-in for ``name`` with mmdebstrap and import it under that name; its tag."""
     recipe = standin_recipe(name)
     if recipe is None:
-        raise ImageBuildError(f"{name}: no offline stand-in for it (only debian:<suite> and python:<ver>-<suite>)")
+        raise ImageBuildError(f"{name}: no offline stand-in for it (only debian:<suite>, ubuntu:<release> and "
+                              "python:<version> of a Debian suite's python)")
     if not shutil.which("mmdebstrap"):
         raise ImageBuildError(f"{name}: cannot build an offline stand-in: mmdebstrap is not installed")
     suite, extra = recipe
@@ -168,13 +210,14 @@ async def build_base(name: str, engine: str = "podman", *, log: Path | None = No
                  f"--customize-hook=sync-out /var/cache/apt/archives {debs}",
                  '--customize-hook=rm -f "$1"/var/cache/apt/archives/*.deb']
         env = {**os.environ, "TMPDIR": str(scratch)} if scratch else None
+        if "python3-pip" in extra:  # the registry's python images have no PEP 668 marker: their pip installs
+            cache.append('--customize-hook=rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED')
         rc, out = await _run(["mmdebstrap", "--quiet", "--variant=minbase", "--dpkgopt=force-unsafe-io", *cache,
                               f"--include={packages}", suite, str(tar)], 900, log, env=env)
         if rc != 0:
             raise ImageBuildError(f"{name}: mmdebstrap {suite} failed: {out.strip()[-200:]}")
-        changes = ["--change", "CMD [\"bash\"]", "--change", f"LABEL {STANDIN_LABEL}=debian-{suite}-minbase"]
-        if "python3-pip" in extra:  # Debian marks its python externally managed; the python images do not
-            changes += ["--change", "ENV PIP_BREAK_SYSTEM_PACKAGES=1"]
+        changes = ["--change", "CMD [\"bash\"]", "--change", f"LABEL {STANDIN_LABEL}=debian-{suite}-minbase",
+                   "--change", f"LABEL {RECIPE_LABEL}={recipe_id(recipe)}"]
         rc, out = await _run([*engine_argv(engine), "import", *changes, str(tar), tag], 300, log)
         if rc != 0:
             raise ImageBuildError(f"{name}: importing the stand-in failed: {out.strip()[-200:]}")
@@ -230,12 +273,13 @@ def _scratch_dir(need_bytes: int = 2 << 30) -> str | None:
 
 
 async def ensure_base(name: str, engine: str, log: Path | None = None, *, pull: bool = True) -> str:
-    """``name`` present locally: found, pulled, or (no registry) built as a Debian stand-in; ``pull=False``
-    when its registry is known not to answer (image_source.py), so no pull waits on it again."""
-    if await image_exists(engine, name) or await image_exists(engine, qualified(name)):
+    """``name`` present locally: found, pulled, or (no registry) built as a Debian stand-in (again, when
+    the one present was made by an older recipe: a ``python:3.13`` stand-in of Debian 12's python 3.11);
+    ``pull=False`` when its registry is known not to answer (image_source.py), so no pull waits on it again."""
+    if (await image_exists(engine, name) or await image_exists(engine, qualified(name))) and not await stale_standin(engine, name):
         return name
     async with _MachineLock(lock_dir() / f"base-{hashlib.sha256(name.encode()).hexdigest()[:16]}.lock"):
-        if await image_exists(engine, qualified(name)):
+        if await image_exists(engine, qualified(name)) and not await stale_standin(engine, name):
             return name
         rc, out = await _run([*engine_argv(engine), "pull", "-q", qualified(name)], 600, log) if pull else (1, "not pulled")
         if rc == 0:
@@ -247,12 +291,23 @@ async def ensure_base(name: str, engine: str, log: Path | None = None, *, pull: 
         return name
 
 
-async def ensure_image(env: EnvironmentSpec, engine: str = "podman", *, log: Path | None = None) -> tuple[str, float]:
-    """The image a task runs in, built when its context's image is not there yet; (tag, build seconds)."""
+async def stale_standin(engine: str, name: str) -> bool:
+    """Whether ``name`` is a stand-in of ours whose recipe is not today's (a pulled image never is)."""
+    fmt = f'{{{{index .Labels "{STANDIN_LABEL}"}}}}|{{{{index .Labels "{RECIPE_LABEL}"}}}}'
+    rc, out = await _run([*engine_argv(engine), "image", "inspect", "--format", fmt, qualified(name)])
+    standin, _, made_by = out.strip().partition("|")
+    recipe = standin_recipe(name)
+    return rc == 0 and standin not in ("", "<no value>") and recipe is not None and made_by != recipe_id(recipe)
+
+
+async def ensure_image(env: EnvironmentSpec, engine: str = "podman", *, log: Path | None = None,
+                       site: SiteSettings | None = None) -> tuple[str, float]:
+    """The image a task runs in, built when its context's image is not there yet; (tag, build seconds).
+    ``site``: the CA, proxy and index settings its RUN steps get (None: this host's, site.py)."""
     if env.image:
         return await ensure_base(env.image, engine, log), 0.0
     files = context_files(env)
-    tag = f"{TAG_REPO}:{context_hash(files)}"
+    tag = task_tag(files)
     if await image_exists(engine, tag):
         return tag, 0.0
     t0 = time.monotonic()
@@ -262,14 +317,15 @@ async def ensure_image(env: EnvironmentSpec, engine: str = "podman", *, log: Pat
         dockerfile = files["Dockerfile"].decode(errors="replace")
         for base in from_images(dockerfile):
             await ensure_base(base, engine, log)
-        with tempfile.TemporaryDirectory(prefix="polar-ctx-") as tmp:
+        site = await asyncio.to_thread(host_site) if site is None else site
+        with tempfile.TemporaryDirectory(prefix="polar-ctx-") as tmp, tempfile.TemporaryDirectory(prefix="polar-site-") as site_tmp:
             for rel, data in files.items():
                 path = Path(tmp) / rel
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
             remaining = env.build_timeout_s - (time.monotonic() - t0)
             rc, out = await _run([*engine_argv(engine), "build", "--network", "host", "--label", "io.polarstream.task-image=1",
-                                  "-t", tag, tmp], max(remaining, 1.0), log)
+                                  *site.build_args(Path(site_tmp), mounts=Path(engine).name == "podman"), "-t", tag, tmp], max(remaining, 1.0), log)
         if rc is None:
             raise ImageBuildError(f"image build exceeded build_timeout_sec={env.build_timeout_s:g} at {failing_step(out)}")
         if rc != 0:

@@ -46,6 +46,7 @@ from .base import ExecResult, ExecSpec, RuntimeUnavailable, _tail, sandbox_port
 from .bwrap import HOME, TUNNEL, WORKSPACE
 from .image_source import task_image
 from .images import ImageBuildError, engine_argv
+from .site import host_site, site_mode
 
 log = logging.getLogger("polarstream.node")
 
@@ -97,8 +98,10 @@ class ContainerRuntime:
     persistent = False
 
     def __init__(self, sock_path: Path | None = None, *, engine: str = "podman", image: str = "", owner: str = "",
-                 pids_limit: int = 1024):
+                 pids_limit: int = 1024, site_settings: str = ""):
         self.name = engine
+        # site.py: the host's CA, proxy and index settings go in ("off": not; "": POLAR_SITE_SETTINGS, else auto)
+        self.site_settings = site_mode(site_settings)
         self.engine, self.sock_path, self.image, self.pids_limit = engine, sock_path, image, pids_limit
         self.owner = owner or "polarstream"
         self.python = "python3"
@@ -121,8 +124,9 @@ class ContainerRuntime:
             raise RuntimeUnavailable(f"task {task.task_id} asks for {env.gpus} GPU(s); this node's containers have none")
         t0 = time.monotonic()
         storage = await self._storage_opt(env.storage_mb) if env is not None and env.storage_mb else []
+        site = await asyncio.to_thread(host_site, self.site_settings)
         if env is not None:
-            image, built_s = await task_image(env, self.engine, task_id=task.task_id, log_path=log_path)
+            image, built_s = await task_image(env, self.engine, task_id=task.task_id, log_path=log_path, site=site)
         elif self.image:
             image, built_s = self.image, 0.0
         else:
@@ -139,7 +143,7 @@ class ContainerRuntime:
                 "--network", "bridge" if bridged else "none",
                 "--ulimit", f"nofile={_hard(resource.RLIMIT_NOFILE, 4096)}:{_hard(resource.RLIMIT_NOFILE, 4096)}",
                 "--ulimit", f"nproc={_hard(resource.RLIMIT_NPROC, 4096)}:{_hard(resource.RLIMIT_NPROC, 4096)}",
-                "--pids-limit", str(self.pids_limit), "-v", f"{home}:{HOME}", "-e", f"HOME={HOME}"]
+                "--pids-limit", str(self.pids_limit), "-v", f"{home}:{HOME}", "-e", f"HOME={HOME}", *site.run_args(root)]
         if env is not None and env.memory_mb:
             argv += ["--memory", f"{env.memory_mb}m", "--memory-swap", f"{env.memory_mb}m"]
         if env is not None and env.cpus:

@@ -98,7 +98,8 @@ def start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports
             procs.wait_http(engine, f"{urls['engine']}/health")
         if "node" in only:
             node = procs.start("node", "node", "--engine-url", urls["engine"], "--model", str(model_dir),
-                               "--runtime", runtime, "--port", str(ports["gateway"]), "--run-workers", "4",
+                               "--runtime", runtime, "--site-settings", cfg.site_settings, "--port", str(ports["gateway"]),
+                               "--run-workers", "4",
                                "--init-workers", "4", "--ready-target", "4", "--postrun-workers", "4",
                                "--temperature", str(cfg.temperature))  # pinned: the trainer's temperature
             procs.wait_http(node, f"{urls['gateway']}/health")

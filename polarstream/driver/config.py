@@ -30,6 +30,7 @@ class RunConfig:
     api: str = "anthropic"  # the API a real CLI speaks where it has a choice (shape.APIS)
     shape_sft_steps: int = 150  # a real CLI's warm start: steps in its shape, on top of the built-in one
     runtime: str = "auto"  # auto: podman for tasks that bring an image, bwrap for the others (subprocess without bwrap)
+    site_settings: str = "auto"  # the host's CA, proxies and package index into task containers (off: not)
     seed: int = 0
     lr: float = 5e-4
     temperature: float = 1.0

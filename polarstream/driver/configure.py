@@ -32,7 +32,7 @@ def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: 
     Checked here (module docstring): the tasks, the model, and, where the gateway node runs here, the
     harness and the runtime. ExperimentError of one line naming the key and the fix."""
     cfg = RunConfig(name=exp.name, steps=exp.max_steps, tasks_per_step=exp.groups_per_step, samples=exp.group_size, heldout=exp.heldout,
-                     heldout_samples=exp.eval_samples, harness=exp.harness, runtime=exp.runtime, seed=exp.seed, lr=exp.lr,
+                     heldout_samples=exp.eval_samples, harness=exp.harness, runtime=exp.runtime, site_settings=exp.site_settings, seed=exp.seed, lr=exp.lr,
                      temperature=exp.temperature, step_timeout_s=exp.step_timeout_s, async_level=exp.async_level,
                      eval_every=exp.eval_every, harness_config=dict(exp.harness_config), run_dir=run_dir,
                      run_id=run_id(exp, run_dir), order=exp.order, min_completion=exp.min_completion,

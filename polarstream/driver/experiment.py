@@ -73,6 +73,10 @@ class Experiment(BaseModel):
         "auto", description="the sandbox sessions run in. auto: a task that brings an image (a Harbor task's "
         "environment/Dockerfile) runs in a container of it (podman, else docker), any other task under bwrap when it "
         "works here (else unsandboxed); bwrap and subprocess run no image; podman and docker run only image tasks")
+    site_settings: Literal["auto", "off"] = Field(
+        "auto", description="auto: the host's CA bundle, proxies and package index (pip config) go into task image "
+        "builds and task containers, where it has them (a TLS proxy's CA, a mirror: docs/rollout.md, air-gapped "
+        "sites); off: none of them")
     train: str = Field("builtin:arith", description="task source RL trains on: a JSONL file (TaskRequest or flat rows), "
                        "a .parquet file, a Harbor task directory (or a directory of them; DIR?force_build=1 builds their "
                        "Dockerfiles even where their docker_image could be pulled), or builtin:arith")
@@ -162,7 +166,7 @@ class Experiment(BaseModel):
         for field in ("train", "eval"):
             source = getattr(self, field)
             # DIR?force_build=1: a task source with its options (producers/tasks.py split_source)
-            if source and not source.startswith("builtin:") and not Path(source).exists() and not Path(source.rpartition("?")[0]).exists():
+            if source and not source.startswith("builtin:") and not Path(source).exists() and not Path(source.partition("?")[0]).exists():
                 raise ValueError(f"{field}: {source!r}: no such file or directory")
             if source.startswith("builtin:") and source not in BUILTIN_SOURCES:
                 raise ValueError(f"{field}: {source!r}: the built-in sources are {', '.join(BUILTIN_SOURCES)}")

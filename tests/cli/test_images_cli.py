@@ -10,12 +10,15 @@ from polarstream.cli import app
 from polarstream.images_cli import describe
 
 
-@pytest.mark.parametrize("name", ["quay.io/acme/tool:1", "ubuntu:24.04", "python:3.12-alpine", "debian:sid"])
+@pytest.mark.parametrize("name", ["quay.io/acme/tool:1", "ubuntu:25.04", "python:3.12-slim-bookworm", "python:3.13-alpine",
+                                  "debian:sid"])
 def test_a_name_with_no_stand_in_is_refused_in_one_line(name):
     r = CliRunner().invoke(app, ["images", "base", name])
     assert r.exit_code == 1 and r.stdout == ""
-    assert r.stderr.splitlines() == [f"error: {name}: no offline stand-in for it; stand-ins are made for "
-                                     "debian:<suite>[-slim] and python:<version>[-slim]-<suite> (suites bullseye, bookworm, trixie)"]
+    assert r.stderr.splitlines() == [
+        f"error: {name}: no offline stand-in for it; stand-ins are made for debian:<suite>[-slim], ubuntu:<release> "
+        "(20.04, 22.04, 24.04) and python:<version>[-slim][-<suite>] of a version a Debian suite ships: "
+        "3.9 (bullseye), 3.11 (bookworm), 3.13 (trixie)"]
 
 
 def test_the_stand_in_says_plainly_what_it_is():
@@ -23,6 +26,9 @@ def test_the_stand_in_says_plainly_what_it_is():
         "Debian bookworm minbase + python3 3.11 from Debian's packages, not the registry's image")
     said = describe("python:3.12-slim-bookworm", "bookworm", ["python3-pip"])
     assert "not the registry's image" in said and "its python is 3.11, not the 3.12 the name asks for" in said
+    said = describe("python:3.13-slim-bookworm", "trixie", ["python3-pip"])
+    assert said.startswith("Debian trixie minbase + python3 3.13") and "its python is" not in said
+    assert describe("ubuntu:24.04", "trixie", []).endswith("; Debian, not Ubuntu (Ubuntu's package versions may differ)")
 
 
 @pytest.mark.integration

@@ -69,9 +69,9 @@ def test_image_tasks_run_in_containers_of_their_image_and_the_trainer_steps(infr
 
 def _remove_own_image(train: Path) -> None:
     """Remove the image this test's unique Dockerfile built (images.py tags it by its context's hash)."""
-    from gateway.runtimes.images import TAG_REPO, context_files, context_hash
+    from gateway.runtimes.images import context_files, task_tag
     from producers.tasks import harbor_task
 
     env = harbor_task(next(train.iterdir())).environment
-    subprocess.run(["podman", "rmi", "-f", f"{TAG_REPO}:{context_hash(context_files(env))}"], capture_output=True,
+    subprocess.run(["podman", "rmi", "-f", task_tag(context_files(env))], capture_output=True,
                    timeout=120)
