@@ -184,6 +184,7 @@ def test_every_command_has_a_case():
 @pytest.mark.parametrize("path, name, kind", CASES, ids=[f"{' '.join(p)}:{n}:{k}" for p, n, k in CASES])
 def test_bad_input_is_one_line(env, monkeypatch, path, name, kind):
     monkeypatch.setattr("uvicorn.run", _refuse)
+    monkeypatch.setattr("engine.app.make_server", _refuse)  # the engine's own uvicorn Server
     monkeypatch.setattr("infra.stack.Stack.up", _refuse)
     value, named = env.bad(kind, name)
     polar_env = {"POLAR_KAFKA_BOOTSTRAP": f"127.0.0.1:{env.dead_port}", "POLAR_KAFKA_PORT": str(env.dead_port),

@@ -3,6 +3,7 @@ model's (1e-5), adapters and the base mixed in one decode batch, unload while a 
 
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -169,7 +170,9 @@ def test_engine_started_with_lora_modules_serves_them(tiny_model_dir, adapters, 
     from polarstream.cli import app as cli_app
 
     started = {}
-    monkeypatch.setattr("uvicorn.run", lambda app, **kw: started.setdefault("app", app))
+    # the engine runs its own uvicorn Server (engine.app.make_server: it ends held requests on SIGTERM)
+    monkeypatch.setattr("engine.app.make_server",
+                        lambda app, **kw: SimpleNamespace(run=lambda: started.setdefault("app", app)))
     r = CliRunner().invoke(cli_app, ["engine", "--model", str(tiny_model_dir), "--port", str(free_port()),
                                      "--served-model-name", "tiny", "--enable-lora", "--max-loras", "2",
                                      "--max-lora-rank", "8", "--lora-modules", f"a={adapters['a'][0]}"])
