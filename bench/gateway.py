@@ -78,6 +78,23 @@ sys.path.insert(0, str(ROOT))
 from bench._procs import kafka_for_bench, server_env, spawn, stop, wait_http  # after the path insert: run as a script
 from bench._rounds import interleaved, proc_cpu_s  # noqa: E402
 PEERS = Path.home() / ".cache" / "polarstream" / "peers"
+
+
+def install_peer(venv: str, package: str, exe: str) -> None:
+    """The peer's own venv under PEERS, made once: a bench that compares with a peer installs it first (a
+    rerun without it wrote null over the measured comparison, 2d10f31). A failed install leaves the peer
+    "not installed" in the results; our .venv is never touched."""
+    if (PEERS / venv / "bin" / exe).exists():
+        return
+    try:
+        subprocess.run([shutil.which("python3.11") or "python3", "-m", "venv", str(PEERS / venv)], check=True,
+                       capture_output=True, timeout=120)
+        subprocess.run([str(PEERS / venv / "bin" / "pip"), "install", "-q", package], check=True, capture_output=True,
+                       timeout=600)
+    except (subprocess.SubprocessError, OSError) as e:
+        print(f"could not install the peer {package}: {e}", file=sys.stderr)
+
+
 CALL = {"name": "Bash", "arguments": {"command": "ls -la src/ && git status --short", "description": "List files"}}
 WORDS = ("the file function value return error test module import class config server request session token "
          "build output input path line change commit branch merge python shell command directory list").split()
@@ -719,6 +736,7 @@ async def bench(args: argparse.Namespace) -> None:
             f"polarstream{VLLM_LIKE}.chat_stream": ours_target("chat", ours_vllm_like),
         }
         peers: dict[str, str] = {}
+        install_peer("rllm", "rllm-model-gateway", "rllm-model-gateway")
         if (PEERS / "rllm/bin/rllm-model-gateway").exists():
             for suffix, engine, log in (("", stub, "rllm.log"), (VLLM_LIKE, vllm_like, "rllm-vllm-like.log")):
                 rport = free_port()
