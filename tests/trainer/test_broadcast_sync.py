@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -32,6 +33,26 @@ from trainer.config import ConfigError, TrainConfig
 from trainer.weight_sync import PolarEngine, WeightSyncError
 
 ROOT = Path(__file__).parents[2]
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A stand-in HTTP peer (an old engine, the gateway's admin routes) that logs nothing."""
+
+    def reply_empty_json(self) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *a):
+        pass
+
+
+def serve(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """``handler`` on a free port of 127.0.0.1, served by a daemon thread."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def free_port() -> int:
@@ -157,12 +178,10 @@ def test_engine_killed_mid_broadcast(engine_process, module_engine_server, tiny_
 
 
 def test_auto_falls_back_to_storage_per_engine(module_engine_server, tiny_model_dir, tmp_path):
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     url = f"file://{tmp_path}/weights/v00000001"
     manifest = tmp_path / "weights" / "v00000001" / "manifest.json"
 
-    class OldEngine(BaseHTTPRequestHandler):  # answers the storage routes only
+    class OldEngine(QuietHandler):  # answers the storage routes only
         calls: list = []
         complete_when_loaded: list = []
 
@@ -176,16 +195,9 @@ def test_auto_falls_back_to_storage_per_engine(module_engine_server, tiny_model_
             if self.path == "/update_weights":
                 assert json.loads(body)["checkpoint_url"] == url
                 self.complete_when_loaded.append(manifest.exists())
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.end_headers()
-            self.wfile.write(b"{}")
+            self.reply_empty_json()
 
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), OldEngine)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(OldEngine)
     old = f"http://127.0.0.1:{server.server_port}"
     model = perturbed(tiny_model_dir, 6)
     settings = Settings()
@@ -348,8 +360,6 @@ def test_verified_before_stamped_a_mismatch_reloads_from_storage(engine_server, 
     staged tensor altered inside the engine between the transfer and the finish, the fault injected) mark the
     engine stale and it loads the step's export from storage, still before the stamp: when the gateway is
     stamped, the engine serves the sent weights."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from trainer.broadcast import BackgroundExport
     from trainer.weight_sync import Gateway
 
@@ -357,21 +367,14 @@ def test_verified_before_stamped_a_mismatch_reloads_from_storage(engine_server, 
     model = perturbed(tiny_model_dir, 21)
     at_stamp: list = []
 
-    class GatewayAdmin(BaseHTTPRequestHandler):  # records the admin calls; at the stamp, what the engine serves
+    class GatewayAdmin(QuietHandler):  # records the admin calls; at the stamp, what the engine serves
         def do_POST(self):  # noqa: N802
             self.rfile.read(int(self.headers.get("content-length") or 0))
             if self.path.startswith("/admin/policy_version"):
                 at_stamp.append(matches(engine, model))
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.end_headers()
-            self.wfile.write(b"{}")
+            self.reply_empty_json()
 
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), GatewayAdmin)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve(GatewayAdmin)
     gateway = Gateway(f"http://127.0.0.1:{server.server_port}", "token")
     receiver = engine_server._server.config.app.state.receiver
     wt = WeightTransfer([PolarEngine(url)], "broadcast", timeout_s=DEADLINE_S, verify=True)
