@@ -52,7 +52,7 @@ datasets-peer:
 	  echo "warning: could not build $(DATASETS_PEER); the HF datasets export check will skip"
 
 # vLLM is the oracle for its weight-transfer routes and trainer API (tests/engine/test_vllm_oracle.py,
-# tests/trainer/test_vllm_api.py): the pinned wheel (trainer/vllm_api.py: VLLM_SUPPORTED) in a venv of its
+# tests/trainer/test_vllm_api.py): the pinned wheel (trainer/sync/vllm_api.py: VLLM_SUPPORTED) in a venv of its
 # own (9.5 GB with its CUDA torch; it imports and runs its gloo-capable parts on a CPU), cached outside the clone.
 VLLM_PEER := $(CACHE)/peers/vllm-venv
 VLLM_PEER_PIN := vllm==0.33.0

@@ -1,4 +1,4 @@
-"""Weight sync to running engines: in-memory broadcast (trainer/broadcast.py) against storage (issue 63).
+"""Weight sync to running engines: in-memory broadcast (trainer/sync/broadcast.py) against storage (issue 63).
 
     .venv/bin/python bench/weight_sync.py [--quick] [--rounds R]
 
@@ -35,7 +35,7 @@ Prints one JSON object on stdout; progress on stderr.
 
 from __future__ import annotations
 
-MEASURES = ("trainer/broadcast.py", "trainer/weight_sync.py", "engine/transfer.py", "engine/app.py",
+MEASURES = ("trainer/sync/broadcast.py", "trainer/sync/storage.py", "engine/transfer.py", "engine/app.py",
             "engine/weights.py", "trainer/export.py", "trainer/checkpoint.py", "bench/weight_sync.py")
 
 import argparse
@@ -121,10 +121,10 @@ def case(model_dir: Path, procs: list, rounds: int, tmp: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
     from infra.settings import Settings
-    from trainer.broadcast import WeightTransfer
+    from trainer.sync.broadcast import WeightTransfer
     from trainer.checkpoint import write_packed_export
     from trainer.export import export_hf
-    from trainer.weight_sync import PolarEngine, sync_weights
+    from trainer.sync.storage import PolarEngine, sync_weights
 
     n_engines = len(procs)
     engines = [PolarEngine(url) for _, url in procs]
@@ -198,7 +198,7 @@ def case(model_dir: Path, procs: list, rounds: int, tmp: Path) -> dict:
             "ratio_min": mn("broadcast", "sync_s") / mn("storage", "sync_s"),
             "ratio_load_only_median": med("broadcast", "sync_s") / med("storage", "load_only_s"),
             "broadcast_buffers": last["broadcast"]["buffers"],
-            # verified before stamped (trainer/broadcast.py verify): the sha256 of every tensor on both sides
+            # verified before stamped (trainer/sync/broadcast.py verify): the sha256 of every tensor on both sides
             "verified_s": both("verified", "sync_s"), "verify_compare_s": both("verified", "verify_s"),
             "verify_cost_vs_sync": med("verified", "sync_s") / med("broadcast", "sync_s") - 1}
 

@@ -1,7 +1,7 @@
 """What the trainer tells the gateway at each weight sync: the policy version to stamp on a run's later
 calls and, for LoRA runs, the adapter that serves them (``POST /admin/policy_version``).
 
-A contract between the trainer (trainer/weight_sync.py) and the gateway (gateway/admin.py), hence in
+A contract between the trainer (trainer/sync/storage.py) and the gateway (gateway/admin.py), hence in
 schemas/. A run is known to the gateway by its topic prefix (``settings.topic_prefix``, where its calls
 are recorded), which its session keys carry as their ``run`` claim (schemas/session_keys.py); '' is the
 gateway's own run. With ``lora_name`` set, the gateway sends that name as the engine request's ``model``

@@ -1,6 +1,6 @@
 """The weight-transfer wire format both ends share (vLLM's packed broadcast): how tensors are cut into
 buffers and how a tensor's checksum is taken. The engine (engine/transfer.py) and the trainer
-(trainer/broadcast.py) import it from here, as they import every other part of the contract."""
+(trainer/sync/broadcast.py) import it from here, as they import every other part of the contract."""
 
 from __future__ import annotations
 

@@ -164,7 +164,7 @@ def begin_export(url: str, meta: list[tuple[str, torch.dtype, list[int]]], setti
 def write_packed_export(url: str, packed: list, model: torch.nn.Module, model_dir: str | Path, settings: Settings,
                         meta: dict[str, Any]) -> str:
     """The weights-only export at ``url`` (the layout ``export_weights`` writes) from a broadcast's packed
-    buffers (trainer/broadcast.py ``Packed``: each the bytes of its tensors back to back), by one process
+    buffers (trainer/sync/broadcast.py ``Packed``: each the bytes of its tensors back to back), by one process
     and without a collective, so rank 0 can write it in a thread while training goes on. The safetensors
     files are written straight from the buffers (header, then the bytes: no copy). Manifest last."""
     import struct

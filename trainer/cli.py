@@ -69,7 +69,7 @@ def train_command(
 
     from .checkpoint import CheckpointError
     from .train import train
-    from .weight_sync import WeightSyncError
+    from .sync.storage import WeightSyncError
 
     try:
         summary = train(cfg, settings)

@@ -115,7 +115,7 @@ class TrainConfig:
     gateway: str = ""  # gateway base URL whose /admin/policy_version is stamped after a sync
     weight_transfer: Literal["storage", "broadcast", "auto"] = "auto"  # how weights reach the engines:
     # storage: each loads the checkpoint URL; broadcast: in memory over vLLM's weight-transfer routes (gloo for
-    # our engine; trainer/broadcast.py); auto: broadcast to every engine that answers GET /weight_info, storage
+    # our engine; trainer/sync/broadcast.py); auto: broadcast to every engine that answers GET /weight_info, storage
     # for the others (a vLLM server without its dev routes, or without vllm here). An engine that fails a
     # broadcast is marked stale and loads from storage at the next sync. With lora_rank > 0 only the adapter's
     # tensors travel, and only to our engine (vLLM loads adapters from a path only: its engines, and every engine

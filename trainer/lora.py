@@ -118,7 +118,7 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def adapter_meta(model: torch.nn.Module) -> list[tuple[str, torch.dtype, list[int]]]:
     """(PEFT key, dtype, whole shape) of every adapter tensor, in ``adapter_tensors``' order, gathering nothing:
-    what the in-memory weight transfer announces (``trainer/broadcast.py``)."""
+    what the in-memory weight transfer announces (``trainer/sync/broadcast.py``)."""
     return [(peft_key(n), p.dtype, list(p.shape)) for n, p in adapter_params(model)]
 
 

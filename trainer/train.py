@@ -44,8 +44,8 @@ from .packing import Sample, samples_from_group
 from .parallel import build_model, place
 from .selection import SeenIds, StepPlan, plan_step
 from .step import train_step
-from .broadcast import BackgroundExport, WeightTransfer, named_tensors, tensor_meta
-from .weight_sync import Gateway, WeightSyncError, already_served, engine_from_spec, sync_adapter, sync_weights
+from .sync.broadcast import BackgroundExport, WeightTransfer, named_tensors, tensor_meta
+from .sync.storage import Gateway, WeightSyncError, already_served, engine_from_spec, sync_adapter, sync_weights
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                                        metrics={k: float(v) for k, v in metrics.items()})
                 try:  # a failure here leaves training and its checkpoint intact; the next sync catches up
                     publisher.publish_sync(record)
-                    if transfer is not None:  # in memory (trainer/broadcast.py): groups, start, update_info
+                    if transfer is not None:  # in memory (trainer/sync/broadcast.py): groups, start, update_info
                         transferring = transfer.prepare(lora.adapter_meta(model) if adapter else tensor_meta(model))
                 except (PublishError, WeightSyncError) as e:
                     failed = e

@@ -1,4 +1,4 @@
-"""In-memory weight transfer (engine/transfer.py, trainer/broadcast.py): vLLM's routes and bodies on gloo,
+"""In-memory weight transfer (engine/transfer.py, trainer/sync/broadcast.py): vLLM's routes and bodies on gloo,
 verified bit for bit, and a trainer killed mid-broadcast leaves the engine serving what it served.
 
 One in-process engine serves the whole module (``module_engine_server``): each test asserts on what it
@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM
 
 from engine.transfer import InitInfo, UpdateInfo, packed_chunks, tensor_sha256
 from schemas.weight_transfer import checksum_key
-from trainer.broadcast import WeightTransfer, named_tensors, tensor_meta
-from trainer.weight_sync import PolarEngine
+from trainer.sync.broadcast import WeightTransfer, named_tensors, tensor_meta
+from trainer.sync.storage import PolarEngine
 
 ROOT = Path(__file__).parents[2]
 # vLLM 0.33's field names (vllm/distributed/weight_transfer/nccl_common.py: NCCLWeightTransferInitInfo;
@@ -157,14 +157,14 @@ def test_broadcast_is_bit_exact_and_sampling_follows(module_engine_server, tiny_
     assert bodies["/start_weight_update"] is None
 
 
-# The trainer to kill: torch and trainer/broadcast.py only (the weights straight from the safetensors file,
+# The trainer to kill: torch and trainer/sync/broadcast.py only (the weights straight from the safetensors file,
 # +0.01), so the process costs a torch import, not a transformers model load.
 TRAINER = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {root!r})
     from safetensors.torch import load_file
-    from trainer.broadcast import WeightTransfer
-    from trainer.weight_sync import PolarEngine
+    from trainer.sync.broadcast import WeightTransfer
+    from trainer.sync.storage import PolarEngine
     state = {{n: t + 0.01 for n, t in load_file({weights!r}).items()}}
     meta = [(n, t.dtype, list(t.shape)) for n, t in state.items()]
     wt = WeightTransfer([PolarEngine({url!r})], "broadcast", timeout_s=5, buffer_bytes=64 << 10, throttle_s=0.05)

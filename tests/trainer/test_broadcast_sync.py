@@ -1,4 +1,4 @@
-"""The trainer's broadcast sync under faults (trainer/broadcast.py): an engine SIGKILLed or SIGSTOPped
+"""The trainer's broadcast sync under faults (trainer/sync/broadcast.py): an engine SIGKILLed or SIGSTOPped
 mid-broadcast costs the trainer at most its deadline, the others finish, and the lost engine comes back
 through storage at the right version, from the export written in the background; plus the FSDP path
 (2 gloo ranks gather, rank 0 broadcasts and exports) and a training step.
@@ -28,9 +28,9 @@ from infra.settings import Settings
 from infra.storage import filesystem
 from tests.plugins.engine import ENGINE_PROCESS_DEADLINE_S as DEADLINE_S
 from trainer import checkpoint
-from trainer.broadcast import Packed, WeightTransfer, named_tensors, tensor_meta
+from trainer.sync.broadcast import Packed, WeightTransfer, named_tensors, tensor_meta
 from trainer.config import ConfigError, TrainConfig
-from trainer.weight_sync import PolarEngine, WeightSyncError
+from trainer.sync.storage import PolarEngine, WeightSyncError
 
 ROOT = Path(__file__).parents[2]
 
@@ -225,7 +225,7 @@ RANK1_SCRIPT = """
 import sys, torch, torch.distributed as dist
 sys.path.insert(0, {root!r})
 from trainer.parallel import build_model, place
-from trainer.broadcast import named_tensors
+from trainer.sync.broadcast import named_tensors
 placement = place("auto", timeout_s=120)
 model = build_model({model!r}, placement, torch.float32, "auto")
 with torch.no_grad():
@@ -245,7 +245,7 @@ def test_fsdp_ranks_gather_and_rank0_broadcasts(module_engine_server, tiny_model
     import torch.distributed as dist
 
     from engine.weights import read_checkpoint
-    from trainer.broadcast import tensor_meta
+    from trainer.sync.broadcast import tensor_meta
     from trainer.parallel import build_model, place
 
     url = module_engine_server.url
@@ -360,8 +360,8 @@ def test_verified_before_stamped_a_mismatch_reloads_from_storage(engine_server, 
     staged tensor altered inside the engine between the transfer and the finish, the fault injected) mark the
     engine stale and it loads the step's export from storage, still before the stamp: when the gateway is
     stamped, the engine serves the sent weights."""
-    from trainer.broadcast import BackgroundExport
-    from trainer.weight_sync import Gateway
+    from trainer.sync.broadcast import BackgroundExport
+    from trainer.sync.storage import Gateway
 
     url, engine = engine_server.url, engine_server.url
     model = perturbed(tiny_model_dir, 21)

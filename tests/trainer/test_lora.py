@@ -342,10 +342,10 @@ def test_the_engine_samples_with_the_trainers_adapter(engine_server, tmp_path):
     import httpx
 
     from trainer import checkpoint
-    from trainer.broadcast import WeightTransfer
+    from trainer.sync.broadcast import WeightTransfer
     from trainer.optim import build_optimizer
     from trainer.step import train_step
-    from trainer.weight_sync import PolarEngine, VllmEngine, WeightSyncError, sync_adapter
+    from trainer.sync.storage import PolarEngine, VllmEngine, WeightSyncError, sync_adapter
 
     model = _model()
     optimizer = build_optimizer(model, CFG)

@@ -14,7 +14,7 @@ from trainer import checkpoint
 from trainer.config import TrainConfig
 from trainer.metrics import effective_steps, read_log
 from trainer.train import train
-from trainer.weight_sync import WeightSyncError
+from trainer.sync.storage import WeightSyncError
 
 
 def _groups(n, start=0, version=0):

@@ -20,9 +20,9 @@ import pytest
 from safetensors.torch import load_file
 
 from schemas.weight_transfer import checksum_key, tensor_sha256
-from trainer import vllm_api
-from trainer.broadcast import WeightTransfer
-from trainer.weight_sync import VllmEngine, WeightSyncError
+from trainer.sync import vllm_api
+from trainer.sync.broadcast import WeightTransfer
+from trainer.sync.storage import VllmEngine, WeightSyncError
 
 ROOT = Path(__file__).parents[2]
 PRODUCT = ["trainer", "engine", "gateway", "polarstream", "infra", "streams", "producers", "schemas"]
@@ -120,7 +120,7 @@ def test_outside_the_supported_versions_one_line_then_storage(monkeypatch, caplo
     assert "0.34.0rc1 is installed" in vllm_api.unsupported()
     monkeypatch.setattr(vllm_api.importlib.metadata, "version", lambda name: "0.34.0")
     wt = WeightTransfer([VllmEngine("http://127.0.0.1:9")], "broadcast", timeout_s=2)
-    with caplog.at_level(logging.WARNING, logger="trainer.broadcast"):
+    with caplog.at_level(logging.WARNING, logger="trainer.sync.broadcast"):
         assert not wt.prepare([])  # nothing to send: the vLLM engine goes by storage
         assert not wt.prepare([])
     lines = [r.getMessage() for r in caplog.records if "vLLM" in r.getMessage()]

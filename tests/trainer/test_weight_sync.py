@@ -14,7 +14,7 @@ from tests.plugins.trainer import make_group, publish_groups
 from trainer import checkpoint
 from trainer.config import TrainConfig
 from trainer.train import train
-from trainer.weight_sync import PolarEngine, VllmEngine, WeightSyncError, sync_weights
+from trainer.sync.storage import PolarEngine, VllmEngine, WeightSyncError, sync_weights
 
 
 def _completion_logprob(engine_url, prompt):
@@ -122,7 +122,7 @@ def test_failed_load_still_resumes_every_engine(recorder):
 def test_a_lora_sync_loads_the_new_adapter_stamps_it_then_unloads_the_old(recorder):
     """Issue 64's order: every engine loads the new version's adapter beside the old one (no engine pauses),
     the gateway drains, is stamped with the version and the adapter's name, resumes; then the old adapter goes."""
-    from trainer.weight_sync import Gateway, sync_adapter
+    from trainer.sync.storage import Gateway, sync_adapter
 
     handler, url = recorder
     errors = sync_adapter([PolarEngine(url), VllmEngine(url)], "file:///ckpt/adapters/v00000003", 3, "run-v3",

@@ -1,4 +1,4 @@
-"""Our trainer's vLLM path (trainer/broadcast.py -> trainer/vllm_api.py), run in the vLLM peer venv against our
+"""Our trainer's vLLM path (trainer/sync/broadcast.py -> trainer/sync/vllm_api.py), run in the vLLM peer venv against our
 engine (tests/trainer/test_vllm_api.py starts it): ``python vllm_sync.py ENGINE_URL MODEL_DIR OUT_DIR``.
 
 The engine is named ``vllm=URL``, so WeightTransfer takes the vLLM branch: vLLM's own
@@ -20,8 +20,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "engine")]
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory  # noqa: E402
 from vllm_trainer import GlooTrainerEngine, GlooTrainerInitInfo  # noqa: E402
 
-from trainer.broadcast import WeightTransfer, named_tensors  # noqa: E402
-from trainer.weight_sync import VllmEngine  # noqa: E402
+from trainer.sync.broadcast import WeightTransfer, named_tensors  # noqa: E402
+from trainer.sync.storage import VllmEngine  # noqa: E402
 
 
 def main(url: str, model_dir: str, out: str) -> None:

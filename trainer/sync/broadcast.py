@@ -27,7 +27,7 @@ finish; the next sync loads it from storage at that step's version (whenever it 
 after forms its group again. A sync raises WeightSyncError only when no engine got the new weights.
 
 vLLM (``vllm=URL`` engines): vLLM's own trainer engine (``WeightTransferTrainerFactory.trainer_init``, then
-``send_weights`` each round: trainer/vllm_api.py), fed the tensors of the same single iteration, its finish held
+``send_weights`` each round: trainer/sync/vllm_api.py), fed the tensors of the same single iteration, its finish held
 until ``finish`` runs it under the gateway's pause. It needs a supported vLLM (``VLLM_SUPPORTED``) and, for NCCL,
 a CUDA device; otherwise vLLM engines take the storage path, and one log line says why.
 """
@@ -50,7 +50,7 @@ import torch
 from schemas.weight_transfer import checksum_key, packed_chunks, tensor_sha256
 
 from .vllm_api import VllmSyncError
-from .weight_sync import Gateway, PolarEngine, VllmEngine, WeightSyncError, drop_adapter, switch_adapter
+from .storage import Gateway, PolarEngine, VllmEngine, WeightSyncError, drop_adapter, switch_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ MODES = ("storage", "broadcast", "auto")
 def named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The exported tensors (HF names, tied head left out), one at a time; under FSDP2 each is gathered
     on every rank (a collective: every rank must iterate all of them, in this order)."""
-    from .export import exported_tensors
+    from ..export import exported_tensors
 
     for name, t in exported_tensors(model).items():
         full = t.full_tensor() if hasattr(t, "full_tensor") else t
@@ -69,7 +69,7 @@ def named_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 def tensor_meta(model: torch.nn.Module) -> list[tuple[str, torch.dtype, list[int]]]:
     """(name, dtype, global shape) of every exported tensor, without gathering anything."""
-    from .export import exported_tensors
+    from ..export import exported_tensors
 
     return [(n, t.dtype, list(t.shape)) for n, t in exported_tensors(model).items()]
 

@@ -6,7 +6,7 @@ group (the wire parameters ride ``init_info`` and reach the engine at init), and
 start -> update (concurrently with the broadcast) -> finish through the client, naming no tensors when the
 source's metadata is unchanged since the last round.
 
-``VllmLink`` fits that into our sync's three steps (trainer/broadcast.py): ``open`` starts ``send_weights`` in a
+``VllmLink`` fits that into our sync's three steps (trainer/sync/broadcast.py): ``open`` starts ``send_weights`` in a
 thread whose ``WeightSource`` is fed the tensors our single iteration reads (``feed``: under FSDP2 each is a
 gather every rank runs once, so vLLM may not iterate the model itself), and whose client holds back the finish
 (``HeldFinish``) until ``finish(version)`` runs it under the gateway's pause, as our engines' finish is. Every
