@@ -5,8 +5,8 @@ correction runs beside the control (``ratio_base: proximal``, no correction) on 
 earns its keep only where it beats the control.
 
     .venv/bin/python bench/offpolicy.py --grid [--conditions noise0.5,bf16] [--methods control,tis,...]
-                                        [--seeds 0,1,2] [--steps 16] [--jobs 2] [--out DIR]
-    (full run: --grid --seeds 0,1,2 --jobs 2 --out bench/results/offpolicy-v2, then
+                                        [--seeds 0,1,2] [--steps 20] [--jobs 2] [--out DIR]
+    (full run, 2 x 9 x 3 = 54 runs of 20 steps: --grid --seeds 0,1,2 --jobs 2 --out bench/results/offpolicy-v2, then
      --merge bench/results/offpolicy-v2 --out bench/results; about an hour of 2 idle cores)
 
 Each run's record keeps its commit, every setting, and per-step metrics (reward, masked and clip
