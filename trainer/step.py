@@ -109,7 +109,8 @@ def train_step(
             norms.append(grad_norm)
             reasons.append(why)
     micro = [mb for m in micro_of for mb in m]
-    sums["tokens_fed"] = float(sum(mb.num_tokens for mine in mine_of for mb in mine))
+    sums["tokens_fed"] = float(sum(mb.num_tokens for mine in mine_of for mb in mine))  # one pass's; the step feeds
+    # them once per update (and once more for pi_prox when it takes several)
     sums = _all_reduce(sums, placement)
     mismatch = ratio_quantiles(_all_gather(torch.cat(log_rho) if log_rho else torch.zeros(0), placement))
     no_update = None if any(r is None for r in reasons) else reasons[0]
