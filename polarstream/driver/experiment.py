@@ -129,10 +129,11 @@ class Experiment(BaseModel):
                                                       "and dual clip), gspo (sequence-level ratio and clip), cispo "
                                                       "(clipped stop-gradient IS weight); thresholds in trainer: "
                                                       "(gspo_clip_low, cispo_clip_high, ...; docs/trainer.md)")
-    correction: Literal["none", "tis", "icepop", "seq_mask_geo", "seq_mask_arith"] = Field(
-        "none", description="engine/trainer mismatch correction on pi_trainer / pi_rollout: tis (needs trainer: "
-        "tis_cap), icepop (token band icepop_low..icepop_high), seq_mask_geo / seq_mask_arith (sequence mean ratio "
-        "band seq_mask_low..seq_mask_high); none: PPO's clip on the rollout ratio only")
+    correction: Literal["none", "tis", "icepop", "token_rs", "seq_mask_geo", "seq_mask_arith"] = Field(
+        "none", description="engine/trainer mismatch correction on pi_prox / pi_rollout: tis (needs trainer: "
+        "tis_cap), icepop (weight rho in the token band icepop_low..icepop_high, 0 outside), token_rs (1 in that "
+        "band, 0 outside), seq_mask_geo / seq_mask_arith (trajectory mean ratio band seq_mask_low..seq_mask_high); "
+        "the loss ratio's base is trainer: ratio_base (behaviour by default; proximal: decoupled PPO)")
     std_normalize: bool = Field(True, description="divide a group's advantages by its reward std (GRPO); false: "
                                 "r - mean (Dr. GRPO), which the streams compute")
     overlong: OverlongSettings | None = Field(None, description="DAPO's soft overlong punishment {max_tokens, buffer, "
