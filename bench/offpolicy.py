@@ -49,7 +49,9 @@ from bench._provenance import commit_info, declared_inputs, git  # noqa: E402
 
 # What the figures measure (bench/_provenance.py): the loop, the trainer's loss and packing, the advantages,
 # and the test module whose warm start and problems every run uses.
-MEASURES = ("trainer/", "polarstream/demo/", "streams/advantages.py", "tests/demo/test_learning.py")
+MEASURES = ("trainer/step.py", "trainer/loss.py", "trainer/corrections.py", "trainer/packing.py", "trainer/optim.py",
+            "trainer/config.py", "trainer/attention.py", "trainer/parallel.py", "trainer/lora.py", "engine/sampling.py",
+            "polarstream/demo/", "streams/advantages.py", "tests/demo/test_learning.py")  # what rl_run imports
 
 # name -> LearningConfig overrides; noisy_* also get logit_noise = --noise
 RUNS = {
