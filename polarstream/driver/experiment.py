@@ -17,8 +17,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from polarstream.errors import given
-
 # The task sources a preset provides (train, and its held-out split); polarstream/presets.py maps them
 BUILTIN_SOURCES = ("builtin:arith", "builtin:arith-heldout")
 
@@ -206,7 +204,9 @@ def load_experiment(path: Path | None, **overrides: Any) -> Experiment:
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         field = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ") + given(err)
+        value = err.get("input")  # a word or number the user wrote: the line names it
+        given = f" (got {value!r})" if isinstance(value, (str, int, float)) and len(repr(value)) <= 80 else ""
+        msg = err["msg"].removeprefix("Value error, ") + ("" if err["type"] in ("extra_forbidden", "missing") else given)
         if err["loc"] and overrides.get(err["loc"][0]) is not None:  # the bad value came from the command line
             where = "--" + str(err["loc"][0]).replace("_", "-")
             field = ".".join(str(p) for p in err["loc"][1:])
