@@ -30,6 +30,7 @@ ROOT = Path(__file__).parents[2]
 VLLM_INIT_INFO = {"master_address", "master_port", "rank_offset", "world_size", "nccl_unique_id_b64", "packed",
                   "packed_buffer_size_bytes", "packed_num_buffers"}
 VLLM_UPDATE_INFO = {"names", "dtype_names", "shapes"}
+OURS_INIT_INFO = {"relay"}  # our trainer's groups relay down a chain (engine/transfer.py); vLLM's trainer omits it
 
 
 def perturbed(model_dir, seed: int, scale: float = 0.05):
@@ -56,7 +57,8 @@ def checksums(url):
 
 
 def test_protocol_fields_are_vllms():
-    assert {f.name for f in dataclasses.fields(InitInfo)} == VLLM_INIT_INFO
+    assert {f.name for f in dataclasses.fields(InitInfo)} == VLLM_INIT_INFO | OURS_INIT_INFO
+    assert InitInfo(master_address="h", master_port=1, rank_offset=1, world_size=2).relay is False  # vLLM's wire
     assert {f.name for f in dataclasses.fields(UpdateInfo)} == VLLM_UPDATE_INFO
     # vLLM's packed cut: a buffer closes once it holds MORE than the buffer size
     assert packed_chunks([4, 4, 4, 4, 10], 8) == [[0, 1, 2], [3, 4]]
@@ -144,7 +146,8 @@ def test_broadcast_is_bit_exact_and_sampling_follows(module_engine_server, tiny_
     bodies = dict(sent[:4])
     assert set(bodies["/init_weight_transfer_engine"]) == {"init_info"}
     init_info = bodies["/init_weight_transfer_engine"]["init_info"]
-    assert set(init_info) == VLLM_INIT_INFO - {"nccl_unique_id_b64"}  # vLLM's trainer drops the unused mode too
+    # vLLM's trainer drops the unused rendezvous mode too; ours adds the relay
+    assert set(init_info) == VLLM_INIT_INFO - {"nccl_unique_id_b64"} | OURS_INIT_INFO and init_info["relay"] is True
     assert init_info["packed"] is True and init_info["packed_buffer_size_bytes"] == 1 << 20
     assert set(bodies["/update_weights"]) == {"update_info"}
     assert set(bodies["/update_weights"]["update_info"]) == VLLM_UPDATE_INFO
