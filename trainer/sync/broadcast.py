@@ -11,10 +11,14 @@ however many engines listen. What a buffer costs the trainer, measured (bench/we
   (``schemas.weight_transfer.RELAY_SLICE_BYTES``), and rank r passes each slice on to r + 1 as it arrives (a
   pipeline): the trainer's egress is 1x the model for any number of engines, and a buffer reaches the last
   engine one slice per hop later.
-- NCCL (vLLM engines): NCCL's broadcast is a ring (pipelined chunks): the root sends ~1x. vLLM's trainer API
-  (``trainer_init``) posts its init info to ONE client with ``rank_offset`` fixed at 1
-  (``nccl_common.build_worker_init_payload``), so each vLLM engine still has a group of its own here (the
-  trainer sends the model once per vLLM engine): trainer/sync/vllm_api.py.
+- NCCL (vLLM engines): NCCL's broadcast is a ring (pipelined chunks): the root sends ~1x per group. vLLM's
+  trainer API (``trainer_init``) posts its init info to ONE client with ``rank_offset`` fixed at 1
+  (``nccl_common.build_worker_init_payload``), so it puts one engine in a group. A client fanning that post out
+  with each engine's offset would put several in one, but fault isolation would go: a lost engine leaves the
+  others' workers blocked inside the NCCL broadcast (no deadline on it; the abort, ``ncclCommAbort`` in
+  ``PyNcclCommunicator.destroy``, is reached through ``/shutdown_weight_transfer_engine``, a worker call that
+  we expect to queue behind the blocked update: not verified, no GPU here). So each vLLM engine keeps a group
+  of its own: the trainer sends the model once per vLLM engine (trainer/sync/vllm_api.py).
 
 Per sync (``prepare`` -> ``send`` -> ``finish``):
 
