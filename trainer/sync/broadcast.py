@@ -10,7 +10,8 @@ however many engines listen. What a buffer costs the trainer, measured (bench/we
   ``"relay": true``, engine/transfer.py): the trainer sends each buffer to rank 1 alone, in 4 MiB slices
   (``schemas.weight_transfer.RELAY_SLICE_BYTES``), and rank r passes each slice on to r + 1 as it arrives (a
   pipeline): the trainer's egress is 1x the model for any number of engines, and a buffer reaches the last
-  engine one slice per hop later.
+  engine one slice per hop later. gloo connects every pair of ranks when a group forms, so (unlike one group
+  per engine) the engines must reach each other, not only the trainer.
 - NCCL (vLLM engines): NCCL's broadcast is a ring (pipelined chunks): the root sends ~1x per group. vLLM's
   trainer API (``trainer_init``) posts its init info to ONE client with ``rank_offset`` fixed at 1
   (``nccl_common.build_worker_init_payload``), so it puts one engine in a group. A client fanning that post out
