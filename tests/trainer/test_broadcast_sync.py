@@ -203,7 +203,8 @@ def test_one_group_the_middle_engine_lost_mid_transfer_the_other_two_get_the_wei
         out = run_sync_killing(wt, model, None, 1, victim, sig)
         report = out["report"]
         assert report["broadcast"] == [first.url, last.url] and report["stale"] == [victim.url], report
-        assert out["after_signal_s"] < 2 * DEADLINE_S + 10, out  # the deadline, the probe, the second send
+        # a lost member is found by its probe: the others do not wait for the deadline
+        assert out["after_signal_s"] < DEADLINE_S + 3, out
         # each buffer left the trainer once for the group, and once more for the group formed without the victim
         assert report["bytes_sent"] == 2 * report["bytes_per_engine"], report
         for url in (first.url, last.url):

@@ -45,12 +45,14 @@ Per sync (``prepare`` -> ``send`` -> ``finish``):
 Never a hang, and fault isolation within one group: every collective waits at most ``timeout_s`` (gloo's
 timeout on each send and receive), every HTTP call has a timeout. A rank lost mid-transfer (killed, frozen)
 stops the chain behind it: the ranks before it finish (a failed forward does not fail a rank's own update),
-the ones behind it fail or stall. After the sends ``_settle`` waits for the members' replies (at most the
-deadline; not at all when the trainer's own send to rank 1 failed), probes the ones that failed or did not
-answer (``GET /health``, a short deadline, side by side), destroys the group, forms it again from the ones
-that answered (a fresh port) and sends them the buffers again (kept for that while the group has several
-members: one copy of the weights in CPU memory during the send). So a lost engine costs the others about the
-deadline, the probe and a second send. The lost ones, and any that fail again, are marked stale; the others
+the ones behind it fail or stall. After the sends ``_settle`` waits for the members' replies (half a second;
+then, when every member still waited for answers ``GET /health`` within a short deadline, up to the deadline;
+not at all when the trainer's own send to rank 1 failed), probes the ones that failed or did not reply,
+destroys the group, forms it again from the ones that answered (a fresh port) and sends them the buffers again
+(kept for that while the group has several members: one copy of the weights in CPU memory during the send).
+So a lost engine behind rank 1 costs the others half a second, the probe and a second send, within the
+deadline (2.3 s after a SIGSTOP with a 3 s deadline: tests/trainer/test_broadcast_sync.py); a lost rank 1
+costs the deadline (the trainer's send to it times out), the probe and the second send. The lost ones, and any that fail again, are marked stale; the others
 finish; the next sync loads a stale engine from storage at that step's version (whenever it answers again),
 and the one after takes it into the group again. A sync raises WeightSyncError only when no engine got the
 new weights.
@@ -572,21 +574,29 @@ class WeightTransfer:
         return kept if keep else None
 
     def _settle(self, packed: list[Packed] | None) -> int:
-        """After the sends: who in the group holds every tensor. The members' replies are awaited (at most the
-        deadline in all; none when the trainer's own send failed: then no member can have them all); an engine
-        that failed or did not reply is probed (``/health``); the ones that answer are put in a group formed
-        without the lost ones (a fresh port) and sent the kept buffers again, once. The lost ones, and any that
+        """After the sends: who in the group holds every tensor. The members' replies are awaited (half a second,
+        then, unless a member still waited for does not answer ``/health``, up to the deadline; not at all when
+        the trainer's own send failed: then no member can have them all); an engine that failed or did not reply
+        is probed (``/health``, once); the ones that answer are put in a group formed without the lost ones (a
+        fresh port) and sent the kept buffers again, once. The lost ones, and any that
         fail again, are stale at ``finish``. Returns the bytes sent again."""
         if not self._pending:
             return 0
+        probed: dict[str, bool] = {}
         if not self._broken:
             deadline = time.monotonic() + self.timeout_s
-            for p in self._pending.values():
-                p.thread.join(max(0.0, deadline - time.monotonic()))
+            self._join(time.monotonic() + min(0.5, self.timeout_s))  # the last rank's reply trails by a few hops
+            waiting = [p.engine for p in self._pending.values() if p.thread.is_alive()]
+            if waiting:  # a member that does not answer /health is lost: the others need not wait for the deadline
+                alive = self._alive(waiting)
+                probed = {self._key(e): self._key(e) in alive for e in waiting}
+                if all(probed.values()):
+                    self._join(deadline)
         failed = [p for p in self._pending.values() if self._broken or p.error or p.thread.is_alive()]
         if not failed:
             return 0
-        alive = self._alive([p.engine for p in failed])
+        alive = self._alive([p.engine for p in failed if self._key(p.engine) not in probed])
+        alive |= {k for k, up in probed.items() if up}
         for p in failed:
             p.dead = True
             p.error = p.error or self._broken or f"/update_weights did not return within {self.timeout_s:.0f} s"
@@ -638,6 +648,11 @@ class WeightTransfer:
         with self._pool_lock:
             if packed and self._kept and packed[0].buf is self._kept[0]:
                 self._kept_lent = False
+
+    def _join(self, until: float) -> None:
+        """Wait for the members' ``/update_weights`` replies until ``until`` (monotonic)."""
+        for p in self._pending.values():
+            p.thread.join(max(0.0, until - time.monotonic()))
 
     def _drop(self, p: _Pending, why: str) -> None:
         p.dead = True
