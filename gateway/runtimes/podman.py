@@ -4,6 +4,10 @@ One container per session, as Harbor runs a trial: created at INIT from the task
 Dockerfile content, images.py) and removed at teardown. Prepare commands, the harness, a task's solution
 and the verifier all ``exec`` into it, so the verifier sees the agent's final state.
 
+A node keeps a few containers of each shape started ahead of need (prepared.py): one is taken by
+exactly one session and removed with it, so a session never sees another's. A verifier's files and the
+kill of what the agent left go in one ``exec`` (exec_files.py).
+
 Inside: the workspace is the image's WORKDIR (``WorkspaceSpec.mount``, /app by default); a workspace
 task without an image runs in the node's ``--image`` with its directory bound at /workspace. HOME is
 /home/agent, bound from the session's home (the harness's config files). An npm CLI comes in read-only
