@@ -29,8 +29,9 @@ class NodeConfig:
     ready_target: int = 2  # prepared sessions kept waiting for a run slot (0: prepare only when a slot frees)
     run_workers: int = 2  # concurrent harness runs (what keeps the engine busy)
     postrun_workers: int = 4  # concurrent evaluations
-    # Containers of an image task: started ahead of need, up to ready_target per shape (gateway/runtimes/
-    # prepared.py); at most container_starts starting at once, and container_start_rate a second
+    # Containers of an image task: started ahead of need, up to capacity per shape (gateway/runtimes/
+    # prepared.py: a step's burst of sessions finds them ready); at most container_starts starting at once,
+    # and container_start_rate a second
     container_starts: int = 4
     container_start_rate: float = 8.0
     model_name: str = "polar"  # model name harnesses ask for (the gateway serves its model under any name)

@@ -84,7 +84,7 @@ class Node:
         sock_path = self._sock_dir / "gateway.sock"
         self._relay = await serve_unix_to_tcp(str(sock_path), "127.0.0.1", self.gateway_port)
         runtime = make_runtime(self.cfg.runtime, sock_path, self.cfg.image, owner=str(self.cfg.work_dir.resolve()),
-                               site_settings=self.cfg.site_settings, prepared=self.cfg.ready_target,
+                               site_settings=self.cfg.site_settings, prepared=self.cfg.capacity,
                                max_starting=self.cfg.container_starts, starts_per_s=self.cfg.container_start_rate)
         await self._clean_predecessor(runtime)
         self.publisher = Publisher(self.settings, client_id=f"polar-node-{self.cfg.node_id}")

@@ -27,7 +27,9 @@ log = logging.getLogger("polarstream.node")
 
 
 class StartGate:
-    """At most ``max_starting`` starts at once, and starts no closer together than 1/``starts_per_s``."""
+    """At most ``max_starting`` starts at once, and starts no closer together than 1/``starts_per_s``.
+    A start ``ahead`` of need waits while any start for a waiting session is asked for or under way:
+    on a loaded host they would only slow each other, and the session's is the one on the critical path."""
 
     def __init__(self, max_starting: int = 4, starts_per_s: float = 8.0):
         if max_starting < 1 or starts_per_s <= 0:
@@ -37,9 +39,29 @@ class StartGate:
         self._next = 0.0  # monotonic time the next start may begin
         self.starting = 0  # starts in progress now (observed by tests and metrics)
         self.peak = 0
+        self._needed = 0  # starts for a waiting session, asked for or under way
+        self._no_need = asyncio.Event()
+        self._no_need.set()
 
     @asynccontextmanager
-    async def start(self):
+    async def start(self, ahead: bool = False):
+        if ahead:
+            while self._needed:
+                await self._no_need.wait()
+        else:
+            self._needed += 1
+            self._no_need.clear()
+        try:
+            async with self._start():
+                yield
+        finally:
+            if not ahead:
+                self._needed -= 1
+                if not self._needed:
+                    self._no_need.set()
+
+    @asynccontextmanager
+    async def _start(self):
         async with self._slots:
             now = time.monotonic()
             at = max(now, self._next)

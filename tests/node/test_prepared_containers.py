@@ -5,6 +5,7 @@ cleanup, and a verifier's files travel in one exec (with a fallback for an image
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -116,6 +117,7 @@ async def test_a_verifier_s_files_go_in_and_come_back_in_one_exec_and_leftovers_
                                      mounts={"/tests": tests, "/logs/verifier": logs}))
             assert res.returncode == 3 and not res.timed_out
             assert ("verify_exec_s" in box.parts) == (i == 0)  # one exec where the image has tar, else engine cp
+            assert bool(box.runc_id) == bool(shutil.which("runc"))  # runs go through runc's exec where podman uses runc
             assert (logs / "reward.txt").read_text() == "1\n" and (logs / "seen.txt").read_text() == "input-data"
             assert (logs / "sleeps.txt").read_text().strip() == "0"  # the agent's sleep was gone before the verifier
         finally:
@@ -138,3 +140,18 @@ async def test_the_start_gate_caps_starts_at_once_and_their_rate():
     assert min(gaps) >= 0.05 - 0.005  # never two starts closer than 1/20 s
     with pytest.raises(ValueError):
         StartGate(max_starting=0)
+
+
+async def test_a_start_ahead_of_need_waits_for_the_starts_sessions_wait_for():
+    gate, order = StartGate(max_starting=4, starts_per_s=1000.0), []
+
+    async def start(name: str, ahead: bool, hold: float):
+        async with gate.start(ahead):
+            order.append(name)
+            await asyncio.sleep(hold)
+        order.append(f"{name} done")
+
+    needed = asyncio.ensure_future(start("needed", False, 0.2))
+    await asyncio.sleep(0.01)
+    await asyncio.gather(start("ahead", True, 0.0), needed)
+    assert order == ["needed", "needed done", "ahead", "ahead done"]  # a free slot, but a session waited
