@@ -64,6 +64,7 @@ OWNER_LABEL = "io.polarstream.owner"
 SESSION_LABEL = "io.polarstream.session"
 PROCESS_LABEL = "io.polarstream.process"  # "<boot id>:<pid namespace>:<pid>" of the node that made it
 NODE_BIN = "/usr/local/bin/node"
+IMAGE_KEEP_S = 120.0  # how long a task environment's image, once found or built, is taken as there
 RUNC, RUNC_ROOT = shutil.which("runc") or "", "/run/runc"  # runc's state of podman's containers (rootful)
 # PID 1 of a session container: waits, and exits at once on the engine's stop (any image has /bin/sh).
 IDLE = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
@@ -145,6 +146,7 @@ class ContainerRuntime:
         # Containers started ahead of need, up to ``prepared`` per shape (0: none, each opened on demand)
         self.prepared = PreparedContainers(self._prepare, _remove, prepared) if prepared > 0 else None
         self._prepared_dir = Path(".")
+        self._images: dict[str, tuple[str, float]] = {}  # a task environment's image, and when it was found
 
     def unavailable(self) -> str:
         """Why this runtime cannot run here ("" when it can)."""
@@ -165,7 +167,7 @@ class ContainerRuntime:
         storage = await self._storage_opt(env.storage_mb) if env is not None and env.storage_mb else []
         site = await asyncio.to_thread(host_site, self.site_settings)
         if env is not None:
-            image, built_s = await task_image(env, self.engine, task_id=task.task_id, log_path=log_path, site=site)
+            image, built_s = await self._task_image(env, task.task_id, log_path, site)
         elif self.image:
             image, built_s = self.image, 0.0
         else:
@@ -194,6 +196,18 @@ class ContainerRuntime:
         box.build_s = built_s
         box.open_s = time.monotonic() - t0
         return box
+
+    async def _task_image(self, env, task_id: str, log_path: Path | None, site) -> tuple[str, float]:
+        """task_image, its answer kept for ``IMAGE_KEEP_S``: finding an image is an engine call or two
+        (0.2–1 s on a loaded host) on every session's path, for an answer that does not change while its
+        sessions run (an image removed meanwhile fails its next start with the engine's error)."""
+        key = env.model_dump_json()
+        found = self._images.get(key)
+        if found is not None and time.monotonic() - found[1] < IMAGE_KEEP_S:
+            return found[0], 0.0
+        image, built_s = await task_image(env, self.engine, task_id=task_id, log_path=log_path, site=site)
+        self._images[key] = (image, time.monotonic())
+        return image, built_s
 
     async def _prepare(self, shape: "Shape") -> "ContainerSandbox":
         """A container of ``shape`` for a session not yet here, its directories in a scratch dir of its own."""
