@@ -127,6 +127,8 @@ class PreparedContainers:
         finally:
             self._starting[shape] -= 1
         self._ready.setdefault(shape, []).append((time.monotonic(), box))
+        # a container no session takes is removed after max_idle_s, whether or not the node opens another
+        asyncio.get_running_loop().call_later(self.max_idle_s + 1.0, self._expire)  # after discard: nothing left
 
     def _expire(self) -> None:
         now = time.monotonic()

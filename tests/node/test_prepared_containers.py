@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gateway.runtimes import ContainerRuntime, ExecSpec, Limits
-from gateway.runtimes.prepared import StartGate
+from gateway.runtimes.prepared import PreparedContainers, StartGate
 from schemas import TaskRequest
 
 pytestmark = pytest.mark.integration
@@ -155,3 +155,25 @@ async def test_a_start_ahead_of_need_waits_for_the_starts_sessions_wait_for():
     await asyncio.sleep(0.01)
     await asyncio.gather(start("ahead", True, 0.0), needed)
     assert order == ["needed", "needed done", "ahead", "ahead done"]  # a free slot, but a session waited
+
+
+async def test_the_pool_gives_each_container_once_and_removes_those_left_idle():
+    made, removed = [], []
+
+    async def start(shape):
+        made.append(object())
+        return made[-1]
+
+    async def remove(box):
+        removed.append(box)
+
+    pool = PreparedContainers(start, remove, per_shape=2, max_idle_s=0.3)
+    pool.want("a")
+    pool.want("a")  # already starting: no more than per_shape
+    await until(lambda: pool.ready("a") == 2, 5)
+    first, second = pool.take("a"), pool.take("a")
+    assert first is not second and pool.take("a") is None and pool.take("b") is None and len(made) == 2
+    pool.want("a")
+    await until(lambda: pool.ready("a") == 2, 5)
+    await until(lambda: len(removed) == 2, 5)  # nobody took them: removed, never handed out
+    assert pool.ready() == 0 and first not in removed and second not in removed and pool.take("a") is None
