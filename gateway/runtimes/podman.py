@@ -275,6 +275,8 @@ class ContainerRuntime:
                 raise
         box.workdir = shape.workdir or image_workdir or "/"
         box.image_path = next((ln[5:] for ln in lines[4:] if ln.startswith("PATH=")), "")
+        if ahead:
+            await box.start_tunnel_ahead()
         return box
 
     async def discard_prepared(self) -> None:
@@ -333,6 +335,7 @@ class ContainerSandbox:
         self.owns_scratch = False  # a prepared container's scratch dir: removed with it
         self.scratch = root  # the host dir holding its HOME (and workspace): the session's root, or a prepared one's
         self.user = ""  # the image's USER ("" = root)
+        self.tunnel_ahead: asyncio.subprocess.Process | None = None  # the harness run's relay, started early
         self.runc_id = ""  # the container's id where its runs go through runc directly (runc_container)
         self.kill_pending = False  # stop_processes deferred into the next run (run as root)
         self.parts: dict[str, float] = {}  # seconds of each part of the last run with mounts (verify_*_s)
@@ -515,6 +518,10 @@ class ContainerSandbox:
         """Remove the container (its writable layer with it), and its scratch dir if it was prepared."""
         await _engine(self.runtime.engine, "rm", "-f", "-t", "0", self.cname)
         self.dead = self.dead or "closed"
+        if self.tunnel_ahead is not None and self.tunnel_ahead.returncode is None:  # never used: the run never came
+            self.tunnel_ahead.kill()
+            await self.tunnel_ahead.wait()
+        self.tunnel_ahead = None
         if self.owns_scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -530,6 +537,15 @@ class ContainerSandbox:
     async def _copy_out(self, seen_at: str, host: Path) -> None:
         await _engine(self.runtime.engine, "cp", f"{self.cname}:{seen_at}/.", str(host))
 
+    async def start_tunnel_ahead(self) -> None:
+        """Start the harness run's gateway relay now (tunnel.py ``--when-told``): its interpreter's start
+        is then off the run's path; it listens only when the run tells it where."""
+        if self.runtime.sock_path is None or not self.pid.isdigit() or self.pid == "0":
+            return
+        self.tunnel_ahead = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", str(TUNNEL), "--netns", f"/proc/{self.pid}/ns/net", "--unix", str(self.runtime.sock_path),
+            "--when-told", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.PIPE)
+
     async def _tunnel(self, spec: ExecSpec) -> asyncio.subprocess.Process:
         """The relay from the container's loopback to the node's gateway socket, run on the host."""
         rt = self.runtime
@@ -538,10 +554,16 @@ class ContainerSandbox:
         pid = self.pid
         if not pid.isdigit() or pid == "0" or not Path(f"/proc/{pid}").exists():
             raise RuntimeUnavailable(f"{rt.engine}: the session container is not running (no process {pid or '?'})")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", str(TUNNEL), "--netns", f"/proc/{pid}/ns/net", "--unix", str(rt.sock_path),
-            "--listen", f"127.0.0.1:{sandbox_port(spec.gateway_port)}", stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL)
+        listen = f"127.0.0.1:{sandbox_port(spec.gateway_port)}"
+        proc, self.tunnel_ahead = self.tunnel_ahead, None
+        if proc is not None and proc.returncode is None:  # started with the container: told where to listen now
+            proc.stdin.write(f"{listen}\n".encode())
+            proc.stdin.close()
+        else:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-I", str(TUNNEL), "--netns", f"/proc/{pid}/ns/net", "--unix", str(rt.sock_path),
+                "--listen", listen, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL)
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), 30)
         except (asyncio.TimeoutError, asyncio.CancelledError) as e:  # no word in 30 s, or the run cancelled

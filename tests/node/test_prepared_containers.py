@@ -8,6 +8,7 @@ import asyncio
 import shutil
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from gateway.runtimes import ContainerRuntime, ExecSpec, Limits
 from gateway.runtimes.prepared import PreparedContainers, StartGate
 from schemas import TaskRequest
+from tests.node.test_podman import FETCH, fake_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +55,8 @@ async def until(cond, timeout_s: float = 90.0) -> None:
 
 
 async def test_a_prepared_container_serves_one_session_and_a_dead_nodes_are_removed(tmp_path, podman_base):
-    rt = ContainerRuntime(None, owner=str(tmp_path), prepared=2)
+    server, relay, sock, port = await fake_gateway(tmp_path)
+    rt = ContainerRuntime(sock, owner=str(tmp_path), prepared=2)
     task = image_task()
     first = await rt.open(task, session_root(tmp_path, 0))
     assert not first.was_prepared  # none was ready: opened on demand, and two more of its shape started
@@ -67,6 +70,14 @@ async def test_a_prepared_container_serves_one_session_and_a_dead_nodes_are_remo
         seen = await b.run(spec(b.root, ["sh", "-c", "cat /app/f.txt; ls /home/agent"]))
         assert wrote.returncode == 0 and (a.root / "home" / "h").read_text() == "cfg\n"
         assert "from-image" in seen.output_tail and "mine" not in seen.output_tail and "h" not in seen.output_tail.split()
+        # its gateway relay, started with it, opens for the harness run alone: not before, not after
+        fetch = ["python3", "-c", FETCH.format(port=port)]
+        before = await b.run(spec(b.root, fetch))
+        during = await b.run(replace(spec(b.root, fetch), network="gateway", gateway_port=port))
+        after = await b.run(spec(b.root, fetch))
+        assert "unreachable" in before.output_tail and "hello-from-gateway" not in before.output_tail
+        assert during.returncode == 0 and during.output_tail.count("hello-from-gateway") == 1
+        assert after.output_tail.count("hello-from-gateway") == 1 and b.tunnel_ahead is None  # its run's line only
         # closing a session removes its container: the pool never gives it out again
         await a.close()
         assert a.cname not in owned(tmp_path) and not a.scratch.exists()
@@ -85,6 +96,8 @@ async def test_a_prepared_container_serves_one_session_and_a_dead_nodes_are_remo
         # the node dies: its successor (same work dir) removes sessions' and prepared containers alike
         left = owned(tmp_path)
         assert await ContainerRuntime(None, owner=str(tmp_path)).cleanup() == len(left) > 0
+        server.close()
+        relay.close()
     assert owned(tmp_path) == set()
 
 
@@ -126,18 +139,22 @@ async def test_a_verifier_s_files_go_in_and_come_back_in_one_exec_and_leftovers_
 
 
 async def test_the_start_gate_caps_starts_at_once_and_their_rate():
-    gate = StartGate(max_starting=2, starts_per_s=20.0)
-    began: list[float] = []
+    async def starts(gate: StartGate, n: int, hold: float) -> list[float]:
+        began: list[float] = []
 
-    async def start():
-        async with gate.start():
-            began.append(time.monotonic())
-            await asyncio.sleep(0.1)
+        async def start():
+            async with gate.start():
+                began.append(time.monotonic())
+                await asyncio.sleep(hold)
 
-    await asyncio.gather(*(start() for _ in range(8)))
-    gaps = [b - a for a, b in zip(sorted(began), sorted(began)[1:])]
-    assert gate.peak == 2 and gate.starting == 0
-    assert min(gaps) >= 0.05 - 0.005  # never two starts closer than 1/20 s
+        await asyncio.gather(*(start() for _ in range(n)))
+        return sorted(began)
+
+    at_once = StartGate(max_starting=2, starts_per_s=1000.0)
+    await starts(at_once, 8, 0.05)
+    assert at_once.peak == 2 and at_once.starting == 0
+    paced = await starts(StartGate(max_starting=8, starts_per_s=20.0), 8, 0.0)
+    assert paced[-1] - paced[0] >= 7 * 0.05 - 0.02  # 8 starts at 20 a second: 0.35 s from first to last
     with pytest.raises(ValueError):
         StartGate(max_starting=0)
 
