@@ -17,8 +17,11 @@ step out to last step trained, the span steps/hour is taken over) and steps per 
 session events (``polarstream cat session-events``: the node's ``finished`` events, gateway/node/session.py
 ``job.metrics``), each stage's seconds per session, median and max over the run's sessions that finished ok:
 ``init_s`` (the workspace made, or the container opened, the image build or lookup included),
-``image_build_s`` (of that, building or finding the image), ``ready_wait_s`` (prepared, waiting for a run
-slot), ``run_s`` (the harness), ``eval_s`` (the verifier) and ``total_s`` (admitted to finished). Per target:
+``open_s`` (of that, the sandbox: a container taken from those prepared ahead, or started now;
+``open_prepared`` 1 for the former), ``image_build_s`` (building or finding the image), ``ready_wait_s``
+(prepared, waiting for a run slot), ``run_s`` (the harness), ``eval_s`` (the verifier; in a container,
+``verify_network_s`` to set its network and ``verify_exec_s`` for the one exec that takes its files in
+and out) and ``total_s`` (admitted to finished). Per target:
 min and median over rounds of s/step and steps/hour, and each stage's median over runs of the runs' medians.
 ``image_vs_bwrap_step_time`` is the median over rounds of the image run's s/step over the bwrap run's in the
 same round (above 1: image tasks are slower per step); ``_min`` and ``_max`` beside it. A run that fails is
@@ -53,7 +56,8 @@ sys.path.insert(0, str(ROOT))
 from bench._rounds import interleaved, load_avg  # noqa: E402
 
 TARGETS = ("bwrap", "image")
-STAGES = ("init_s", "image_build_s", "ready_wait_s", "run_s", "eval_s", "total_s")
+STAGES = ("init_s", "open_s", "open_prepared", "image_build_s", "ready_wait_s", "run_s", "eval_s", "verify_network_s",
+          "verify_exec_s", "total_s")
 
 # One run, as `polarstream run EXP --seed 0 --async-level 0 --run-dir RUN` makes it (polarstream/demo_cli.py),
 # on the preset's workspace tasks (bwrap) or on image_preset's image tasks (image): nothing else differs.

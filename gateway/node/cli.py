@@ -84,6 +84,8 @@ def node(
     ready_target: int = typer.Option(2, help="prepared sessions kept waiting for a run slot (READY buffer)"),
     run_workers: int = typer.Option(2, help="concurrent harness runs"),
     postrun_workers: int = typer.Option(4, help="concurrent evaluations"),
+    container_starts: int = typer.Option(4, help="task containers starting at once, at most (prepared ahead or on demand)"),
+    container_start_rate: float = typer.Option(8.0, help="task containers started per second, at most"),
     model_name: str = typer.Option("polar", help="model name the harnesses ask for"),
     cpu_s: Optional[int] = typer.Option(None, help="RLIMIT_CPU seconds per harness process"),
     memory_mb: Optional[int] = typer.Option(None, help="RLIMIT_AS MiB per harness process"),
@@ -121,7 +123,8 @@ def node(
     try:
         cfg = NodeConfig(work_dir=Path("."), cache_dir=settings.cache_dir, runtime=runtime, image=image,
                          init_workers=init_workers, ready_target=ready_target, run_workers=run_workers,
-                         postrun_workers=postrun_workers, model_name=model_name, cpu_s=cpu_s, memory_mb=memory_mb,
+                         postrun_workers=postrun_workers, container_starts=container_starts,
+                         container_start_rate=container_start_rate, model_name=model_name, cpu_s=cpu_s, memory_mb=memory_mb,
                          keep_workdirs=keep_workdirs, gateway_port=port, site_settings=site_settings,
                          **({"node_id": node_id} if node_id else {}))
     except ValueError as e:

@@ -29,6 +29,11 @@ class NodeConfig:
     ready_target: int = 2  # prepared sessions kept waiting for a run slot (0: prepare only when a slot frees)
     run_workers: int = 2  # concurrent harness runs (what keeps the engine busy)
     postrun_workers: int = 4  # concurrent evaluations
+    # Containers of an image task: started ahead of need, up to capacity per shape (gateway/runtimes/
+    # prepared.py: a step's burst of sessions finds them ready); at most container_starts starting at once,
+    # and container_start_rate a second
+    container_starts: int = 4
+    container_start_rate: float = 8.0
     model_name: str = "polar"  # model name harnesses ask for (the gateway serves its model under any name)
     cpu_s: int | None = None  # RLIMIT_CPU per harness process
     memory_mb: int | None = None  # RLIMIT_AS per harness process (Node CLIs need several GB of address space)
@@ -43,6 +48,8 @@ class NodeConfig:
         for name in ("init_workers", "run_workers", "postrun_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be at least 1")
+        if self.container_starts < 1 or self.container_start_rate <= 0:
+            raise ValueError("container_starts: must be at least 1; container_start_rate: must be above 0")
         if self.ready_target < 0:
             raise ValueError("ready_target: must be >= 0")
         site_mode(self.site_settings)  # ValueError names it

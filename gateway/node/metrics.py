@@ -39,6 +39,16 @@ def _verifier_faults(pipeline: Any) -> Iterator[Reading]:
         yield (pipeline.cfg.node_id, cause), float(n)
 
 
+def _stage_seconds(pipeline: Any) -> Iterator[Reading]:
+    for (sandbox, stage), (seconds, _) in pipeline.stage_seconds.items():
+        yield (pipeline.cfg.node_id, sandbox, stage), float(seconds)
+
+
+def _stage_sessions(pipeline: Any) -> Iterator[Reading]:
+    for (sandbox, stage), (_, n) in pipeline.stage_seconds.items():
+        yield (pipeline.cfg.node_id, sandbox, stage), float(n)
+
+
 _GAUGES = (
     Sampled("polar_node_sessions", "Sessions in each stage of the node (INIT, READY, RUN, POSTRUN)",
             ("node", "stage"), _stages),
@@ -51,6 +61,11 @@ _GAUGES = (
     Sampled("polar_node_verifier_faults", "Sessions masked (infra_error) because their verifier could not judge, "
             "by cause: tls, dns, network, interpreter, install, timeout (gateway/verifier_faults.py)",
             ("node", "cause"), _verifier_faults, counter=True),
+    Sampled("polar_node_stage_seconds", "Seconds sessions spent in each stage (open: the sandbox ready; run: the "
+            "harness; verify; close: the sandbox removed), summed, by sandbox (bwrap, podman)",
+            ("node", "sandbox", "stage"), _stage_seconds, counter=True),
+    Sampled("polar_node_stage_sessions", "Sessions counted in polar_node_stage_seconds (mean = seconds / sessions)",
+            ("node", "sandbox", "stage"), _stage_sessions, counter=True),
 )
 
 

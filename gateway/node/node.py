@@ -84,7 +84,8 @@ class Node:
         sock_path = self._sock_dir / "gateway.sock"
         self._relay = await serve_unix_to_tcp(str(sock_path), "127.0.0.1", self.gateway_port)
         runtime = make_runtime(self.cfg.runtime, sock_path, self.cfg.image, owner=str(self.cfg.work_dir.resolve()),
-                               site_settings=self.cfg.site_settings)
+                               site_settings=self.cfg.site_settings, prepared=self.cfg.capacity,
+                               max_starting=self.cfg.container_starts, starts_per_s=self.cfg.container_start_rate)
         await self._clean_predecessor(runtime)
         self.publisher = Publisher(self.settings, client_id=f"polar-node-{self.cfg.node_id}")
         self.pipeline = Pipeline(self.cfg, runtime, self.gateway_port, self._publish_event, self.settle_calls)
@@ -137,6 +138,10 @@ class Node:
         if self.pipeline is not None:
             for t in list(self.pipeline.tasks):
                 t.cancel()
+            await asyncio.gather(*list(self.pipeline.tasks), return_exceptions=True)
+            discard = getattr(getattr(self.pipeline.runtime, "containers", self.pipeline.runtime), "discard_prepared", None)
+            if discard is not None:  # containers started for sessions that will not come here
+                await discard()
         for t in self._tasks[1:]:
             t.cancel()
         if getattr(self, "_relay", None) is not None:

@@ -31,6 +31,9 @@ from .session import Job, init_stage, postrun_stage, run_stage, run_session_id, 
 
 log = logging.getLogger("polarstream.node")
 
+# A session's stages as the node's metrics name them, and the job.metrics key that times each (session.py)
+STAGE_METRICS = {"open": "open_s", "run": "run_s", "verify": "eval_s", "close": "close_s"}
+
 
 class PrioritySlots:
     """A semaphore whose waiters are served by priority (higher first), then arrival order."""
@@ -94,6 +97,8 @@ class Pipeline:
         self.finished: Counter[str] = Counter()
         self.verifier_faults: Counter[str] = Counter()  # sessions masked because the verifier could not judge, by cause
         self.run_busy_s = 0.0
+        # (sandbox, stage) -> [seconds, sessions]: each session's stage times, summed (metrics.py)
+        self.stage_seconds: dict[tuple[str, str], list] = {}
         self.started_at = time.monotonic()
 
     # -- admission ---------------------------------------------------------------------------------
@@ -177,6 +182,7 @@ class Pipeline:
             if job.fault is not None:
                 self.verifier_faults[job.fault.cause] += 1
             await teardown(job, self.cfg.keep_workdirs)
+            self._record_stages(job)
         except asyncio.CancelledError:  # the node stopping without drain: a READY session's container too
             if job.sandbox is not None:
                 await asyncio.shield(job.sandbox.close())
@@ -219,6 +225,15 @@ class Pipeline:
             self.stage["run"] -= 1
             self.run_slots.release()
         return True
+
+    def _record_stages(self, job: Job) -> None:
+        """Add the session's open, run, verify and close seconds to the totals by sandbox (bwrap, podman)."""
+        sandbox = getattr(job.sandbox, "name", "") or getattr(self.runtime, "name", "?")
+        for stage, key in STAGE_METRICS.items():
+            if key in job.metrics:
+                total = self.stage_seconds.setdefault((sandbox, stage), [0.0, 0])
+                total[0] += job.metrics[key]
+                total[1] += 1
 
     async def _emit(self, event: SessionEvent) -> None:
         """Publish until the broker acknowledges: a finished event must never be lost (ids dedupe retries)."""

@@ -125,11 +125,15 @@ def exposed_paths(job: Job, cfg: NodeConfig) -> tuple[list[Path], bool]:
 
 async def _init(job: Job, cfg: NodeConfig, runtime: Runtime) -> None:
     ro_paths, node = exposed_paths(job, cfg)
+    t0 = time.monotonic()
     try:
         job.sandbox = await runtime.open(job.task, job.root, ro_paths, node, log_path=job.dir("logs") / "build.log")
     except (RuntimeUnavailable, ImageBuildError) as e:
         raise WorkspaceError(str(e)) from None
+    # open_s: the sandbox ready (a container's image lookup or build included); prepared: it was started ahead
+    job.metrics["open_s"] = time.monotonic() - t0
     job.metrics["image_build_s"] = getattr(job.sandbox, "build_s", 0.0)
+    job.metrics["open_prepared"] = 1.0 if getattr(job.sandbox, "was_prepared", False) else 0.0
     if job.task.workspace.kind != "image":
         await materialize(job.task.workspace, job.dir("workspace"))
     if job.task.prepare:
@@ -216,6 +220,7 @@ async def postrun_stage(job: Job, cfg: NodeConfig, runtime: Runtime) -> None:
     res = await evaluate(spec, job.dir("workspace"), job.dir("eval"), job.task, job.sandbox or runtime,
                          job.dir("logs") / "eval.log")
     job.metrics["eval_s"] = time.monotonic() - t0
+    job.metrics.update(getattr(job.sandbox, "parts", None) or {})  # a container's verify_*_s (exec_files.py)
     job.metrics.update(res.metrics)
     if res.error:
         job.end("infra_error", res.error)  # a broken evaluator is not the agent's fault: masked
@@ -232,7 +237,9 @@ async def _out_of_memory(sandbox: Runtime) -> bool:
 
 async def teardown(job: Job, keep: bool) -> None:
     """Remove the session's container and directories (a harness can't leave state for the next session)."""
+    t0 = time.monotonic()
     if job.sandbox is not None:
         await job.sandbox.close()
     if job.root is not None and not keep:
         shutil.rmtree(job.root, ignore_errors=True)
+    job.metrics["close_s"] = time.monotonic() - t0  # after the finished event: the node's metrics have it

@@ -49,16 +49,18 @@ def container_engine() -> str:
     return next((e for e in ("podman", "docker") if shutil.which(e)), "")
 
 
-def make_runtime(name: str, sock_path: Path | None = None, image: str = "", owner: str = "", site_settings: str = "") -> Runtime:
+def make_runtime(name: str, sock_path: Path | None = None, image: str = "", owner: str = "", site_settings: str = "",
+                 **containers) -> Runtime:
     """A runtime by name; ``sock_path`` is the node's gateway socket, ``image`` the image for workspace
     tasks under a container engine, ``owner`` the label a node's containers carry (its work dir),
-    ``site_settings`` whether the host's CA, proxies and index go into containers (site.py; "" = default)."""
+    ``site_settings`` whether the host's CA, proxies and index go into containers (site.py; "" = default);
+    ``containers``: ContainerRuntime's ``prepared``, ``max_starting`` and ``starts_per_s`` (prepared.py)."""
     if name == "subprocess":
         return SubprocessRuntime()
     if name == "bwrap":
         return BwrapRuntime(sock_path)
     if name in ("podman", "docker"):
-        return ContainerRuntime(sock_path, engine=name, image=image, owner=owner, site_settings=site_settings)
+        return ContainerRuntime(sock_path, engine=name, image=image, owner=owner, site_settings=site_settings, **containers)
     if name == "apptainer":
         if not image:
             raise ValueError("runtime 'apptainer' needs an image (--image)")
@@ -66,7 +68,7 @@ def make_runtime(name: str, sock_path: Path | None = None, image: str = "", owne
     if name == "auto":
         host = BwrapRuntime(sock_path) if shutil.which("bwrap") else SubprocessRuntime()
         return AutoRuntime(host, ContainerRuntime(sock_path, engine=container_engine() or "podman", image=image, owner=owner,
-                                                  site_settings=site_settings))
+                                                  site_settings=site_settings, **containers))
     raise ValueError(f"unknown runtime {name!r}; expected one of {', '.join(RUNTIMES)}")
 
 

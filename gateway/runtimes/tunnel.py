@@ -9,7 +9,10 @@ ordinary ``http://127.0.0.1:PORT`` and every other address stays unreachable.
 
 A container task's image may have no python, so there the node runs this file itself, on the host, in
 the container's network namespace only (``--netns /proc/PID/ns/net``, no program: it relays until
-killed, and dies with the node): it sees the host's socket path and the container's loopback.
+killed, and dies with the node): it sees the host's socket path and the container's loopback. With
+``--when-told`` it starts (the interpreter, the namespace) ahead of the harness run and listens only once
+a line ``host:port`` comes on its stdin: its start is off the run's path, and nothing in the container
+can reach the gateway before the run.
 
 Standard library only: it runs under the sandbox's system python, without the project installed.
 """
@@ -95,9 +98,10 @@ async def _supervise(listen: str, sock_path: str, argv: list[str]) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--listen", required=True, help="host:port to listen on inside the sandbox")
+    ap.add_argument("--listen", default="", help="host:port to listen on inside the sandbox")
     ap.add_argument("--unix", required=True, help="unix socket that reaches the gateway")
     ap.add_argument("--netns", default="", help="enter this network namespace first (a container's)")
+    ap.add_argument("--when-told", action="store_true", help="listen at the host:port read from stdin, once it comes")
     ap.add_argument("argv", nargs=argparse.REMAINDER, help="-- program and arguments")
     ns = ap.parse_args()
     argv = ns.argv[1:] if ns.argv[:1] == ["--"] else ns.argv
@@ -105,6 +109,10 @@ def main() -> int:
         ap.error("no program given after --")
     if ns.netns:
         enter_netns(ns.netns)
+    if ns.when_told:
+        ns.listen = sys.stdin.readline().strip()
+        if not ns.listen:
+            return 0  # not needed after all (the session ended first)
     try:
         return asyncio.run(_supervise(ns.listen, ns.unix, argv))
     except FileNotFoundError as e:

@@ -56,6 +56,9 @@ timeout_sec = 10.0
 [environment]
 build_timeout_sec = 600.0
 memory_mb = 512
+# Harbor's switch for the whole trial: the test reads a file, so neither phase needs the outside (and the
+# session's container starts without a network, instead of on the bridge, cut off, reconnected to verify)
+allow_internet = false
 """
 
 # The demo's evaluator (arith._problem): answer.txt, spaces and newlines dropped, is the sum

@@ -240,7 +240,7 @@ def write_run_summary(exp: "Experiment", cfg: "RunConfig", demo_summary_path: Pa
         "retired": demo_summary.get("retired"),
         "rl_wall_time_s": demo_summary["wall_time_s"],
         # over the training loop (first step out to last step trained), as the driver's loop measured them
-        **{k: demo_summary.get(k) for k in ("rl_loop_s", "steps_per_hour", "engine_idle_fraction")},
+        **{k: demo_summary.get(k) for k in ("rl_loop_s", "steps_per_hour", "engine_idle_fraction", "session_stage_s")},
         "total_s": round(total_s, 1), "demo_summary": "demo-summary.json",
     }
     path = cfg.run_dir / "run-summary.json"

@@ -141,6 +141,19 @@ def per_task(trained: dict[str, TaskRequest], groups: dict[str, TrainingGroup]) 
     return {name: {"groups": len(r), "mean_reward": round(sum(r) / len(r), 3)} for name, r in stats.items()}
 
 
+def session_stages(start: dict | None, end: dict | None) -> dict:
+    """Mean seconds per session of each stage over the loop, by sandbox ("podman.open": 0.12), from the
+    node's totals at its start and end (serving.node_stage_totals); {} where unmeasured."""
+    if start is None or end is None:
+        return {}
+    means = {}
+    for key, (seconds, n) in sorted(end.items()):
+        s0, n0 = start.get(key, [0.0, 0.0])
+        if n > n0:
+            means[key] = round((seconds - s0) / (n - n0), 3)
+    return {"session_stage_s": means}
+
+
 def loop_figures(loop: dict, steps: int) -> dict:
     """steps/hour over the training loop, the engine's idle fraction in it, and how many of the machine's
     cores everything on it kept busy meanwhile (what overlap can still use: bench/driver.py) (None where
@@ -151,7 +164,8 @@ def loop_figures(loop: dict, steps: int) -> dict:
     cores = cpu[1][2] if cpu[1] else None
     busy_cores = ((cpu[1][0] - cpu[0][0]) / (cpu[1][1] - cpu[0][1]) * cores
                   if None not in cpu and cpu[1][1] > cpu[0][1] else None)
-    return {"rl_loop_s": round(span, 1) if span else None,
+    return {**session_stages(loop.get("stages_start"), loop.get("stages_end")),
+            "rl_loop_s": round(span, 1) if span else None,
             "steps_per_hour": round(steps / span * 3600, 1) if span else None,
             "engine_idle_fraction": round(max(0.0, 1 - busy / span), 3) if span and busy is not None else None,
             "machine_busy_cores": round(busy_cores, 3) if busy_cores is not None else None, "cores": cores}

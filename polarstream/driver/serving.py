@@ -15,6 +15,26 @@ into them.
 from __future__ import annotations
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def node_stage_totals(gateway_url: str | None) -> dict[str, list[float]] | None:
+    """The node's summed session stage times (its GET /metrics: ``polar_node_stage_seconds`` and
+    ``_sessions``) as ``"<sandbox>.<stage>" -> [seconds, sessions]``, or None when it cannot say."""
+    if not gateway_url:
+        return None
+    try:
+        text = httpx.get(f"{gateway_url}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return None
+    out: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            which = {"polar_node_stage_seconds_total": 0, "polar_node_stage_sessions_total": 1}.get(sample.name)
+            if which is not None:
+                key = f"{sample.labels.get('sandbox', '?')}.{sample.labels.get('stage', '?')}"
+                out.setdefault(key, [0.0, 0.0])[which] += sample.value
+    return out
 
 
 def serving(engine_url: str) -> int:

@@ -24,7 +24,7 @@ from .processes import Processes, ProcessFailed
 from .results import StepResult, SyncLog, loop_figures, per_task, step_result
 from .schedule import (Curriculum, Schedule, eval_tag, outcome, replacement, replacements_due, retired, step_batches,
                        step_tag, submitted, task_id, zero_signal_wish)
-from .serving import Served, engine_busy_s, stamped
+from .serving import Served, engine_busy_s, node_stage_totals, stamped
 from .submit import send, task_payload
 from .watcher import Watcher, consumer_lag
 
@@ -180,7 +180,8 @@ class Steps:
                               {"mismatch_k3": r.mismatch_k3, "mismatch_ratio_max": r.ratio_max,
                                "mismatch_ratio_p99": r.ratio_p99, "corrected_frac": r.corrected_frac})
             if len(results) == cfg.steps:
-                self.loop.update(end=now, busy_end=engine_busy_s(self.urls["engine"]), cpu_end=machine_cpu())
+                self.loop.update(end=now, busy_end=engine_busy_s(self.urls["engine"]), cpu_end=machine_cpu(),
+                                 stages_end=node_stage_totals(self.urls.get("gateway")))
             if on_step is not None:
                 on_step(k, metrics)
             self.lag = consumer_lag(self.settings)
@@ -191,7 +192,8 @@ class Steps:
             if self.curriculum and len(results) < k - cfg.async_level:
                 break  # its retired set needs the steps before k - S done
             if k == 0:
-                self.loop.update(start=now, busy_start=engine_busy_s(self.urls["engine"]), cpu_start=machine_cpu())
+                self.loop.update(start=now, busy_start=engine_busy_s(self.urls["engine"]), cpu_start=machine_cpu(),
+                                 stages_start=node_stage_totals(self.urls.get("gateway")))
             steps_out[k] = (self.send([self.step_task(k, i) for i in range(self.per_step)]), now)
         return (f"eval of version {', '.join(map(str, evals.out))}" if evals.out else
                 f"step {len(results) + 1}/{cfg.steps}: {len(steps_out) - len(results)} in flight" if len(results) < cfg.steps

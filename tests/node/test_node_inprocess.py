@@ -56,6 +56,13 @@ async def test_cancel_and_agent_timeout(polar_settings, tmp_path, engine_server_
                 await asyncio.sleep(0.1)
         fin = [e for e in await asyncio.to_thread(session_events, polar_settings) if e.kind == "finished" and e.task_id == "slow"]
         assert [(e.status, e.reward, e.num_calls) for e in fin] == [("timeout", 0.0, 1)]  # the call made before the timeout
-        assert fin[0].metrics["run_s"] < 10
+        assert fin[0].metrics["run_s"] < 10 and fin[0].metrics["open_s"] < 10
+        # the node's stage times, by sandbox: every session that reached INIT opened one and closed it
+        for _ in range(100):  # the close comes after the finished event
+            if node.pipeline.stage_seconds.get(("bwrap", "close"), [0, 0])[1] >= 2:
+                break
+            await asyncio.sleep(0.1)
+        totals = node.pipeline.stage_seconds
+        assert totals[("bwrap", "close")][1] >= 2 and totals[("bwrap", "open")][1] >= 2 and totals[("bwrap", "run")][1] >= 2
     finally:
         await node.stop(drain=False)

@@ -125,7 +125,9 @@ async def test_a_container_session_reaches_only_the_gateway_sees_no_host_file_an
                 if node.pipeline.stage["run"] == 2 and node.pipeline.stage["ready"] == 1:
                     break
                 await asyncio.sleep(0.1)
-            assert len(containers(work, all_states=False)) == 3
+            # each its own container, running (beside them, ones prepared for sessions to come: prepared.py)
+            held = {j.sandbox.cname for j in node.pipeline.jobs.values() if j.task.task_id == "held" and j.sandbox}
+            assert len(held) == 3 and held <= set(containers(work, all_states=False))
     finally:
         lifecycles = list(node.pipeline.tasks)
         await node.stop(drain=False)

@@ -91,6 +91,12 @@ async def test_the_agent_is_offline_the_verifier_online_leftovers_killed_or_kept
     assert p.verifier_faults == {"dns": 1}
     exposed = generate_latest(REGISTRY).decode()
     assert 'polar_node_verifier_faults_total{cause="dns",node="vnet"} 1.0' in exposed
+    # each session's stages, timed: on its finished event, and summed in the node's metrics
+    for stage in ("open", "run", "verify", "close"):
+        assert f'polar_node_stage_sessions_total{{node="vnet",sandbox="podman",stage="{stage}"}} 3.0' in exposed
+    for e in fin.values():  # the verifier's parts too: its network set, its files in and back in one exec
+        assert {"open_s", "run_s", "eval_s", "verify_network_s", "verify_exec_s"} <= set(e.metrics), e.metrics
+        assert e.metrics["verify_exec_s"] <= e.metrics["eval_s"]
 
 
 # Terminal-Bench 2.0's verifier prelude, in its shape (our own words): install curl, fetch uv, run pytest with uvx.
