@@ -207,9 +207,8 @@ def load_experiment(path: Path | None, **overrides: Any) -> Experiment:
         value = err.get("input")  # a word or number the user wrote: the line names it
         given = f" (got {value!r})" if isinstance(value, (str, int, float)) and len(repr(value)) <= 80 else ""
         msg = err["msg"].removeprefix("Value error, ") + ("" if err["type"] in ("extra_forbidden", "missing") else given)
-        if err["loc"] and overrides.get(err["loc"][0]) is not None:  # the bad value came from the command line
-            where = "--" + str(err["loc"][0]).replace("_", "-")
-            field = ".".join(str(p) for p in err["loc"][1:])
+        if err["loc"] and isinstance(overrides.get(err["loc"][0]), (str, int, float)):  # a flag's, not the file's
+            where = "the command line"
         raise ExperimentError(f"{where}: {field}: {msg}" if field else f"{where}: {msg}") from None
 
 
