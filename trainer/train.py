@@ -6,8 +6,8 @@
 Each step: take groups from Kafka (rank 0) -> choose (dedupe, staleness, zero variance) -> broadcast
 the samples -> the step (step.train_step: pack into token-budget micro-batches, forward/backward on
 this rank's share, clip, AdamW) -> log (JSONL, TensorBoard, stdout) -> checkpoint with the consumed
-offsets -> publish a PolicyVersion and push the weights to the engines. A restart resumes from the newest
-complete checkpoint and seeks to its offsets, so no group is trained twice and none is skipped.
+offsets -> publish a PolicyVersion and push the weights to the engines (trainer/sync/'s Syncer). A restart
+resumes from the newest complete checkpoint and seeks to its offsets, so no group is trained twice and none is skipped.
 Several processes shard the model with FSDP2 (parallel.py); every rank writes its own part of each
 checkpoint and export, so those steps are collectives, and rank 0 alone talks to Kafka and the engines.
 """
@@ -142,7 +142,7 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             # 1. rank 0 takes this step's groups and chooses; every rank receives the same samples
             # (waiting for groups can take any time: rank 0 sends heartbeats meanwhile, so the other
             # ranks never sit in one collective for longer than heartbeat_s; see _with_heartbeats)
-            payload = None
+            batch = None
             if master and not stop.requested:
                 t_wait = time.perf_counter()
                 served = syncer.served(version)
@@ -150,12 +150,12 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                                                   distributed, cfg.heartbeat_s)
                 wait_s = time.perf_counter() - t_wait
                 if consumed:
-                    payload = (*_samples(plan, cfg, log), _mean([t.reward for c in plan.chosen for t in c.group.trajectories]))
-            payload = _broadcast_step(payload, distributed)
-            if payload is None:
+                    batch = (*_samples(plan, cfg, log), _mean([t.reward for c in plan.chosen for t in c.group.trajectories]))
+            batch = _broadcast_step(batch, distributed)
+            if batch is None:
                 break
             t0 = time.perf_counter()  # step time excludes waiting for data (reported as wait_s)
-            samples, cut, reward_mean = payload
+            samples, cut, reward_mean = batch
             if not samples:  # everything consumed was skipped: positions move, weights do not
                 if master:
                     counters.update(s["reason"] for s in plan.skipped)
@@ -168,7 +168,6 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             # publishes a new policy version (same weights), so on-policy rollouts waiting for step+1 go on.
             out = train_step(model, optimizer, samples, cfg, reward_mean=reward_mean, step=step, placement=placement,
                              ref_model=ref_model)
-            sums, micro, no_update = out.sums, out.micro, out.no_update
             step += 1
             version += 1
             dt = time.perf_counter() - t0
@@ -176,26 +175,13 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             # 3. rank 0 logs (before the checkpoint: see metrics.py); every rank writes its part of the
             # checkpoint or export; rank 0 publishes and syncs the engines
             if master:
-                rewards = [t.reward for c in plan.chosen for t in c.group.trajectories]
-                advs = [a for c in plan.chosen for a in c.group.advantages]
-                counters.update(groups=len(plan.chosen), tokens=int(sums["tokens"]))
+                counters.update(groups=len(plan.chosen), tokens=int(out.sums["tokens"]))
                 counters.update(s["reason"] for s in plan.skipped)
-                if no_update is not None:
-                    counters.update({f"no_update_{no_update}": 1})
-                metrics = {
-                    **summarize(sums), **out.mismatch, "grad_norm": float(out.grad_norm), "lr": out.lr, "lr_scale": out.lr_scale,
-                    "policy_version": version,
-                    "reward_mean": reward_mean, "reward_std": _std(rewards),
-                    "adv_mean": _mean(advs), "adv_std": _std(advs), "adv_min": min(advs), "adv_max": max(advs),
-                    "groups": len(plan.chosen), "skipped": len(plan.skipped), "trajectories": len(rewards),
-                    "sequences": len(samples), "microbatches": len(micro), "trained_tokens": sums["tokens"],
-                    "tokens": sums["tokens_fed"], "truncated_tokens": cut,
-                    "padding_frac": 1 - sum(mb.num_real_tokens for mb in micro) / sum(mb.num_tokens for mb in micro),
-                    "staleness_mean": _mean(plan.staleness), "staleness_max": max(plan.staleness),
-                    "engine_version": syncer.synced,
-                    "step_time_s": dt, "wait_s": wait_s, "tokens_per_s": sums["tokens_fed"] / dt,
-                    "updated": float(no_update is None),
-                }
+                if out.no_update is not None:
+                    counters.update({f"no_update_{out.no_update}": 1})
+                metrics = {**_step_metrics(out, plan, len(samples), cut, reward_mean), "policy_version": version,
+                           "engine_version": syncer.synced, "step_time_s": dt, "wait_s": wait_s,
+                           "tokens_per_s": out.sums["tokens_fed"] / dt}
                 log.write({"event": "step", "step": step, "policy_version": version, "metrics": metrics,
                            "groups": [c.group.event_id for c in plan.chosen], "weights": [c.weight for c in plan.chosen],
                            "skipped": plan.skipped, "time": time.time()})
@@ -256,6 +242,25 @@ def _collect(
         if sum(p.group is not None for p in polled) < want:  # idle: train on what there is
             break
     return plan, consumed
+
+
+
+def _step_metrics(out: Any, plan: StepPlan, sequences: int, cut: int, reward_mean: float) -> dict[str, float]:
+    """A step's logged figures that its result and its groups give (train() adds the version and the times)."""
+    rewards = [t.reward for c in plan.chosen for t in c.group.trajectories]
+    advs = [a for c in plan.chosen for a in c.group.advantages]
+    sums, micro = out.sums, out.micro
+    return {
+        **summarize(sums), **out.mismatch, "grad_norm": float(out.grad_norm), "lr": out.lr, "lr_scale": out.lr_scale,
+        "reward_mean": reward_mean, "reward_std": _std(rewards),
+        "adv_mean": _mean(advs), "adv_std": _std(advs), "adv_min": min(advs), "adv_max": max(advs),
+        "groups": len(plan.chosen), "skipped": len(plan.skipped), "trajectories": len(rewards),
+        "sequences": sequences, "microbatches": len(micro), "trained_tokens": sums["tokens"],
+        "tokens": sums["tokens_fed"], "truncated_tokens": cut,
+        "padding_frac": 1 - sum(mb.num_real_tokens for mb in micro) / sum(mb.num_tokens for mb in micro),
+        "staleness_mean": _mean(plan.staleness), "staleness_max": max(plan.staleness),
+        "updated": float(out.no_update is None),
+    }
 
 
 def _samples(plan: StepPlan, cfg: TrainConfig, log: RunLog | None = None) -> tuple[list[Sample], int]:

@@ -26,7 +26,8 @@ def test_train_stays_under_200_lines():
 
 def test_the_count_is_of_the_whole_function(tmp_path):
     src = tmp_path / "m.py"
-    src.write_text("import x\n\n\n@deco\ndef train(a):\n    '''doc'''\n    b = 1\n\n    return b\n\n\ndef other():\n    pass\n")
+    src.write_text("import x\n\n\n@deco\ndef train(a):\n    '''doc'''\n    b = 1\n\n    return b\n\n\n"
+                   "def other():\n    pass\n")
     assert function_lines(src, "train") == 6
     assert function_lines(src, "other") == 2
 

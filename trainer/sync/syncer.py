@@ -109,8 +109,9 @@ class Syncer:
             return
         p = self.payload(version, url)  # the checkpoint directory holds the adapter in PEFT's layout
         try:
-            if not p.adapter and already_served(self.engines, version, self.gateway):  # reloading would only pause them
-                self.log.write({"event": "resync", "step": step, "policy_version": version, "skipped": "already served"})
+            if not p.adapter and already_served(self.engines, version, self.gateway):  # reloading: a pause for nothing
+                self.log.write({"event": "resync", "step": step, "policy_version": version,
+                                "skipped": "already served"})
             else:
                 self._from_storage(p)
                 self.log.write({"event": "resync", "step": step, "policy_version": version, **p.log_fields()})
@@ -142,8 +143,9 @@ class Syncer:
         failed, transferring = None, False
         if self.master:
             try:  # a failure here leaves training and its checkpoint intact; the next sync catches up
-                self.publisher.publish_sync(PolicyVersion(model=self.cfg.model_name, version=version, checkpoint_url=url,
-                                                          step=step, metrics={k: float(v) for k, v in metrics.items()}))
+                self.publisher.publish_sync(PolicyVersion(model=self.cfg.model_name, version=version,
+                                                          checkpoint_url=url, step=step,
+                                                          metrics={k: float(v) for k, v in metrics.items()}))
                 if self.transfer is not None:
                     transferring = self.transfer.prepare(p.meta())
             except (PublishError, WeightSyncError) as e:
@@ -153,9 +155,9 @@ class Syncer:
         if background:
             if sending and broadcast_object(packed is not None if self.master else None, self.distributed):
                 if self.master:  # the thread holds the buffers until they are written, then gives them back
-                    self._export = BackgroundExport(url, partial(checkpoint.write_packed_export, url, packed, self.model,
-                                                                 self.model_dir, self.settings, export_meta),
-                                                    after=partial(self.transfer.release, packed))
+                    write = partial(checkpoint.write_packed_export, url, packed, self.model, self.model_dir,
+                                    self.settings, export_meta)
+                    self._export = BackgroundExport(url, write, after=partial(self.transfer.release, packed))
             else:  # nothing was gathered (no engine took the transfer, or it failed): as without one
                 checkpoint.export_weights(url, self.model, self.model_dir, self.settings, export_meta)
         stop = self._finish(p, step, failed, t0) if self.master else False
