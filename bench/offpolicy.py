@@ -1,5 +1,20 @@
-"""Off-policy losses and corrections on the in-process demo loop (issue 65): does each learn, and does a
-correction keep learning where an engine/trainer mismatch degrades plain PPO?
+"""Off-policy losses and corrections on the in-process demo loop where off-policyness is real (issue 74):
+rollouts one version stale (S = 1), 4 minibatches (optimizer steps) per batch, and an engine/trainer mismatch:
+the sampler's logit noise 0.5 (``noise0.5``) or a bf16 sampler (``bf16``, the engine's --engine-dtype). Each
+correction runs beside the control (``ratio_base: proximal``, no correction) on the same seeds; a correction
+earns its keep only where it beats the control.
+
+    .venv/bin/python bench/offpolicy.py --grid [--conditions noise0.5,bf16] [--methods control,tis,...]
+                                        [--seeds 0,1,2] [--steps 20] [--jobs 2] [--out DIR]
+    (full run, 2 x 9 x 3 = 54 runs of 20 steps: --grid --seeds 0,1,2 --jobs 2 --out bench/results/offpolicy-v2, then
+     --merge bench/results/offpolicy-v2 --out bench/results; about an hour of 2 idle cores)
+
+Each run's record keeps its commit, every setting, and per-step metrics (reward, masked and clip
+fractions, mismatch); ``markdown`` renders one row per run (``table``) and one per condition x method
+(``summary``) for a results file of this version (``"version": 2``); older files (issue 65's grid, below)
+render as before.
+
+Issue 65's grid (one update per batch, on-policy), kept runnable:
 
     .venv/bin/python bench/offpolicy.py [--runs NAME[:SEED],...] [--seeds 0,1] [--steps 20] [--noise SIGMA]
                                         [--jobs 2] [--out DIR]
@@ -34,7 +49,9 @@ from bench._provenance import commit_info, declared_inputs, git  # noqa: E402
 
 # What the figures measure (bench/_provenance.py): the loop, the trainer's loss and packing, the advantages,
 # and the test module whose warm start and problems every run uses.
-MEASURES = ("trainer/", "polarstream/demo/", "streams/advantages.py", "tests/demo/test_learning.py")
+MEASURES = ("trainer/step.py", "trainer/loss.py", "trainer/corrections.py", "trainer/packing.py", "trainer/optim.py",
+            "trainer/config.py", "trainer/attention.py", "trainer/parallel.py", "trainer/lora.py", "engine/sampling.py",
+            "polarstream/demo/", "streams/advantages.py", "tests/demo/test_learning.py")  # what rl_run imports
 
 # name -> LearningConfig overrides; noisy_* also get logit_noise = --noise
 RUNS = {
@@ -59,6 +76,23 @@ LABELS = {
     "noisy_ppo_clip": "ppo_clip, no correction", "noisy_icepop": "icepop", "noisy_seq_mask_geo": "seq_mask_geo",
     "noisy_tis": "tis (cap 2)",
 }
+# Issue 74's grid: method -> LearningConfig overrides, run under each condition with COMMON.
+CONTROL = "control"
+METHODS = {
+    "control": {"trainer": {"ratio_base": "proximal"}},  # decoupled PPO, no correction: what every other is against
+    "behaviour": {"trainer": {"ratio_base": "behaviour"}},  # PPO's ratio against the engine (the default today)
+    "tis": {"correction": "tis", "trainer": {"ratio_base": "proximal", "tis_cap": 2.0}},
+    "icepop": {"correction": "icepop", "trainer": {"ratio_base": "proximal"}},
+    "token_rs": {"correction": "token_rs", "trainer": {"ratio_base": "proximal"}},
+    "seq_mask_geo": {"correction": "seq_mask_geo", "trainer": {"ratio_base": "proximal"}},
+    "seq_mask_arith": {"correction": "seq_mask_arith", "trainer": {"ratio_base": "proximal"}},
+    "gspo": {"loss": "gspo", "trainer": {"ratio_base": "proximal"}},
+    "cispo": {"loss": "cispo", "trainer": {"ratio_base": "proximal"}},
+}
+CONDITIONS = {"noise0.5": {"logit_noise": 0.5}, "bf16": {"engine_dtype": "bfloat16"}}
+COMMON = {"stale": 1, "trainer": {"minibatches": 4}}
+GRID_KEEP = ("corrected_frac", "clip_frac", "mismatch_k3", "mismatch_ratio_p99", "mismatch_ratio_max", "entropy",
+             "grad_norm")
 BAR = 0.2
 FALL = 0.3  # the summary names a run's worst fall from this size on
 MAIN_SEEDS = (0, 1)  # the summary's columns; other seeds are counted in one more
@@ -88,6 +122,88 @@ def one(name: str, seed: int, steps: int, noise: float) -> dict:
     return {"run": name, "seed": seed, "settings": settings, "rewards": rewards, "learned": learned(rewards),
             "seconds": round(time.time() - t0, 1), "tokens": [s.tokens for s in log.steps],
             "mismatch": {k: [round(s.mismatch.get(k, 0.0), 6) for s in log.steps] for k in KEEP}}
+
+
+def grid_settings(condition: str, method: str) -> dict:
+    """The LearningConfig overrides of one grid cell: COMMON, the condition's, the method's (trainer dicts merged)."""
+    out: dict = {}
+    for part in (COMMON, CONDITIONS[condition], METHODS[method]):
+        for k, v in part.items():
+            out[k] = {**out.get(k, {}), **v} if k == "trainer" else v
+    return out
+
+
+def grid_one(condition: str, method: str, seed: int, steps: int) -> dict:
+    """One run of issue 74's grid: its settings, rewards and per-step metrics."""
+    import torch
+
+    torch.set_num_threads(1)
+    from gateway.harnesses.builtin import SYSTEM, TOOLS
+    from polarstream.demo.learning import LearningConfig, rl_run
+    from tests.demo.test_learning import PROBLEMS, WARM_HALF_TOOL, _warm
+
+    settings = grid_settings(condition, method)
+    cfg = LearningConfig(steps=steps, samples=8, lr=1.2e-3, seed=seed, all_problems=True, **settings)
+    t0 = time.time()
+    log, _ = rl_run(_warm(WARM_HALF_TOOL), PROBLEMS, cfg, system=SYSTEM, tools=TOOLS)
+    rewards = [round(r, 4) for r in log.rewards]
+    return {"run": method, "condition": condition, "seed": seed, "steps": steps,
+            "settings": {k: v for k, v in vars(cfg).items()}, "rewards": rewards, "learned": learned(rewards),
+            "seconds": round(time.time() - t0, 1), "tokens": [s.tokens for s in log.steps],
+            "metrics": {k: [round(s.mismatch.get(k, 0.0), 6) for s in log.steps] for k in GRID_KEEP}}
+
+
+def duplicate_curves(runs: list[dict]) -> list[tuple[str, str]]:
+    """Pairs of runs with different settings but identical curves (rewards and every per-step metric): one
+    run shown under two names, which a table must never do."""
+    seen: dict = {}
+    dupes = []
+    for r in runs:
+        key = json.dumps([r["rewards"], r.get("metrics") or r.get("mismatch")], sort_keys=True)
+        name = f"{r.get('condition', r.get('noise', ''))}/{r['run']}/s{r['seed']}"
+        if key in seen and seen[key][1] != json.dumps(r.get("settings"), sort_keys=True):
+            dupes.append((seen[key][0], name))
+        seen.setdefault(key, (name, json.dumps(r.get("settings"), sort_keys=True)))
+    return dupes
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def grid_table(runs: list[dict]) -> str:
+    """Markdown, one row per run: reward first 4 -> last 4, learned, the last-4 gain over the control on the
+    same condition and seed, the mean masked (corrected) and clip fractions, the mismatch."""
+    ctrl = {(r["condition"], r["seed"]): r for r in runs if r["run"] == CONTROL}
+    rows = ["| condition | method | seed | reward first 4 → last 4 | learned | last 4 vs control | masked (mean) | "
+            "clipped (mean) | mismatch k3 (mean) | ratio p99 (mean) |",
+            "|---|---|---:|---|---|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        rw, m, c = r["rewards"], r["metrics"], ctrl.get((r["condition"], r["seed"]))
+        vs = "-" if c is None or r["run"] == CONTROL else f"{_mean(rw[-4:]) - _mean(c['rewards'][-4:]):+.2f}"
+        rows.append(f"| {r['condition']} | {r['run']} | {r['seed']} | {_mean(rw[:4]):.2f} → {_mean(rw[-4:]):.2f} | "
+                    f"{'yes' if r['learned'] else '**no**'} | {vs} | {_mean(m['corrected_frac']):.3f} | "
+                    f"{_mean(m['clip_frac']):.3f} | {_mean(m['mismatch_k3']):.2g} | {_mean(m['mismatch_ratio_p99']):.3f} |")
+    return "\n".join(rows)
+
+
+def grid_summary(runs: list[dict]) -> str:
+    """Markdown, one row per condition x method: seeds learned, mean last-4 reward, its mean gain over the
+    control on the same seeds (beats: above it on every seed), masked and clip fractions."""
+    ctrl = {(r["condition"], r["seed"]): r for r in runs if r["run"] == CONTROL}
+    rows = ["| condition | method | learned | last 4 (mean) | vs control, same seeds | masked | clipped |",
+            "|---|---|---|---:|---|---:|---:|"]
+    for cond, method in dict.fromkeys((r["condition"], r["run"]) for r in runs):
+        rs = [r for r in runs if (r["condition"], r["run"]) == (cond, method)]
+        gains = [_mean(r["rewards"][-4:]) - _mean(ctrl[(cond, r["seed"])]["rewards"][-4:])
+                 for r in rs if (cond, r["seed"]) in ctrl]
+        vs = "-" if method == CONTROL or not gains else (
+            f"{_mean(gains):+.2f}" + (" (beats it on every seed)" if all(g > 0 for g in gains) else ""))
+        rows.append(f"| {cond} | {method} | {sum(r['learned'] for r in rs)} of {len(rs)} | "
+                    f"{_mean([_mean(r['rewards'][-4:]) for r in rs]):.2f} | {vs} | "
+                    f"{_mean([_mean(r['metrics']['corrected_frac']) for r in rs]):.3f} | "
+                    f"{_mean([_mean(r['metrics']['clip_frac']) for r in rs]):.3f} |")
+    return "\n".join(rows)
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -195,7 +311,8 @@ def by_commit(results: list[dict]) -> str:
 
 def markdown(result: dict, key: str) -> str:
     """What bench/render.py puts between ``<!-- bench:offpolicy:KEY -->`` markers: ``summary`` or ``table``."""
-    tables = {"summary": summary, "table": table}
+    tables = {"summary": grid_summary, "table": grid_table} if result.get("version") == 2 else {"summary": summary,
+                                                                                                  "table": table}
     if key not in tables:
         raise ValueError(f"bench/offpolicy.py renders no {key!r}: one of {', '.join(tables)}")
     return tables[key](result["runs"]) + "\n\n" + by_commit(result["runs"])
@@ -231,6 +348,53 @@ def merged(sources: list[Path]) -> list[dict]:
     return sorted(runs.values(), key=lambda r: (list(RUNS).index(r["run"]), r["noise"], r["seed"]))
 
 
+def _is_grid(sources: list[Path]) -> bool:
+    src = sources[0]
+    if src.suffix == ".json":
+        return json.loads(src.read_text()).get("version") == 2
+    first = (src / "runs.jsonl").read_text().splitlines()[:1]
+    return bool(first) and "condition" in json.loads(first[0])
+
+
+def grid_main(args, ap) -> None:
+    """Run (or with --merge, join) issue 74's grid; write ``offpolicy.json`` (version 2) to --out."""
+    if args.merge:
+        runs: dict = {}
+        for src in args.merge:
+            rows = (json.loads(src.read_text())["runs"] if src.suffix == ".json"
+                    else [json.loads(line) for line in (src / "runs.jsonl").read_text().splitlines()])
+            runs.update({(r["condition"], r["run"], r["seed"]): r for r in rows})
+        results = list(runs.values())
+    else:
+        todo = [(c, m, int(s), args.steps) for c in args.conditions.split(",") for m in args.methods.split(",")
+                for s in args.seeds.split(",")]
+        for c, m, _, _ in todo:
+            if c not in CONDITIONS or m not in METHODS:
+                ap.error(f"unknown condition {c!r} or method {m!r}; known: {', '.join(CONDITIONS)}; {', '.join(METHODS)}")
+        info = commit_info(ROOT, declared_inputs(Path(__file__).resolve(), ROOT))
+        commit = info["git_commit"] + ("-dirty" if info["git_dirty"] else "")
+        load0 = os.getloadavg()[0]
+        args.out.mkdir(parents=True, exist_ok=True)
+        results = []
+        with ProcessPoolExecutor(args.jobs) as pool, open(args.out / "runs.jsonl", "a") as partial:
+            for fut in as_completed([pool.submit(grid_one, *t) for t in todo]):  # each run kept as it ends
+                r = fut.result()
+                r.update(git_commit=commit, date=time.strftime("%Y-%m-%d", time.gmtime()),
+                         load_avg_1m=[round(load0, 2), round(os.getloadavg()[0], 2)])
+                results.append(r)
+                partial.write(json.dumps(r) + "\n")
+                partial.flush()
+    results.sort(key=lambda r: (list(CONDITIONS).index(r["condition"]), list(METHODS).index(r["run"]), r["seed"]))
+    dupes = duplicate_curves(results)
+    if dupes:
+        print(f"warning: identical curves under different settings: {dupes}", file=sys.stderr)
+    out = {"version": 2, "bar": BAR, "provenance": provenance(results), "runs": results}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "offpolicy.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(grid_table(results), file=sys.stderr)
+    print(grid_summary(results), file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default=",".join(RUNS))
@@ -239,9 +403,14 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=1.0)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("bench/results/offpolicy"))
+    ap.add_argument("--grid", action="store_true", help="issue 74's grid: --conditions x --methods x --seeds")
+    ap.add_argument("--conditions", default=",".join(CONDITIONS))
+    ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--merge", type=Path, nargs="*",
                     help="run nothing: write --out/offpolicy.json and the plot of these --out folders or offpolicy.json files")
     args = ap.parse_args()
+    if args.grid or (args.merge and _is_grid(args.merge)):
+        return grid_main(args, ap)
     if args.merge:
         results = merged(args.merge)
         out = {"bar": BAR, "provenance": provenance(results), "runs": results}

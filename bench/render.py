@@ -463,9 +463,13 @@ def render(run: dict, stale: dict | None = None) -> str:
             la = e["last_attempt"]
             out.append(f"**Its last rerun did not finish** ({fmt(la.get('status'))}: {fmt(la.get('error'))}, at "
                        f"`{(la.get('provenance') or {}).get('git_commit', '?')}`): these are the figures of the last good run.\n")
+        for key, k in sorted(((e.get("result") or {}).get("kept") or {}).items()):
+            out.append(f"- `{key}` = {fmt(k.get('value'))} is kept from the run at `{fmt(k.get('git_commit'))}` "
+                       f"({fmt(k.get('date'))}): the last rerun could not measure it.\n")
         for problem in e.get("comparison_problems", []):
             out.append(f"- comparisons problem: {fmt(problem)}\n")
-        for title, header, body in number_tables(e.get("result") or {}):
+        result = {k: v for k, v in (e.get("result") or {}).items() if k != "kept"}  # said in its own lines above
+        for title, header, body in number_tables(result):
             out.append((f"`{title}`\n\n" if title else "") + table(header, body) + "\n")
         out.append(provenance(run, stale, name) + "\n")
     out += ["", END]

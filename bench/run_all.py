@@ -411,11 +411,30 @@ def load_previous(path: Path, mode: str) -> dict:
 
 def keep_good(entry: dict, before: dict | None) -> dict:
     """A rerun that failed does not erase the figures of the last good run: they stay, with the commit they
-    were measured at (so they read as stale), and the failure is kept beside them as ``last_attempt``."""
-    if entry.get("status") == "ok" or not before or before.get("status") != "ok":
+    were measured at (so they read as stale), and the failure is kept beside them as ``last_attempt``.
+    A rerun that succeeded but could not measure a figure (a peer that would not install: null) keeps that
+    figure's last measured value, with its commit and date under ``result["kept"]``."""
+    if not before or before.get("status") != "ok":
         return entry
+    if entry.get("status") == "ok":
+        return keep_measured(entry, before)
     failed = {k: entry[k] for k in ("status", "error", "seconds", "provenance", "stderr_tail") if k in entry}
     return {**before, "last_attempt": failed}
+
+
+def keep_measured(entry: dict, before: dict) -> dict:
+    """``entry`` with each top-level figure it left null taken from ``before`` where that one was measured."""
+    now, then = entry.get("result"), before.get("result")
+    if not isinstance(now, dict) or not isinstance(then, dict):
+        return entry
+    prov = before.get("provenance") or {}
+    kept = {k: {"value": then[k], **((then.get("kept") or {}).get(k) or {"git_commit": prov.get("git_commit"),
+                                                                         "date": prov.get("date")})}
+            for k, v in now.items() if v is None and isinstance(then.get(k), (int, float)) and not isinstance(then.get(k), bool)}
+    if not kept:
+        return entry
+    result = {**now, **{k: v["value"] for k, v in kept.items()}, "kept": kept}
+    return {**entry, "result": result}
 
 
 def needs_run(name: str, prov: dict | None, previous: dict) -> bool:

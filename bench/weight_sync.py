@@ -25,6 +25,14 @@ CPU does receive the bytes).
   vLLM's ``/weight_checker`` compare, before the stamp): ``verify_cost_vs_sync_54m`` is its median sync seconds
   over the plain broadcast's, minus 1 (the check is on by default only below 0.10).
 
+- ``egress``: what the trainer sends per sync with 1, 2 and 4 engines in the one group (goal: 1x the model for
+  every count, trainer/sync/broadcast.py), measured, not computed: this process's ``wchar`` (/proc/self/io) over
+  one ``WeightTransfer.sync`` without an export (gloo writes its sockets with ``writev``, which ``wchar``
+  counts: with gloo's own broadcast it read 2x and 3x for 2 and 4 engines; httpx's ``send`` calls are not
+  counted; the engines are other processes), over the model's bytes.
+  ``trainer_egress_x_model`` (per engine count; on the 54M model, the tiny one with ``--quick``) and
+  ``trainer_egress_x_model_max``.
+
 Each pass perturbs the weights first, so every sync moves new values. Top-level keys: ``sync_s_broadcast_54m``,
 ``sync_s_storage_54m`` (median seconds, 1 engine), ``sync_broadcast_vs_storage_54m`` (their ratio, goal
 <= 0.5), ``sync_broadcast_vs_storage_load_only_54m``, ``export_bg_s_54m``, ``sync_bytes_moved`` (bytes per
@@ -115,6 +123,42 @@ def stop_engines(procs) -> None:
         except ProcessLookupError:
             pass
         p.wait(timeout=30)
+
+
+def wchar() -> int:
+    """Bytes this process has written through write/writev (sockets included), from /proc/self/io."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+
+
+def egress(model_dir: Path, procs: list, counts: tuple[int, ...]) -> dict:
+    """The trainer's bytes written per sync with each count of engines in the group, measured by ``wchar``."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.sync.broadcast import WeightTransfer
+    from trainer.sync.storage import PolarEngine
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    out = {}
+    for n in counts:
+        wt = WeightTransfer([PolarEngine(url) for _, url in procs[:n]], "broadcast", timeout_s=120,
+                            buffer_bytes=64 << 20)
+        try:
+            wt.sync(model, None, 1)  # forms the group (once per run, as the trainer does)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1e-4)
+            w0 = wchar()
+            report = wt.sync(model, None, 2)
+            written = wchar() - w0
+        finally:
+            wt.close()
+        assert len(report["broadcast"]) == n, report
+        out[str(n)] = {"trainer_wchar_bytes": written, "model_bytes": report["bytes_per_engine"],
+                       "x_model": round(written / report["bytes_per_engine"], 4),
+                       "reported_bytes_sent": report["bytes_sent"]}
+        log(f"egress, {n} engine(s): {written:,} bytes written, {out[str(n)]['x_model']}x the model")
+    return out
 
 
 def case(model_dir: Path, procs: list, rounds: int, tmp: Path) -> dict:
@@ -218,13 +262,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="polar-wsync-bench-") as t:
         tmp = Path(t)
         big = build_54m(tmp / "m54", tiny)
-        # one set of engine processes per model, the 1-engine case on the first of them
+        # one set of engine processes per model, the 1-engine case on the first of them; the egress of one
+        # group of 1, 2 and 4 engines on the 54M model (the tiny one's in --quick)
+        egress_on = "tiny" if args.quick else "54m"
         for name, d, counts in [("tiny", tiny, (1, 2)), ("54m", big, (1,) if args.quick else (1, 2))]:
-            procs = start_engines(d, max(counts))
+            procs = start_engines(d, 4 if name == egress_on else max(counts))
             try:
                 for n in counts:
                     log(f"{name}, {n} engine(s), {rounds} rounds")
                     out["cases"][f"{name}_{n}"] = case(d, procs[:n], rounds, tmp)
+                if name == egress_on:
+                    out["egress"] = {"model": name, "engines": egress(d, procs, (1, 2, 4))}
             finally:
                 stop_engines(procs)
     c = out["cases"]["54m_1"]
@@ -241,6 +289,8 @@ def main() -> None:
         "engine_pause_s_storage_54m": c["engine_pause_s"]["storage"]["median"],
         "sync_s_verified_54m": c["verified_s"]["median"],
         "verify_cost_vs_sync_54m": round(c["verify_cost_vs_sync"], 3),  # on by default below 0.10
+        "trainer_egress_x_model": {n: e["x_model"] for n, e in out["egress"]["engines"].items()},
+        "trainer_egress_x_model_max": max(e["x_model"] for e in out["egress"]["engines"].values()),
         "seconds": round(time.monotonic() - t_start, 1),
         "load_avg_after": load_avg(),
     })

@@ -253,11 +253,11 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
     # Every blocking step runs in a thread under an asyncio deadline; on a deadline the receiver aborts
     # (staging dropped, group destroyed), which also ends the thread's collective.
 
-    async def bounded(fn, deadline_s: float, what: str):
+    async def bounded(fn, deadline_s: float, what: str, group=None):
         try:
             return await asyncio.wait_for(asyncio.to_thread(fn), deadline_s)
-        except TimeoutError:
-            receiver.abort(f"{what}: no answer within {deadline_s:.1f} s")
+        except TimeoutError:  # ``group``: a receive aborts the group it ran in, not one formed since
+            receiver.abort(f"{what}: no answer within {deadline_s:.1f} s", group)
             raise TransferError(504, f"{what}: deadline of {deadline_s:.1f} s passed; the transfer was aborted "
                                      f"and the engine serves policy version {engine.policy_version}") from None
 
@@ -300,7 +300,7 @@ def create_app(engine: Engine, settings: Settings | None = None) -> FastAPI:
         shown = info if info.names or g is None or g.last is None else g.last
         packed = g is not None and g.wire.packed
         n = max(1, -(-sum(shown.nbytes()) // g.wire.packed_buffer_size_bytes)) if packed else len(shown.names)
-        out = await bounded(lambda: receiver.receive(info), per * (n + 1) + 5, "update_weights")
+        out = await bounded(lambda: receiver.receive(info), per * (n + 1) + 5, "update_weights", g)
         return {"message": "Weights updated", **out}
 
     @app.post("/finish_weight_update")

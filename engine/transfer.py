@@ -7,8 +7,16 @@ drives it in tests/engine/test_vllm_oracle.py:
 
 - ``POST /init_weight_transfer_engine {"init_info": {master_address, master_port, rank_offset, world_size,
   packed, packed_buffer_size_bytes, packed_num_buffers}}``: join the trainer's group (a torch TCPStore served by
-  the trainer, rank 0; this engine is rank ``rank_offset``) and keep the wire parameters for every round of it.
-  A group formed again replaces the old one. ``/shutdown_weight_transfer_engine`` leaves it.
+  the trainer, rank 0; this engine is rank ``rank_offset``; several engines share one group, each at its own
+  ``rank_offset``, as vLLM's workers do) and keep the wire parameters for every round of it. A group formed again
+  replaces the old one (a receive still blocked in the old group no longer touches the new one).
+  ``/shutdown_weight_transfer_engine`` leaves it.
+- Ours: ``"relay": true`` in the init info (our trainer sends it to our engines; vLLM's trainer does not): each
+  buffer goes down a chain instead of gloo's broadcast, whose binomial tree costs the root ceil(log2 N) copies.
+  Rank r receives each slice from r - 1 and forwards it to r + 1 as it arrives (a pipeline), so the trainer
+  sends every buffer once however many engines listen. A failed forward (the next rank dead or frozen) does not
+  fail this engine's own update: its reply names it (``forward_error``), and the trainer re-forms the group
+  without the lost rank for those behind it.
 - ``POST /start_weight_update``: open an empty staging state dict.
 - ``POST /update_weights {"update_info": {names, dtype_names, shapes}}``: receive the listed tensors by broadcast
   from rank 0 into the staging dict (never into the served model); all three empty: the previous round's
@@ -41,7 +49,7 @@ from typing import Any
 
 import torch
 
-from schemas.weight_transfer import checksum_key, packed_chunks, tensor_sha256
+from schemas.weight_transfer import checksum_key, packed_chunks, relay_slices, tensor_sha256
 
 from .lora import is_lora_key
 
@@ -77,6 +85,7 @@ class InitInfo:
     packed: bool = False  # vLLM's worker-side default (its trainer side defaults to packed and always sends it)
     packed_buffer_size_bytes: int = DEFAULT_PACKED_BUFFER_SIZE_BYTES
     packed_num_buffers: int = DEFAULT_PACKED_NUM_BUFFERS
+    relay: bool = False  # ours: a chain (receive from rank - 1, forward to rank + 1) instead of gloo's broadcast
 
     def __post_init__(self) -> None:
         if self.nccl_unique_id_b64:
@@ -188,7 +197,7 @@ class Receiver:
         self._lock = threading.RLock()
         self._group: _Group | None = None
         self._staging: dict[str, torch.Tensor] | None = None
-        self._receiving = False
+        self._receiving: _Group | None = None  # the group a receive is blocked in (a replaced one's ends on its own)
         self._gen = 0  # bumped by every abort and init: a rendezvous that ends after an abort is discarded
         # Receive buffers are recycled: the tensors of a packed buffer become the model's parameters (no copy at
         # the swap), so the buffers the previous update installed are free once the next one replaces all their
@@ -205,7 +214,7 @@ class Receiver:
         g = self._group
         return {"backend": "gloo", "session": g.session if g else None, "rank": g.rank if g else None,
                 "world_size": g.world_size if g else None, "updating": self._staging is not None,
-                "receiving": self._receiving, "staged": len(self._staging or {}), **self.stats}
+                "receiving": self._receiving is not None, "staged": len(self._staging or {}), **self.stats}
 
     def leave(self) -> bool:
         """Leave the group, as asked (``/shutdown_weight_transfer_engine``); whether there was one."""
@@ -221,11 +230,15 @@ class Receiver:
     def has_group(self) -> bool:
         return self._group is not None
 
-    def abort(self, reason: str) -> None:
-        """Drop the staging dict and destroy the group (the served weights are untouched)."""
+    def abort(self, reason: str, group: "_Group | None" = None) -> None:
+        """Drop the staging dict and destroy the group (the served weights are untouched). ``group``: only if
+        it is still the current one (a receive that failed in a group since replaced leaves the new one be)."""
         with self._lock:
-            g, self._group, self._staging = self._group, None, None
-            self._gen += 1
+            if group is not None and group is not self._group:
+                g = group  # replaced already: only its own collectives end
+            else:
+                g, self._group, self._staging = self._group, None, None
+                self._gen += 1
             self.stats["aborted"] += 1
             self.stats["last_error"] = reason
         if g is not None:
@@ -281,9 +294,9 @@ class Receiver:
                 raise TransferError(409, "no weight-transfer group: call /init_weight_transfer_engine first")
             if staging is None:
                 raise TransferError(409, "no weight update open: call /start_weight_update first")
-            if self._receiving:
+            if self._receiving is g:
                 raise TransferError(409, "a transfer is already being received")
-            self._receiving = True
+            self._receiving = g
         t0, nbytes, buffers = time.monotonic(), 0, 0
         info = info if info.names else (g.last or info)  # empty: the previous round's tensors (none yet: nothing)
         try:
@@ -292,11 +305,12 @@ class Receiver:
             timeout = datetime.timedelta(seconds=g.timeout_s)
             got: list[tuple[str, torch.Tensor]] = []
             bufs: list[tuple[torch.Tensor, frozenset[str]]] = []
+            fwd = _Forward(g)
             if g.wire.packed:
                 for idx in packed_chunks(sizes, g.wire.packed_buffer_size_bytes):
                     buf = self._take(sum(sizes[i] for i in idx))
                     bufs.append((buf, frozenset(info.names[i] for i in idx)))
-                    g.pg.broadcast(buf, 0, timeout).wait()
+                    _receive_one(g, buf, timeout, fwd)
                     got += unpack(buf, [info.names[i] for i in idx], [info.shapes[i] for i in idx],
                                   [dtypes[i] for i in idx], [sizes[i] for i in idx])
                     buffers += 1
@@ -305,20 +319,23 @@ class Receiver:
             else:
                 for name, shape, dtype in zip(info.names, info.shapes, dtypes):
                     t = torch.empty(shape, dtype=dtype)
-                    g.pg.broadcast(t, 0, timeout).wait()
+                    _receive_one(g, t, timeout, fwd)
                     got.append((name, t))
                     buffers += 1
                     nbytes += t.numel() * t.element_size()
                     self.stats["buffers"] += 1
+            fwd.wait(timeout)  # every slice passed on (or the next rank is lost: named in the reply)
         except TransferError as e:
-            self.abort(str(e))
+            self.abort(str(e), g)
             raise
         except Exception as e:  # noqa: BLE001 - a gloo timeout or a closed connection
-            self.abort(f"receive: {e}")
+            self.abort(f"receive: {e}", g)
             raise TransferError(504 if "imed out" in str(e) else 502,
                                 f"weight transfer failed after {buffers} buffers: {str(e)[:300]}") from None
         finally:
-            self._receiving = False
+            with self._lock:
+                if self._receiving is g:
+                    self._receiving = None
         with self._lock:
             if self._group is not g or self._staging is not staging:  # aborted meanwhile (a route's deadline)
                 raise TransferError(504, "weight transfer aborted while receiving")
@@ -326,7 +343,11 @@ class Receiver:
             self._staged_bufs += bufs
             g.last = info
             self.stats["bytes"] += nbytes
-        return {"tensors": len(got), "bytes": nbytes, "buffers": buffers, "seconds": round(time.monotonic() - t0, 4)}
+        out = {"tensors": len(got), "bytes": nbytes, "buffers": buffers, "seconds": round(time.monotonic() - t0, 4)}
+        if fwd.error:
+            log.warning("weight transfer: %s (this engine has every tensor; the ranks behind it do not)", fwd.error)
+            out["forward_error"] = fwd.error
+        return out
 
     def take_staged(self) -> tuple[dict[str, torch.Tensor], list]:
         """The staged tensors and the buffers they are views of, closing the update (a finish without an open
@@ -334,7 +355,7 @@ class Receiver:
         with self._lock:
             if self._staging is None:
                 raise TransferError(409, "no weight update open (never started, or aborted: see /weight_info)")
-            if self._receiving:
+            if self._receiving is not None and self._receiving is self._group:
                 raise TransferError(409, "tensors are still being received")
             staged, self._staging = self._staging, None
             bufs, self._staged_bufs = self._staged_bufs, []
@@ -369,6 +390,44 @@ class Receiver:
                 raise TransferError(400, f"update_info names a tensor the model lacks: {name!r}")
             if tuple(own[name].shape) != tuple(shape):
                 raise TransferError(400, f"{name}: shape {tuple(shape)} != model shape {tuple(own[name].shape)}")
+
+
+class _Forward:
+    """Relay: each slice this rank receives goes on to the next rank without waiting (a pipeline); a failed
+    forward stops the forwarding only, never this rank's own receive."""
+
+    def __init__(self, g: _Group):
+        self.g, self.works, self.error = g, [], None
+        self.to = g.rank + 1 if g.wire.relay and g.rank + 1 < g.world_size else None
+
+    def send(self, piece: torch.Tensor) -> None:
+        if self.to is None or self.error:
+            return
+        try:
+            self.works.append(self.g.pg.send([piece], self.to, 0))
+        except Exception as e:  # noqa: BLE001 - the connection to the next rank is gone
+            self.error = f"forward to rank {self.to}: {str(e)[:200]}"
+
+    def wait(self, timeout: datetime.timedelta) -> None:
+        for w in self.works:
+            if self.error:
+                break
+            try:
+                w.wait(timeout)
+            except Exception as e:  # noqa: BLE001 - a gloo timeout or a closed connection
+                self.error = f"forward to rank {self.to}: {str(e)[:200]}"
+        self.works = []
+
+
+def _receive_one(g: _Group, t: torch.Tensor, timeout: datetime.timedelta, fwd: _Forward) -> None:
+    """``t``'s bytes from the trainer: gloo's broadcast (vLLM's wire), or, relayed, slice by slice from the rank
+    before this one, each passed on to the rank after it as it arrives."""
+    if not g.wire.relay:
+        g.pg.broadcast(t, 0, timeout).wait()
+        return
+    for piece in relay_slices(t.reshape(-1).view(torch.uint8)):
+        g.pg.recv([piece], g.rank - 1, 0).wait(timeout)
+        fwd.send(piece)
 
 
 def install(model: torch.nn.Module, staged: dict[str, torch.Tensor]) -> None:

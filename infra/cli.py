@@ -136,6 +136,8 @@ def broker(index: int = typer.Argument(..., help="the broker's index, 0-based (s
 
     try:
         stack = _stack(config)
+        if action not in ("kill", "start", "restart"):  # a typo is named before the cluster is looked at
+            raise InfraError(f"unknown action {action!r}: expected kill, start or restart")
         if not isinstance(stack.kafka, KafkaCluster):
             raise InfraError("the local Kafka is a single broker: `broker` needs `polarstream infra up --brokers 3`")
         if not 0 <= index < stack.kafka.brokers:
@@ -148,8 +150,6 @@ def broker(index: int = typer.Argument(..., help="the broker's index, 0-based (s
         elif action == "restart":
             took = stack.kafka.kill_and_restart(index, timeout=timeout)
             typer.echo(f"broker {index} killed and serving again after {took:.1f} s")
-        else:
-            raise InfraError(f"unknown action {action!r}: expected kill, start or restart")
     except InfraError as e:
         _fail(e)
 

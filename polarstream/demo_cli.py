@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         run_dir: Annotated[Optional[Path], typer.Option(help="where logs, the report and demo-summary.json go")] = None,
         loss: Annotated[Optional[str], typer.Option(help="the policy loss: ppo_clip, gspo or cispo [default: ppo_clip]")] = None,
         correction: Annotated[Optional[str], typer.Option(help="engine/trainer mismatch correction: none, tis, icepop, "
-                                                               "seq_mask_geo or seq_mask_arith [default: none]")] = None,
+                                                               "token_rs, seq_mask_geo or seq_mask_arith [default: none]")] = None,
         no_std_normalize: Annotated[bool, typer.Option("--no-std-normalize", help="advantages r - mean, not divided by "
                                                        "the group's std (Dr. GRPO)")] = False,
         logit_noise: Annotated[Optional[float], typer.Option(help="the engine adds N(0, SIGMA^2) noise to its logits: a "

@@ -284,7 +284,11 @@ def tasks_command(
 
     if agent_processes not in ("kill", "keep"):
         raise _fail(f"--agent-processes: {agent_processes!r} is not kill or keep", 2)
+    from gateway.runtimes import RUNTIMES
     from producers.tasks import with_phase_policies
+
+    if runtime not in RUNTIMES:  # before any task is read: without --check the value was never looked at
+        raise _fail(f"--runtime: {runtime!r} is not one of {', '.join(RUNTIMES)}", 2)
 
     tasks, refused = _read_tasks(tasks_file, force_build)
     tasks = [with_phase_policies(t, agent_processes=agent_processes) for t in tasks]

@@ -24,6 +24,17 @@ def packed_chunks(sizes: list[int], buffer_size_bytes: int) -> list[list[int]]:
     return chunks
 
 
+# Ours, where the group relays (our engines: init info ``"relay": true``): each packed buffer goes down the chain
+# trainer -> rank 1 -> rank 2 ... in slices of this many bytes (the last one shorter), so a rank forwards a slice
+# while the next arrives. Both ends cut alike: a gloo recv must name the size its send has.
+RELAY_SLICE_BYTES = 4 << 20
+
+
+def relay_slices(flat_bytes):
+    """The slices a relayed buffer (a flat uint8 tensor) travels in."""
+    return flat_bytes.split(RELAY_SLICE_BYTES)
+
+
 # vLLM's ``/weight_checker`` keys each digest by the worker that holds it (v1/worker/gpu_worker.py
 # ``_weight_checksum_prefix``): one worker serving the whole model is data-parallel index 0, pipeline, context
 # and tensor rank 0. A baseline is compared over the names of both sides, so it carries the same prefix.

@@ -68,14 +68,23 @@ class TrainConfig:
     loss_norm: Literal["token_mean", "seq_mean", "constant"] = "token_mean"  # how token losses are averaged
     # over the step: every token equally, every trajectory equally, or Dr. GRPO's constant (each trajectory's
     # token sum / loss_norm_tokens, averaged over trajectories: no bias towards short or long answers)
-    loss_norm_tokens: int = 0  # constant: the divisor (Dr. GRPO: the generation budget); 0: the step's longest
+    loss_norm_tokens: int = 4096  # constant: the divisor, one number for the whole run (Dr. GRPO: the generation
+    # budget, the engine's max_tokens; set it to yours). Not the step's longest: that would vary step to step
     loss: Literal["ppo_clip", "gspo", "cispo"] = "ppo_clip"  # the policy loss (trainer/corrections.py): PPO-clip;
     # GSPO's sequence-level ratio and clip; CISPO's clipped, stop-gradient IS weight on log pi
-    correction: Literal["none", "tis", "icepop", "seq_mask_geo", "seq_mask_arith"] = "none"  # engine/trainer
-    # mismatch correction on rho = pi_trainer / pi_rollout (then the loss's ratio is against the trainer's own
-    # logprobs): tis weights tokens by min(rho, tis_cap); icepop drops tokens with rho outside [icepop_low,
-    # icepop_high]; seq_mask_geo / _arith drop sequences whose geometric / arithmetic mean rho leaves
-    # [seq_mask_low, seq_mask_high]; none: the loss's ratio is against the rollout logprobs (PPO's clip bounds it)
+    correction: Literal["none", "tis", "icepop", "token_rs", "seq_mask_geo", "seq_mask_arith"] = "none"  # engine/
+    # trainer mismatch correction on rho = pi_prox / pi_rollout (pi_prox: the trainer's logprobs before the
+    # step's updates): tis weights tokens by min(rho, tis_cap); icepop by rho inside [icepop_low, icepop_high],
+    # 0 outside (IcePop's M(k) = k); token_rs by 1 inside that band, 0 outside (verl's token rejection);
+    # seq_mask_geo / _arith drop trajectories whose geometric / arithmetic mean rho leaves [seq_mask_low,
+    # seq_mask_high]. Independent of ratio_base (today's "correction on" runs: ratio_base proximal)
+    ratio_base: Literal["behaviour", "proximal"] = "behaviour"  # pi_old of the loss's ratio: behaviour, the
+    # engine's logprobs (PPO's clip bounds the whole engine/trainer gap); proximal, the trainer's own taken once
+    # before the step's updates (AReaL's decoupled PPO: the clip bounds only the policy's drift over the
+    # minibatches, a correction handles the engine gap). behaviour is the default: the demo learns with it
+    # (bench/offpolicy.py compares the two)
+    minibatches: int = 1  # optimizer steps per batch: the step's trajectories split into this many parts
+    epochs: int = 1  # passes over the minibatches (updates per batch = minibatches * epochs)
     tis_cap: float = 0.0  # > 0: truncated IS weight min(pi_trainer / pi_rollout, cap) on each token (alone, it
     # turns correction tis on, as before `correction` existed)
     icepop_low: float = 0.5  # IcePop's band [alpha, beta] (the paper's 0.5 and 5)
@@ -163,7 +172,9 @@ class TrainConfig:
             (self.clip_high >= 0, "clip_high", "must be >= 0"),
             (self.tis_cap >= 0, "tis_cap", "must be >= 0"),
             (self.correction != "tis" or self.tis_cap > 0, "tis_cap", "must be > 0 with correction tis"),
-            (self.loss_norm_tokens >= 0, "loss_norm_tokens", "must be >= 0 (0: the step's longest trajectory)"),
+            (self.loss_norm_tokens >= 1, "loss_norm_tokens", "must be >= 1 (a constant: the generation budget)"),
+            (self.minibatches >= 1, "minibatches", "must be >= 1"),
+            (self.epochs >= 1, "epochs", "must be >= 1"),
             (0 <= self.icepop_low < self.icepop_high, "icepop_low", "must be >= 0 and below icepop_high"),
             (0 <= self.seq_mask_low < self.seq_mask_high, "seq_mask_low", "must be >= 0 and below seq_mask_high"),
             (0 <= self.gspo_clip_low < 1, "gspo_clip_low", "must be in [0, 1)"),

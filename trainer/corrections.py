@@ -2,13 +2,19 @@
 micro-batch (loss.py's layout), ``seq`` (N,) giving each token's sequence (0..S-1) where a function works
 per sequence.
 
-Notation: ``logp`` = log pi_theta(y_t) with grad; ``old`` = log pi_old(y_t), the ratio's behaviour policy
-(the engine's logprobs when no correction is on, else the trainer's own detached logprobs; see
-``step.accumulate_gradients``); ``rollout`` = the engine's logprob of the token it sampled. ``A`` is the
-token's advantage (one per sequence here). Losses return the per-token loss (weights are applied by
-``loss.policy_loss``) and a bool mask of the tokens whose gradient the clip removed or bounded.
-Corrections return a detached per-token weight and a bool mask of the tokens they masked or capped; they
-read only ``rho_t = pi_old / pi_rollout`` (the trainer-vs-engine ratio).
+Notation: ``logp`` = log pi_theta(y_t) with grad; ``old`` = log pi_old(y_t), the ratio's base (setting
+``ratio_base``: ``behaviour``, the engine's logprobs, or ``proximal``, the trainer's own logprobs taken once
+before the step's updates: AReaL's decoupled PPO; see ``step.train_step``); ``rollout`` = the engine's
+logprob of the token it sampled. ``A`` is the token's advantage (one per trajectory here). Losses return
+the per-token loss (weights are applied by ``loss.policy_loss``) and a bool mask of the tokens whose
+gradient the clip removed or bounded. Corrections return a detached per-token weight and a bool mask of
+the tokens they masked or capped; they read only ``rho_t = pi_prox / pi_rollout`` (the trainer-vs-engine
+ratio at the start of the step).
+
+``seq`` numbers each token's TRAJECTORY (the unit ``loss_norm: seq_mean`` averages over), not its trace: a
+trajectory recorded as several traces (one per call) gets one GSPO ratio and one sequence-mask decision.
+Sequence means go through ``seq_mean``, whose ``reduce`` sums partial sums over micro-batches and ranks
+when a trajectory's tokens are spread over them (step.py).
 """
 
 from __future__ import annotations
@@ -16,16 +22,25 @@ from __future__ import annotations
 import torch
 
 LOSSES = ("ppo_clip", "gspo", "cispo")
-CORRECTIONS = ("none", "tis", "icepop", "seq_mask_geo", "seq_mask_arith")
+CORRECTIONS = ("none", "tis", "icepop", "token_rs", "seq_mask_geo", "seq_mask_arith")
+SEQUENCE_CORRECTIONS = ("seq_mask_geo", "seq_mask_arith")
 
 
-def seq_mean(x: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
-    """Each token's sequence mean of ``x``, broadcast back to the tokens: (N,) -> (N,); differentiable."""
+def seq_sums(x: torch.Tensor, seq: torch.Tensor, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence sums of ``x`` and token counts, (n,) each (``n``: the number of sequences, default
+    max(seq) + 1): the partial sums ``seq_mean`` adds up over micro-batches and ranks."""
+    n = (int(seq.max()) + 1 if seq.numel() else 0) if n is None else n
+    sums = torch.zeros(n, dtype=x.dtype, device=x.device).index_add(0, seq, x)
+    return sums, torch.bincount(seq, minlength=n).to(x.dtype)
+
+
+def seq_mean(x: torch.Tensor, seq: torch.Tensor, totals: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Each token's sequence mean of ``x``, broadcast back to the tokens: (N,) -> (N,); differentiable.
+    ``totals``: (sums, counts) of each sequence over all its tokens (``seq_sums`` added over every
+    micro-batch and rank that holds some), used instead of this call's own tokens (detached then)."""
     if x.numel() == 0:
         return x
-    n = int(seq.max()) + 1
-    sums = torch.zeros(n, dtype=x.dtype, device=x.device).index_add(0, seq, x)
-    counts = torch.bincount(seq, minlength=n).to(x.dtype)
+    sums, counts = (t.to(x.device, x.dtype) for t in totals) if totals is not None else seq_sums(x, seq)
     return (sums / counts.clamp(min=1))[seq]
 
 
@@ -51,7 +66,7 @@ def ppo_clip(logp, old, adv, clip_low: float, clip_high: float, dual_clip: float
     return pg, hit
 
 
-def gspo(logp, old, adv, seq, clip_low: float, clip_high: float):
+def gspo(logp, old, adv, seq, clip_low: float, clip_high: float, totals=None):
     """GSPO (Zheng et al. 2025, arXiv 2507.18071), its token form GSPO-token with one advantage per sequence:
 
         s_i = (pi_theta(y_i) / pi_old(y_i)) ^ (1 / |y_i|) = exp(1/|y_i| sum_t log(pi_theta(y_it) / pi_old(y_it)))
@@ -62,8 +77,10 @@ def gspo(logp, old, adv, seq, clip_low: float, clip_high: float):
     tiny (3e-4 / 4e-4) because s_i is a per-token geometric mean. Here ``loss_norm`` stays the trainer's
     (``token_mean`` by default): on-policy s_i is 1 and the clip never binds, so this is the policy gradient
     under that normalization, and ``seq_mean``'s length bias collapsed a seed (docs/trainer.md, GSPO).
+    ``seq`` numbers trajectories; ``totals`` (``seq_sums`` of log(pi_theta / pi_old) over the whole
+    trajectory, from every micro-batch holding part of it) gives s_i when a trajectory is split.
     """
-    log_s = seq_mean(logp - old, seq)
+    log_s = seq_mean(logp - old, seq, totals)
     ratio = torch.exp(logp - logp.detach() + log_s.detach())
     clipped_ratio = ratio.clamp(1 - clip_low, 1 + clip_high)
     pg = -torch.minimum(ratio * adv, clipped_ratio * adv)
@@ -97,34 +114,50 @@ def tis(log_rho: torch.Tensor, cap: float):
 
 
 def icepop(log_rho: torch.Tensor, low: float, high: float):
-    """IcePop (Ling team, "Small Leak Can Sink a Great Ship", 2025; used in Ring-1T): drop tokens whose ratio leaves the band,
+    """IcePop (Ling team, "Every Step Evolves", Ring-1T, 2025; slime's implementation): the token's gradient
+    is weighted by M(k), the ratio itself inside the band and 0 outside,
 
-        w_t = 1[alpha <= rho_t <= beta]      (the paper: alpha = 0.5, beta = 5)
-    """
+        k_t = pi_train(y_t) / pi_infer(y_t);   M(k) = k if alpha <= k <= beta else 0     (alpha 0.5, beta 5)
+
+    so an in-band token is importance-corrected (as TIS does) and an out-of-band one dropped."""
+    rho = torch.exp(log_rho).detach()
+    keep = (rho >= low) & (rho <= high)
+    return torch.where(keep, rho, torch.zeros_like(rho)), ~keep
+
+
+def token_rs(log_rho: torch.Tensor, low: float, high: float):
+    """Token-level rejection sampling (verl's rollout correction ``rollout_rs: token``): drop tokens whose
+    ratio leaves the band, keep the rest with weight 1 (no importance weight),
+
+        w_t = 1[low <= rho_t <= high]
+
+    IcePop's band without its M(k) = k: the indicator alone."""
     rho = torch.exp(log_rho).detach()
     keep = (rho >= low) & (rho <= high)
     return keep.to(rho.dtype), ~keep
 
 
-def seq_mask_geo(log_rho: torch.Tensor, seq: torch.Tensor, low: float, high: float):
+def seq_mask_geo(log_rho: torch.Tensor, seq: torch.Tensor, low: float, high: float, totals=None):
     """Sequence-level masked IS, geometric (verl's rollout rejection sampling "geometric", TRL, SkyRL):
     drop a whole sequence when the geometric mean of its token ratios leaves the band,
 
         g_i = exp(1/|y_i| sum_t log rho_it);   w_it = 1[low <= g_i <= high]
 
-    Length-invariant: a long sequence is not masked for being long."""
-    g = torch.exp(seq_mean(log_rho.detach(), seq))
+    Length-invariant: a long sequence is not masked for being long. ``totals``: ``seq_sums`` of log rho
+    over whole trajectories (see ``seq_mean``)."""
+    g = torch.exp(seq_mean(log_rho.detach(), seq, totals))
     keep = (g >= low) & (g <= high)
     return keep.to(g.dtype), ~keep
 
 
-def seq_mask_arith(log_rho: torch.Tensor, seq: torch.Tensor, low: float, high: float):
+def seq_mask_arith(log_rho: torch.Tensor, seq: torch.Tensor, low: float, high: float, totals=None):
     """Sequence-level masked IS, arithmetic: as ``seq_mask_geo`` with the sequence's arithmetic mean ratio
 
         a_i = 1/|y_i| sum_t rho_it;   w_it = 1[low <= a_i <= high]
 
-    (one token with a large ratio moves a_i more than g_i: stricter against outliers)."""
-    a = seq_mean(torch.exp(log_rho.detach()), seq)
+    (one token with a large ratio moves a_i more than g_i: stricter against outliers). ``totals``:
+    ``seq_sums`` of rho (not log rho) over whole trajectories."""
+    a = seq_mean(torch.exp(log_rho.detach()), seq, totals)
     keep = (a >= low) & (a <= high)
     return keep.to(a.dtype), ~keep
 

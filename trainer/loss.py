@@ -25,7 +25,9 @@ class LossConfig:
     kl_coef: float = 0.0  # > 0: k3 KL penalty towards the reference policy
     dual_clip: float = 3.0  # > 1: for A<0 cap the per-token loss at -dual_clip * A (dual-clip PPO); 0: off
     loss: str = "ppo_clip"  # ppo_clip | gspo | cispo (corrections.py)
-    correction: str = "none"  # none | tis | icepop | seq_mask_geo | seq_mask_arith; none with tis_cap > 0 is tis
+    correction: str = "none"  # none | tis | icepop | token_rs | seq_mask_geo | seq_mask_arith; none with tis_cap > 0 is tis
+    ratio_base: str = "behaviour"  # the loss ratio's pi_old: behaviour (the engine's logprobs) | proximal (the
+    # trainer's own, taken once before the step's updates: decoupled PPO); see step.train_step
     gspo_clip_low: float = 3e-4
     gspo_clip_high: float = 4e-4
     cispo_clip_high: float = 0.28
@@ -73,18 +75,22 @@ def policy_loss(
     rollout_logp: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
     seq: torch.Tensor | None = None,
+    prox_logp: torch.Tensor | None = None,
+    totals: dict | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``cfg.loss`` (corrections.py: ppo_clip, gspo or cispo) times ``cfg.correction``'s per-token weight,
     plus the KL penalty; returns (weighted loss sum, stat sums).
 
-    All inputs (N,); ``seq`` (N,) is each token's sequence in the micro-batch (None: one sequence), which
-    gspo and the sequence masks read. ``old_logp`` is the behaviour policy of the ratio: the rollout
-    logprobs, or, when a correction is on, the trainer's own (``logp.detach()`` in
-    ``step.accumulate_gradients``: with one update per batch pi_old is the current policy, so the ratio is
-    1 and its gradient the plain policy gradient), in which case ``rollout_logp`` gives the correction's
-    ratio rho = pi_old / pi_rollout, the engine/trainer mismatch (tis: weight min(rho, tis_cap); icepop:
-    drop tokens with rho outside [icepop_low, icepop_high]; seq_mask_*: drop sequences whose mean ratio
-    leaves [seq_mask_low, seq_mask_high]).
+    All inputs (N,); ``seq`` (N,) is each token's trajectory (None: one), which gspo and the sequence
+    masks read. ``old_logp`` is the ratio's base pi_old: the rollout logprobs (``ratio_base: behaviour``) or
+    the proximal policy's (``proximal``: the trainer's own before the step's updates; with one update,
+    this very forward detached, so the ratio is 1 and its gradient the plain policy gradient).
+    ``prox_logp`` (default ``old_logp``) and ``rollout_logp`` give the correction's ratio
+    rho = pi_prox / pi_rollout, the engine/trainer mismatch (tis: weight min(rho, tis_cap); icepop: rho
+    inside [icepop_low, icepop_high], else 0; token_rs: 1 inside that band, else 0; seq_mask_*: drop
+    trajectories whose mean ratio leaves [seq_mask_low, seq_mask_high]). ``totals`` holds whole-trajectory
+    sums (corrections.seq_sums) where a trajectory is split over micro-batches or ranks: ``"gspo"`` of
+    log(pi_theta / pi_old), ``"correction"`` of the sequence mask's log rho (geo) or rho (arith).
     ``cfg.dual_clip`` = c > 1 (ppo_clip) caps a negative-advantage token's loss at -c * A (Ye et al. 2020):
     min(max(-r A, -clip(r) A), -c A). Without it, for A < 0 the pessimistic min keeps the unclipped
     -r A, unbounded in r, so one token the engine sampled but the trainer finds very likely dominates.
@@ -92,11 +98,15 @@ def policy_loss(
     """
     if seq is None:
         seq = torch.zeros_like(logp, dtype=torch.long)
+    if prox_logp is None:
+        prox_logp = old_logp
+    totals = totals or {}
     log_ratio = logp - old_logp  # (N,)
     if cfg.loss == "ppo_clip":
         pg, clipped = C.ppo_clip(logp, old_logp, advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
     elif cfg.loss == "gspo":
-        pg, clipped = C.gspo(logp, old_logp, advantages, seq, cfg.gspo_clip_low, cfg.gspo_clip_high)
+        pg, clipped = C.gspo(logp, old_logp, advantages, seq, cfg.gspo_clip_low, cfg.gspo_clip_high,
+                             totals.get("gspo"))
     elif cfg.loss == "cispo":
         pg, clipped = C.cispo(logp, old_logp, advantages, cfg.cispo_clip_high)
     else:
@@ -104,15 +114,17 @@ def policy_loss(
     weight, corrected = torch.ones_like(pg), torch.zeros_like(pg, dtype=torch.bool)
     correction = cfg.active_correction
     if correction != "none" and rollout_logp is not None:
-        log_rho = (old_logp - rollout_logp).detach()
+        log_rho = (prox_logp - rollout_logp).detach()
         if correction == "tis":
             weight, corrected = C.tis(log_rho, cfg.tis_cap)
         elif correction == "icepop":
             weight, corrected = C.icepop(log_rho, cfg.icepop_low, cfg.icepop_high)
+        elif correction == "token_rs":
+            weight, corrected = C.token_rs(log_rho, cfg.icepop_low, cfg.icepop_high)
         elif correction == "seq_mask_geo":
-            weight, corrected = C.seq_mask_geo(log_rho, seq, cfg.seq_mask_low, cfg.seq_mask_high)
+            weight, corrected = C.seq_mask_geo(log_rho, seq, cfg.seq_mask_low, cfg.seq_mask_high, totals.get("correction"))
         elif correction == "seq_mask_arith":
-            weight, corrected = C.seq_mask_arith(log_rho, seq, cfg.seq_mask_low, cfg.seq_mask_high)
+            weight, corrected = C.seq_mask_arith(log_rho, seq, cfg.seq_mask_low, cfg.seq_mask_high, totals.get("correction"))
         else:
             raise ValueError(f"correction: {correction!r} is not one of {', '.join(C.CORRECTIONS)}")
         pg = pg * weight
@@ -137,14 +149,15 @@ def policy_loss(
             "corrected": float(corrected.sum()),
         }
         if rollout_logp is not None:
-            stats.update(mismatch_stats(logp.detach() - rollout_logp, seq, cfg))
+            stats.update(mismatch_stats(prox_logp.detach() - rollout_logp, seq, cfg))
     return loss, stats
 
 
 def mismatch_stats(log_rho: torch.Tensor, seq: torch.Tensor, cfg: LossConfig) -> dict[str, float]:
-    """Sums over tokens of the trainer-vs-engine divergence, log_rho = log pi_trainer - log pi_rollout: the
+    """Sums over tokens of the trainer-vs-engine divergence, log_rho = log pi_prox - log pi_rollout: the
     k3 KL(rollout || trainer) and the tokens each correction would mask or cap at ``cfg``'s thresholds,
-    whichever is on (so a run shows what turning one on would do). TIS counts only with tis_cap > 0."""
+    whichever is on (so a run shows what turning one on would do). TIS counts only with tis_cap > 0. The
+    sequence masks' counts here see only this micro-batch's part of a split trajectory (a diagnostic)."""
     with torch.no_grad():
         return {
             "mismatch_k3": float(C.k3(log_rho).sum()),

@@ -123,7 +123,7 @@ def assign_weights(samples: Sequence[Sample], loss_norm: str, norm_tokens: int =
     trace or one trace per call (per_request), and both builders must optimize the same objective.
     constant (Dr. GRPO, arXiv 2503.20783): 1 / (``norm_tokens`` * trajectories in the step), each
     trajectory's token sum over a constant, not its own length, so a long wrong answer is not penalized
-    less per token than a short one; ``norm_tokens`` 0 means the step's longest trajectory.
+    less per token than a short one; ``norm_tokens`` is that constant, one number for the run.
     A sample without a ``trajectory_id`` counts as a trajectory of its own.
     Normalizing over the whole step (not per micro-batch) makes gradient accumulation and data
     parallelism exact: any split into micro-batches and ranks sums to the same gradient.
@@ -140,13 +140,18 @@ def assign_weights(samples: Sequence[Sample], loss_norm: str, norm_tokens: int =
             tokens[key] += len(s.trained)
         return [_with_weight(s, s.group_weight / (tokens[key] * len(tokens))) for key, s in zip(keys, samples)]
     if loss_norm == "constant":
-        keys = [s.trajectory_id or f"#{i}" for i, s in enumerate(samples)]
-        tokens = Counter()
-        for key, s in zip(keys, samples):
-            tokens[key] += len(s.trained)
-        c = norm_tokens or max(tokens.values())
-        return [_with_weight(s, s.group_weight / (c * len(tokens))) for s in samples]
+        if norm_tokens < 1:
+            raise ValueError(f"loss_norm constant needs norm_tokens >= 1 (a run-level constant), got {norm_tokens}")
+        trajectories = len(set(trajectory_index(samples)))
+        return [_with_weight(s, s.group_weight / (norm_tokens * trajectories)) for s in samples]
     raise ValueError(f"loss_norm: {loss_norm!r} is not token_mean, seq_mean or constant")
+
+
+def trajectory_index(samples: Sequence[Sample]) -> list[int]:
+    """Each sample's trajectory number, 0..T-1 in order of first appearance (a sample without a
+    ``trajectory_id`` is a trajectory of its own, as in ``assign_weights``)."""
+    index: dict[str, int] = {}
+    return [index.setdefault(s.trajectory_id or f"#{i}", len(index)) for i, s in enumerate(samples)]
 
 
 def _with_weight(s: Sample, w: float) -> Sample:
@@ -170,7 +175,9 @@ class MicroBatch:
     members: tuple[int, ...] = ()  # its samples' indices in the list given to pack, in row-major order
     layout: Layout = field(default_factory=lambda: Layout(()))  # where the sequences sit (attention.py)
     seq: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # (N,) each trained
-    # token's sequence, 0..num_sequences-1 (sequence-level losses and corrections: trainer/corrections.py)
+    # token's trajectory, numbered over all the samples given to pack (``trajectory_index``), so a trajectory
+    # split into several traces, maybe over several micro-batches, has one number (sequence-level losses and
+    # corrections act per trajectory, the unit seq_mean normalizes over: trainer/corrections.py)
 
     @property
     def num_tokens(self) -> int:
@@ -287,10 +294,11 @@ def _group_rows(samples: Sequence[Sample], rows: list[list[_Unit]], budget: int,
             batches[-1].append(row)
         else:
             batches.append([row])
-    return [_build(samples, b, mask) for b in batches]
+    traj = trajectory_index(samples)
+    return [_build(samples, b, mask, traj) for b in batches]
 
 
-def _build(samples: Sequence[Sample], rows: list[list[_Unit]], mask: bool) -> MicroBatch:
+def _build(samples: Sequence[Sample], rows: list[list[_Unit]], mask: bool, traj: Sequence[int]) -> MicroBatch:
     width = max(sum(u.length for u in row) for row in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     pos = torch.zeros(len(rows), width, dtype=torch.long)
@@ -333,7 +341,7 @@ def _build(samples: Sequence[Sample], rows: list[list[_Unit]], mask: bool) -> Mi
         num_real_tokens=int(attn.sum()),
         members=tuple(members),
         layout=Layout(tuple(segments)),
-        seq=torch.tensor([j for j, s in enumerate(seqs) for _ in s.trained], dtype=torch.long),
+        seq=torch.tensor([traj[i] for i in members for _ in samples[i].trained], dtype=torch.long),
     )
 
 

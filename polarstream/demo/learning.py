@@ -177,7 +177,11 @@ class LearningConfig:
     std_normalize: bool = True  # GRPO advantages divided by the group std (False: Dr. GRPO's r - mean)
     logit_noise: float = 0.0  # the sampler's logits get N(0, sigma^2) noise (the engine's --logit-noise): an
     # engine/trainer mismatch of a controlled size
-    trainer: dict = field(default_factory=dict)  # more TrainConfig settings (thresholds: icepop_low, ...)
+    stale: int = 0  # rollouts sampled by the weights of this many updates-of-a-step ago (S: the demo's
+    # max_staleness at work); 0: on-policy, sampled by the weights being trained
+    engine_dtype: str = "float32"  # the sampler's weights and matmuls (the engine's --engine-dtype): bfloat16
+    # samples from, and reports logprobs of, a bf16 copy of the trained fp32 weights
+    trainer: dict = field(default_factory=dict)  # more TrainConfig settings (ratio_base, minibatches, icepop_low, ...)
     lora_rank: int = 0  # > 0: train a LoRA adapter of this rank on the frozen model (trainer/lora.py), not every weight
     lora_alpha: int = 32
 
@@ -222,6 +226,35 @@ def grpo_update(model, optimizer, batch: list, reward_mean: float, tcfg) -> tupl
                                                                "grad_norm": out.grad_norm}
 
 
+class _Engine:
+    """The sampler of ``rl_run``: the trained model itself (on-policy, fp32), or a copy holding the weights of
+    ``stale`` steps ago in ``dtype``, as an engine that loads every version late and serves in bf16 would."""
+
+    def __init__(self, model, stale: int, dtype: str):
+        self.model, self.stale, self.dtype = model, stale, getattr(torch, dtype)
+        self.copy = None
+        if stale or self.dtype != torch.float32:
+            import copy
+
+            self.copy = copy.deepcopy(model).to(self.dtype)
+        self.versions = [self._weights()] if self.copy is not None else []
+
+    def _weights(self) -> dict:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def trained(self) -> None:
+        """After a step's updates: keep the new version (and the ``stale`` before it)."""
+        if self.copy is not None:
+            self.versions = (self.versions + [self._weights()])[-(self.stale + 1):]
+
+    def sampler(self):
+        if self.copy is None:
+            return self.model
+        self.copy.load_state_dict(self.versions[0])  # the oldest kept: `stale` versions behind (fewer at the start)
+        self.copy.set_attn_implementation("sdpa")
+        return self.copy.eval()
+
+
 def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: LearningConfig, *, system: str,
            tools: list[dict], on_step=None, shape: Shape | None = None, on_groups=None) -> tuple[RunLog, torch.nn.Module]:
     """On-policy GRPO on ``problems`` with the trainer's packing, loss, optimizer and no-signal rule.
@@ -258,13 +291,14 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: Lear
     optimizer = build_optimizer(model, tcfg)
     log = RunLog()
     prompt_of, score = task_io(tok, system, tools, shape)
+    rollouts = _Engine(model, cfg.stale, cfg.engine_dtype)
     for step in range(cfg.steps):
         model.eval()
         model.set_attn_implementation("sdpa")
         batch, rewards, groups = [], [], []
         drawn = list(problems) if cfg.all_problems else [rng.choice(list(problems)) for _ in range(cfg.tasks_per_step)]
         prompts = [prompt_of(q) for q, _ in drawn]
-        sampled = sample_many(model, tok, prompts, cfg.samples, cfg.max_new_tokens, cfg.temperature, gen,
+        sampled = sample_many(rollouts.sampler(), tok, prompts, cfg.samples, cfg.max_new_tokens, cfg.temperature, gen,
                               cfg.logit_noise, noise_gen)
         for (q, a), prompt, (comps, lps) in zip(drawn, prompts, sampled):
             rs = [score(tok.decode(c), a) for c in comps]
@@ -285,6 +319,7 @@ def rl_run(model_dir: str | Path, problems: Sequence[tuple[str, str]], cfg: Lear
         before = [p.detach().clone() for p in model.parameters()]
         batch, lr, signal, mismatch = grpo_update(model, optimizer, batch, mean_reward, tcfg)
         moved = any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+        rollouts.trained()
         entry = StepLog(step, mean_reward, signal, moved, sum(len(s.trained) for s in batch), lr, mismatch)
         log.steps.append(entry)
         if on_step is not None:

@@ -127,10 +127,11 @@ class Experiment(BaseModel):
                                                       "and dual clip), gspo (sequence-level ratio and clip), cispo "
                                                       "(clipped stop-gradient IS weight); thresholds in trainer: "
                                                       "(gspo_clip_low, cispo_clip_high, ...; docs/trainer.md)")
-    correction: Literal["none", "tis", "icepop", "seq_mask_geo", "seq_mask_arith"] = Field(
-        "none", description="engine/trainer mismatch correction on pi_trainer / pi_rollout: tis (needs trainer: "
-        "tis_cap), icepop (token band icepop_low..icepop_high), seq_mask_geo / seq_mask_arith (sequence mean ratio "
-        "band seq_mask_low..seq_mask_high); none: PPO's clip on the rollout ratio only")
+    correction: Literal["none", "tis", "icepop", "token_rs", "seq_mask_geo", "seq_mask_arith"] = Field(
+        "none", description="engine/trainer mismatch correction on pi_prox / pi_rollout: tis (needs trainer: "
+        "tis_cap), icepop (weight rho in the token band icepop_low..icepop_high, 0 outside), token_rs (1 in that "
+        "band, 0 outside), seq_mask_geo / seq_mask_arith (trajectory mean ratio band seq_mask_low..seq_mask_high); "
+        "the loss ratio's base is trainer: ratio_base (behaviour by default; proximal: decoupled PPO)")
     std_normalize: bool = Field(True, description="divide a group's advantages by its reward std (GRPO); false: "
                                 "r - mean (Dr. GRPO), which the streams compute")
     overlong: OverlongSettings | None = Field(None, description="DAPO's soft overlong punishment {max_tokens, buffer, "
@@ -203,7 +204,12 @@ def load_experiment(path: Path | None, **overrides: Any) -> Experiment:
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         field = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
+        value = err.get("input")  # a word or number the user wrote: the line names it
+        given = f" (got {value!r})" if isinstance(value, (str, int, float)) and len(repr(value)) <= 80 else ""
+        msg = err["msg"].removeprefix("Value error, ") + ("" if err["type"] in ("extra_forbidden", "missing") else given)
+        if err["loc"] and overrides.get(err["loc"][0]) is not None:  # the bad value came from the command line
+            where = "--" + str(err["loc"][0]).replace("_", "-")
+            field = ".".join(str(p) for p in err["loc"][1:])
         raise ExperimentError(f"{where}: {field}: {msg}" if field else f"{where}: {msg}") from None
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from bench import run_all
 from bench._provenance import bench_provenance, changed_for, changed_since, commit_info, declared_inputs
-from bench.render import MARKER, OWN_RESULTS, own_results, pages, render_docs, render_into, render_markers, with_own
+from bench.render import MARKER, OWN_RESULTS, own_results, pages, render, render_docs, render_into, render_markers, with_own
 
 ROOT = Path(__file__).resolve().parents[2]
 LATEST = ROOT / "bench/results/latest.json"
@@ -253,3 +253,20 @@ def test_a_merged_run_keeps_each_entrys_commit_and_a_failed_rerun_keeps_the_good
     kept = run_all.keep_good(failed, previous["benchmarks"]["streams"])
     assert kept["status"] == "ok" and kept["result"] == {"y": 2} and kept["last_attempt"]["status"] == "timeout"
     assert run_all.keep_good({"status": "ok", "result": {"y": 3}}, previous["benchmarks"]["streams"])["result"] == {"y": 3}
+
+
+def test_a_rerun_that_cannot_measure_a_figure_keeps_its_last_measured_value_with_its_commit():
+    before = {"status": "ok", "provenance": {"git_commit": "aaa111", "date": "2026-11-01"},
+              "result": {"ours": 10.0, "peer": 12.0, "vs_peer": 0.83}}
+    rerun = {"status": "ok", "provenance": {"git_commit": "bbb222"},
+             "result": {"ours": 11.0, "peer": None, "peer_reason": "could not install", "vs_peer": None}}
+    kept = run_all.keep_good(rerun, before)["result"]
+    assert kept["ours"] == 11.0 and kept["peer"] == 12.0 and kept["vs_peer"] == 0.83  # new where measured, else kept
+    assert kept["kept"] == {"peer": {"value": 12.0, "git_commit": "aaa111", "date": "2026-11-01"},
+                            "vs_peer": {"value": 0.83, "git_commit": "aaa111", "date": "2026-11-01"}}
+    again = run_all.keep_good({**rerun, "result": dict(rerun["result"])}, {"status": "ok", "result": kept,
+                                                                           "provenance": {"git_commit": "bbb222"}})
+    assert again["result"]["kept"]["peer"]["git_commit"] == "aaa111"  # a second miss still names where it was measured
+    page = render({"format": 3, "mode": "full", "machine": {"git_commit": "bbb222", "date": "2026-12-01"},
+                   "benchmarks": {"gateway": {**rerun, "result": kept}}})
+    assert re.search(r"`peer` = 12(\.0+)? is kept from the run at `aaa111`", page), page

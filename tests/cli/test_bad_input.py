@@ -3,7 +3,7 @@
 The commands and their arguments are read from the typer app itself, so a new command is walked too.
 Each case gives one argument a bad value of its kind and the others valid ones: a nonexistent path, a
 directory without a model, an unreachable URL, a port in use, malformed YAML or JSON, an output path
-under a regular file. Kafka and S3 point at a closed port, so no case waits on a network timeout.
+under a regular file, a word outside an argument's closed set. Kafka and S3 point at a closed port, so no case waits on a network timeout.
 """
 
 from __future__ import annotations
@@ -44,12 +44,18 @@ KINDS = {
     "work_dir": ("under_file",),
     "tombstones": ("under_file",),
 }
+# Arguments whose value is one of a closed set of words: an unknown word must be named in the error.
+KINDS |= {name: ("unknown_word",) for name in (
+    "runtime", "site_settings", "weight_transfer", "strategy", "format", "topic", "api",
+    "loss", "correction", "engine_dtype", "action", "name", "container_engine")}
+# (export --harness and --source, infra mirror --source are open: a filter and a cluster name)
 URL_ARGS = ("engine", "gateway")  # besides every *url argument
 # Valid values of required arguments ({...}: filled from the Env), and extra arguments some commands need.
 REQUIRED = {
     "engine_url": "{dead_url}", "model": "{model_dir}", "tasks_file": "{tasks_file}", "to_prefix": "r1",
     "format": "jsonl", "out": "{root}/out.jsonl", "task_id": "t1", "session_id": "s1", "name": "tiny",
     "source": "a", "target": "b", "index": "0", "action": "status", "topic": "calls",
+    "image_name": "debian:bookworm-slim",
 }
 EXTRA = {("forget",): ["--session", "s1"]}
 
@@ -111,6 +117,8 @@ class Env:
             return "quay.io/acme/tool:1", "quay.io/acme/tool:1"
         if kind == "no_model":
             return str(r / "empty"), str(r / "empty")
+        if kind == "unknown_word":
+            return "bogus-word", "bogus-word"
         if kind == "busy_port":
             return str(self.busy_port), str(self.busy_port)
         if kind == "under_file":

@@ -1,5 +1,6 @@
 """In-memory weight transfer (engine/transfer.py, trainer/sync/broadcast.py): vLLM's routes and bodies on gloo,
-verified bit for bit, and a trainer killed mid-broadcast leaves the engine serving what it served.
+verified bit for bit, and a trainer killed or frozen mid-transfer leaves the engines of its group serving what they
+served.
 
 One in-process engine serves the whole module (``module_engine_server``): each test asserts on what it
 changes, not on a fresh engine's state; the killed trainer is a small process (torch, no transformers)."""
@@ -30,6 +31,7 @@ ROOT = Path(__file__).parents[2]
 VLLM_INIT_INFO = {"master_address", "master_port", "rank_offset", "world_size", "nccl_unique_id_b64", "packed",
                   "packed_buffer_size_bytes", "packed_num_buffers"}
 VLLM_UPDATE_INFO = {"names", "dtype_names", "shapes"}
+OURS_INIT_INFO = {"relay"}  # our trainer's groups relay down a chain (engine/transfer.py); vLLM's trainer omits it
 
 
 def perturbed(model_dir, seed: int, scale: float = 0.05):
@@ -56,7 +58,8 @@ def checksums(url):
 
 
 def test_protocol_fields_are_vllms():
-    assert {f.name for f in dataclasses.fields(InitInfo)} == VLLM_INIT_INFO
+    assert {f.name for f in dataclasses.fields(InitInfo)} == VLLM_INIT_INFO | OURS_INIT_INFO
+    assert InitInfo(master_address="h", master_port=1, rank_offset=1, world_size=2).relay is False  # vLLM's wire
     assert {f.name for f in dataclasses.fields(UpdateInfo)} == VLLM_UPDATE_INFO
     # vLLM's packed cut: a buffer closes once it holds MORE than the buffer size
     assert packed_chunks([4, 4, 4, 4, 10], 8) == [[0, 1, 2], [3, 4]]
@@ -144,7 +147,8 @@ def test_broadcast_is_bit_exact_and_sampling_follows(module_engine_server, tiny_
     bodies = dict(sent[:4])
     assert set(bodies["/init_weight_transfer_engine"]) == {"init_info"}
     init_info = bodies["/init_weight_transfer_engine"]["init_info"]
-    assert set(init_info) == VLLM_INIT_INFO - {"nccl_unique_id_b64"}  # vLLM's trainer drops the unused mode too
+    # vLLM's trainer drops the unused rendezvous mode too; ours adds the relay
+    assert set(init_info) == VLLM_INIT_INFO - {"nccl_unique_id_b64"} | OURS_INIT_INFO and init_info["relay"] is True
     assert init_info["packed"] is True and init_info["packed_buffer_size_bytes"] == 1 << 20
     assert set(bodies["/update_weights"]) == {"update_info"}
     assert set(bodies["/update_weights"]["update_info"]) == VLLM_UPDATE_INFO
@@ -167,7 +171,8 @@ TRAINER = textwrap.dedent("""
     from trainer.sync.storage import PolarEngine
     state = {{n: t + 0.01 for n, t in load_file({weights!r}).items()}}
     meta = [(n, t.dtype, list(t.shape)) for n, t in state.items()]
-    wt = WeightTransfer([PolarEngine({url!r})], "broadcast", timeout_s=5, buffer_bytes=64 << 10, throttle_s=0.05)
+    wt = WeightTransfer([PolarEngine(u) for u in {urls!r}], "broadcast", timeout_s=5, buffer_bytes=64 << 10,
+                        throttle_s=0.05)
     wt.sync(lambda: (meta, iter(state.items())), None, 7)
     print("finished", flush=True)
 """)
@@ -183,37 +188,49 @@ def wait_for(pred, timeout_s: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_trainer_killed_mid_broadcast_leaves_the_engine_serving_its_weights(module_engine_server, tiny_model_dir,
-                                                                            monkeypatch):
-    monkeypatch.setenv("POLAR_WEIGHT_TRANSFER_TIMEOUT_S", "5")  # the engine's deadline (read per call)
-    url = module_engine_server.url
-    buffers_before = httpx.get(f"{url}/weight_info").json()["transfer"]["buffers"]  # counted over the engine's life
-    script = TRAINER.format(root=str(ROOT), weights=str(tiny_model_dir / "model.safetensors"), url=url)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
+def test_trainer_lost_mid_transfer_leaves_the_engines_serving_their_weights(sig, module_engine_server, engine_server,
+                                                                          tiny_model_dir, monkeypatch):
+    """Two engines in the trainer's one group (rank 1 relays to rank 2); the trainer killed (its connections
+    close: seen at once) or frozen (seen at the engines' deadline) mid-transfer: both drop the staged tensors and
+    serve what they served; a restarted trainer forms the group again and syncs both."""
+    monkeypatch.setenv("POLAR_WEIGHT_TRANSFER_TIMEOUT_S", "5")  # the engines' deadline (read per call)
+    urls = [module_engine_server.url, engine_server.url]
+    url = urls[0]
+    buffers_before = httpx.get(f"{urls[1]}/weight_info").json()["transfer"]["buffers"]  # over the engine's life
+    script = TRAINER.format(root=str(ROOT), weights=str(tiny_model_dir / "model.safetensors"), urls=urls)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    before = checksums(url)  # while the trainer starts
-    token_before = completion_logprob(url, [5, 6, 7])
-    version_before = httpx.get(f"{url}/policy_version").json()["policy_version"]
+    before = {u: checksums(u) for u in urls}  # while the trainer starts
+    token_before = {u: completion_logprob(u, [5, 6, 7]) for u in urls}
+    version_before = {u: httpx.get(f"{u}/policy_version").json()["policy_version"] for u in urls}
     try:
+        # the last rank receiving: the relay works, and both are mid-transfer
         wait_for(lambda: (lambda t: t["receiving"] and t["buffers"] > buffers_before + 2)(
-            httpx.get(f"{url}/weight_info").json()["transfer"]), 120, "the engine receiving")
-        os.kill(proc.pid, signal.SIGKILL)
+            httpx.get(f"{urls[1]}/weight_info").json()["transfer"]), 120, "the engines receiving")
+        os.kill(proc.pid, sig)
+        t0 = time.monotonic()
+        for u in urls:
+            info = wait_for(lambda: (lambda i: i if not i["transfer"]["receiving"] and i["transfer"]["session"] is None
+                                     else None)(httpx.get(f"{u}/weight_info").json()), 20, "the engine to drop the transfer")
+            assert info["policy_version"] == version_before[u] and info["transfer"]["staged"] == 0
+            assert info["transfer"]["last_error"]
+        # killed: a dead peer is seen at once; frozen: at the engines' deadline, not later
+        assert time.monotonic() - t0 < (5 if sig == signal.SIGKILL else 5 + 6)
     finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
         proc.wait(timeout=30)
-    t0 = time.monotonic()
-    info = wait_for(lambda: (lambda i: i if not i["transfer"]["receiving"] and i["transfer"]["session"] is None else None)(
-        httpx.get(f"{url}/weight_info").json()), 10, "the engine to drop the transfer")
-    assert time.monotonic() - t0 < 10  # a dead peer is seen at once, not at the deadline
-    assert info["policy_version"] == version_before and info["transfer"]["staged"] == 0 and info["transfer"]["last_error"]
-    assert checksums(url) == before
-    assert completion_logprob(url, [5, 6, 7]) == token_before  # serving, the same weights
-    assert httpx.post(f"{url}/finish_weight_update", json={"weight_version": "7"}).status_code == 409  # nothing staged
-    # a restarted trainer forms the group again and syncs the engine
+    for u in urls:
+        assert checksums(u) == before[u]
+        assert completion_logprob(u, [5, 6, 7]) == token_before[u]  # serving, the same weights
+        assert httpx.post(f"{u}/finish_weight_update", json={"weight_version": "7"}).status_code == 409  # none staged
+    # a restarted trainer forms the group again and syncs both engines
     model = perturbed(tiny_model_dir, 2)
-    wt = WeightTransfer([PolarEngine(url)], "broadcast", timeout_s=5, buffer_bytes=1 << 20, verify=True)
+    wt = WeightTransfer([PolarEngine(u) for u in urls], "broadcast", timeout_s=5, buffer_bytes=1 << 20, verify=True)
     try:
-        assert wt.sync(model, None, 7)["broadcast"] == [url]
-        assert wt.verify_engines() == {url: True}
+        assert wt.sync(model, None, 7)["broadcast"] == urls
+        assert wt.verify_engines() == {u: True for u in urls}
     finally:
         wt.close()
-    assert httpx.get(f"{url}/policy_version").json()["policy_version"] == 7
+    assert all(httpx.get(f"{u}/policy_version").json()["policy_version"] == 7 for u in urls)

@@ -22,11 +22,12 @@ from trainer.packing import assign_weights, pack, sample_from_trace, shard  # no
 from trainer.step import accumulate_gradients, loss_config  # noqa: E402
 
 # The trainer's settings for these steps (micro-batches of 64 tokens: several per rank)
-CFG = TrainConfig(clip_low=0.2, clip_high=0.28, tis_cap=2.0, token_budget=64, weight_decay=0.0)
+CFG = TrainConfig(clip_low=0.2, clip_high=0.28, tis_cap=2.0, token_budget=64, weight_decay=0.0, ratio_base="proximal")
 # Each loss and correction (trainer/corrections.py) on top of CFG. The random rollout logprobs here are far from
 # the tiny model's (log rho in about [-9, -6], median -7.2), so the bands are set to mask about half the tokens
-# (icepop) or sequences (seq_mask_geo); gspo and cispo run with CFG's TIS, whose ratio is the trainer's own (1),
-# inside GSPO's clip.
+# (icepop) or sequences (seq_mask_geo). The clips act: the proximal logprobs are the model's own moved by
+# +-DRIFT per token (``step``), as after earlier minibatches, so the ratio pi_theta / pi_prox is e^-+0.3 and PPO,
+# GSPO and CISPO clip part of the tokens.
 VARIANTS = {
     "ppo_clip": {},
     "gspo": {"loss": "gspo"},
@@ -75,9 +76,21 @@ CASES = (("per_request", "token_mean", "ppo_clip"), ("prefix_merging", "token_me
          ("prefix_merging", "seq_mean", "seq_mask_geo"))
 
 
+DRIFT = 0.3
+
+
+def drifted_proximal(model, micro, device) -> list:
+    """Each micro-batch's proximal logprobs: the model's own, + DRIFT on even tokens and - DRIFT on odd ones."""
+    from trainer.step import proximal_logprobs
+
+    prox = proximal_logprobs(model, micro, 1.0, device, None)
+    return [p + DRIFT * (1 - 2 * (torch.arange(len(p)) % 2)) for p in prox]
+
+
 def step(model, micro, device, variant: str = "ppo_clip") -> tuple[dict, float, dict]:
     """Gradients of one step over ``micro`` (this rank's share), the norm over all ranks, the stat sums."""
-    sums = accumulate_gradients(model, micro, loss_of(variant), 1.0, None, device, None, grad_scale=1.0)
+    prox = drifted_proximal(model, micro, device)
+    sums = accumulate_gradients(model, micro, loss_of(variant), 1.0, None, device, None, grad_scale=1.0, prox=prox)
     from trainer.parallel import clip_grad_norm_
 
     norm = clip_grad_norm_(model.parameters(), 1e9)

@@ -177,6 +177,43 @@ def test_engine_killed_mid_broadcast(engine_process, module_engine_server, tiny_
         wt.close()
 
 
+def logprob_is_the_trainers(url, model) -> bool:
+    """The engine's next-token logprob is ``model``'s to 1e-5 (the tied head follows the embedding)."""
+    prompt = [5, 6, 7, 8, 9]
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 1.0, "seed": 7, "logprobs": 0,
+            "return_token_ids": True}
+    choice = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    with torch.no_grad():
+        expected = torch.log_softmax(model.eval()(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    return abs(choice["logprobs"]["token_logprobs"][0] - expected[choice["token_ids"][0]].item()) < 1e-5
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
+def test_one_group_the_middle_engine_lost_mid_transfer_the_other_two_get_the_weights(
+        sig, engine_process, module_engine_server, engine_server, tiny_model_dir, monkeypatch):
+    """Three engines in one group (ranks 1, 2, 3, relaying), the middle one killed or frozen mid-transfer: the
+    trainer finds it gone (/health), forms the group again without it and sends again to the rank behind it;
+    the first and the last serve the trainer's weights, the lost one is stale (storage at the next sync)."""
+    monkeypatch.setenv("POLAR_WEIGHT_TRANSFER_TIMEOUT_S", str(2 * DEADLINE_S))  # the in-process engines' deadline
+    first, victim, last = module_engine_server, engine_process.get(), engine_server
+    model = perturbed(tiny_model_dir, 31)
+    wt = WeightTransfer([PolarEngine(first.url), PolarEngine(victim.url), PolarEngine(last.url)], "broadcast",
+                        timeout_s=DEADLINE_S, buffer_bytes=64 << 10, throttle_s=0.02)
+    try:
+        out = run_sync_killing(wt, model, None, 1, victim, sig)
+        report = out["report"]
+        assert report["broadcast"] == [first.url, last.url] and report["stale"] == [victim.url], report
+        # a lost member is found by its probe: the others do not wait for the deadline
+        assert out["after_signal_s"] < DEADLINE_S + 3, out
+        # each buffer left the trainer once for the group, and once more for the group formed without the victim
+        assert report["bytes_sent"] == 2 * report["bytes_per_engine"], report
+        for url in (first.url, last.url):
+            assert info(url)["policy_version"] == 1 and matches(url, model) and logprob_is_the_trainers(url, model)
+    finally:
+        wt.close()
+        victim.stop()
+
+
 def test_auto_falls_back_to_storage_per_engine(module_engine_server, tiny_model_dir, tmp_path):
     url = f"file://{tmp_path}/weights/v00000001"
     manifest = tmp_path / "weights" / "v00000001" / "manifest.json"

@@ -51,7 +51,10 @@ def test_cispo_by_hand():
 def test_corrections_by_hand():
     w, hit = C.tis(LOG(0.4, 1.0, 6.0), 2.0)
     assert torch.allclose(w, T(0.4, 1.0, 2.0)) and hit.tolist() == [False, False, True]
-    w, hit = C.icepop(LOG(0.4, 1.0, 6.0), 0.5, 5.0)
+    # IcePop's M(k) = k in band keeps the ratio itself; token_rs (the indicator) keeps 1
+    w, hit = C.icepop(LOG(0.4, 1.5, 6.0), 0.5, 5.0)
+    assert torch.allclose(w, T(0.0, 1.5, 0.0)) and hit.tolist() == [True, False, True]
+    w, hit = C.token_rs(LOG(0.4, 1.5, 6.0), 0.5, 5.0)
     assert w.tolist() == [0.0, 1.0, 0.0] and hit.tolist() == [True, False, True]
     # sequence 0: ratios 0.25 and 4 (geometric mean 1, arithmetic 2.125); sequence 1: 1.5
     seq = torch.tensor([0, 0, 1])
@@ -65,6 +68,29 @@ def test_corrections_by_hand():
 def test_seq_mean():
     x = T(1, 3, 10, 0)
     assert C.seq_mean(x, torch.tensor([0, 0, 1, 2])).tolist() == [2.0, 2.0, 10.0, 0.0]
+    # a sequence split over two micro-batches: their partial sums added give the whole sequence's mean
+    a, b = C.seq_sums(T(1, 10), torch.tensor([0, 1]), 2), C.seq_sums(T(3, 0), torch.tensor([0, 2 - 1]), 2)
+    totals = (a[0] + b[0], a[1] + b[1])
+    assert C.seq_mean(T(1, 10), torch.tensor([0, 1]), totals).tolist() == [2.0, 5.0]
+
+
+def test_sequence_quantities_are_per_trajectory_not_per_trace():
+    """One trajectory recorded as two traces (one per call) gets ONE GSPO ratio and ONE mask decision: the
+    trajectory's tokens have rho = 4 (call 1) and 0.25, 1 (call 2). Per trace, call 1's geometric mean 4 would be
+    masked and call 2's 0.5 kept; per trajectory the mean is (ln 4 + ln 0.25 + 0) / 3 = 0: kept, with s = 1."""
+    mk = lambda n, tid: sample_from_trace([1] * (n + 1), [0] + [1] * n, [0.0] * (n + 1), 1.0, 100,  # noqa: E731
+                                          trajectory_id=tid)
+    from trainer.packing import pack
+
+    (mb,) = pack([mk(1, "t"), mk(2, "t"), mk(1, "u")], 64)
+    assert mb.seq.tolist() == [0, 0, 0, 1]  # trajectory numbers, not trace numbers
+    log_rho = LOG(4.0, 0.25, 1.0, 3.0)
+    w, _ = C.seq_mask_geo(log_rho, mb.seq, 0.5, 2.0)
+    assert w.tolist() == [1.0, 1.0, 1.0, 0.0]
+    per_trace, _ = C.seq_mask_geo(log_rho, torch.tensor([0, 1, 1, 2]), 0.5, 2.0)
+    assert per_trace.tolist() == [0.0, 1.0, 1.0, 0.0]  # what numbering traces would do
+    pg, _ = C.gspo(log_rho, T(0, 0, 0, 0), T(1, 1, 1, 1), mb.seq, 3.0, 3.0)
+    assert torch.allclose(pg, T(-1, -1, -1, -3))  # s = 1 for the trajectory t; 3 for u
 
 
 def _finite_diff(f, x, eps=1e-6):
@@ -117,9 +143,9 @@ def test_gradient_is_the_objectives(loss):
     assert x.grad.abs().sum() > 0  # not trivially equal
 
 
-@pytest.mark.parametrize("correction", ["tis", "icepop", "seq_mask_geo", "seq_mask_arith"])
+@pytest.mark.parametrize("correction", ["tis", "icepop", "token_rs", "seq_mask_geo", "seq_mask_arith"])
 def test_policy_loss_applies_the_correction_to_each_tokens_gradient(correction):
-    """With a correction the ratio is against the trainer's own logprobs (ratio 1), and each token's gradient is
+    """With the ratio against the trainer's own logprobs (ratio 1), each token's gradient is
     -A w_t / N: the correction's weight, 0 where it masks."""
     logp = LOG(0.5, 0.5, 0.5, 0.5).float().requires_grad_()
     rollout = LOG(0.5, 0.05, 0.4, 0.45).float()  # rho = 1, 10, 1.25, 1.11
@@ -127,11 +153,11 @@ def test_policy_loss_applies_the_correction_to_each_tokens_gradient(correction):
     cfg = LossConfig(correction=correction, tis_cap=2.0, icepop_high=5.0, seq_mask_high=2.0)
     loss, stats = policy_loss(logp, logp.detach(), torch.ones(4), torch.full((4,), 0.25), cfg, rollout, seq=seq)
     loss.backward()
-    want = {"tis": [1.0, 2.0, 1.25, 1.0 / 0.9], "icepop": [1, 0, 1, 1],
+    want = {"tis": [1.0, 2.0, 1.25, 1.0 / 0.9], "icepop": [1.0, 0.0, 1.25, 1.0 / 0.9], "token_rs": [1, 0, 1, 1],
             "seq_mask_geo": [0, 0, 1, 1],  # sequence 0: geometric mean sqrt(10) = 3.16 > 2
             "seq_mask_arith": [0, 0, 1, 1]}[correction]
     assert torch.allclose(logp.grad, -0.25 * torch.tensor(want, dtype=torch.float32), atol=1e-6), logp.grad
-    assert stats["corrected"] == {"tis": 1, "icepop": 1}.get(correction, 2)
+    assert stats["corrected"] == {"tis": 1, "icepop": 1, "token_rs": 1}.get(correction, 2)
     m = summarize(stats)
     assert m["mismatch_k3"] == pytest.approx(float(C.k3(torch.log(torch.tensor([1, 10, 1.25, 1 / 0.9]))).mean()), rel=1e-5)
     assert m["would_icepop_frac"] == 0.25 and m["would_seq_mask_geo_frac"] == 0.5
@@ -151,7 +177,14 @@ def test_constant_length_normalization():
     s = [sample_from_trace([1] * n, [0] + [1] * (n - 1), [0.0] * n, 1.0, 100) for n in (3, 5)]
     s = [x.__class__(**{**x.__dict__, "trajectory_id": f"t{i}"}) for i, x in enumerate(s)]
     assert [x.weight for x in assign_weights(s, "constant", 10)] == [1 / 20, 1 / 20]
-    assert [x.weight for x in assign_weights(s, "constant")] == [1 / 8, 1 / 8]  # C = the longest: 4 trained tokens
+    # a constant of the run, never the step's longest: 0 is refused, and the default is one documented number
+    with pytest.raises(ValueError, match="norm_tokens >= 1"):
+        assign_weights(s, "constant", 0)
+    from trainer.config import ConfigError, TrainConfig
+
+    assert TrainConfig().loss_norm_tokens == 4096
+    with pytest.raises(ConfigError, match="loss_norm_tokens=0"):
+        TrainConfig.from_overrides({"loss_norm": "constant", "loss_norm_tokens": 0})
 
 
 def test_overlong_penalty_by_hand():

@@ -1,6 +1,7 @@
 """FSDP2 on 2 CPU ranks (gloo) takes the same step as one process on the same samples: every parameter's
 gradient, the gradient norm and the loss sums agree to 1e-5 in fp32, for per-request and prefix-merged
-traces and for seq_mean, for each loss and correction (issue 65), on the tiny model, whose head is tied to its embedding. After an update the
+traces and for seq_mean, for each loss and correction (issue 65) with its clip acting (the ratio against a
+proximal policy off the current one: issue 74), on the tiny model, whose head is tied to its embedding. After an update the
 ranks export the weights (each writes its own shard file): transformers and our engine load the
 directory and give the trained model's logits (issue 50)."""
 
@@ -49,8 +50,9 @@ def test_a_sharded_step_equals_one_process(sharded, builder, loss_norm, variant)
     worst = max(((got["grads"][n] - g).norm() / g.norm().clamp_min(1e-12)).item() for n, g in grads.items())
     assert worst <= 1e-5, f"largest relative gradient difference {worst:.2e}"
     assert got["norm"] == pytest.approx(norm, rel=1e-5) and norm > 0
-    for key in ("loss", "tokens", "corrected"):
+    for key in ("loss", "tokens", "corrected", "clipped", "ratio"):
         assert got["sums"][key] == pytest.approx(sums[key], abs=1e-5, rel=1e-6), key
+    assert 0 < sums["clipped"] < sums["tokens"], sums  # the clip acts on some tokens: the case tests it
     if variant in ("icepop", "seq_mask_geo"):  # the band masks some tokens, not all: the case tests the mask
         assert 0 < sums["corrected"] < sums["tokens"], sums
 

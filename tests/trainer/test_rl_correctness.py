@@ -38,7 +38,7 @@ def test_tis_takes_one_forward_and_weights_by_trainer_over_rollout(trainer_model
 
     forwards = []
     hook = model.register_forward_hook(lambda *a: forwards.append(1))
-    stats = accumulate_gradients(model, [mb], LossConfig(tis_cap=cap))
+    stats = accumulate_gradients(model, [mb], LossConfig(tis_cap=cap, ratio_base="proximal"))
     hook.remove()
     assert len(forwards) == 1  # no second, no-grad forward for pi_old
     assert stats["ratio"] == pytest.approx(5.0, abs=1e-6)  # pi_old is this forward: ratio 1

@@ -61,7 +61,7 @@ def test_tis_ratio_is_against_the_trainer_and_the_weight_capped(trainer_model_di
     model = AutoModelForCausalLM.from_pretrained(trainer_model_dir, attn_implementation="sdpa")
     group = make_group("g", [[11, 12, 13], [21, 22]], [1.0, 0.0], logprob=-30.0)  # engine far from the trainer
     micro = pack(assign_weights(samples_from_group(group, 1024)[0], "token_mean"), 1024)
-    stats = accumulate_gradients(model, micro, LossConfig(tis_cap=2.0))
+    stats = accumulate_gradients(model, micro, LossConfig(tis_cap=2.0, ratio_base="proximal"))
     assert stats["tokens"] == 5
     assert stats["ratio"] == pytest.approx(5.0, abs=1e-4)  # pi_old is the trainer's own (detached): exactly 1
     assert stats["tis_weight"] == pytest.approx(10.0)  # pi_old / pi_rollout = e^(~25), capped at 2
@@ -105,3 +105,83 @@ def test_train_step_trains_at_the_scheduled_saturated_rate(trainer_model_dir):
     out = train_step(model, opt, samples_from_group(flat, 1024)[0], cfg, reward_mean=1.0, step=2)
     assert out.no_update == "no_signal" and out.sums["tokens"] == 3
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def _traces(trajectories: int = 4, seed: int = 0):
+    """Trajectories of two traces each (one per call: the second repeats the first call as its prefix), rollout
+    logprobs 0.3 nats off the model's random ones in both directions, advantages of both signs."""
+    import random
+
+    from trainer.packing import sample_from_trace
+
+    rng = random.Random(seed)
+    out = []
+    for t in range(trajectories):
+        first = [5, 6, 7] + [rng.randrange(10, 60) for _ in range(4)]
+        second = first + [8, 9] + [rng.randrange(10, 60) for _ in range(3)]
+        adv = (-1) ** t * (0.5 + t / 4)
+        for ids, start in ((first, 3), (second, 9)):
+            mask = [0] * start + [1] * (len(ids) - start)
+            lps = [0.0] * start + [-5.2 + rng.choice((-0.3, 0.3)) for _ in ids[start:]]
+            out.append(sample_from_trace(ids, mask, lps, adv, 1024, group_id="g", trajectory_id=f"g/t{t}"))
+    return out
+
+
+def _step(model_dir, samples, opt_cls=torch.optim.SGD, **settings):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
+    cfg = TrainConfig(lr=0.5, lr_saturation=1.0, weight_decay=0.0, grad_clip=0.0, attn_implementation="sdpa",
+                      **settings)
+    opt = opt_cls(model.parameters(), lr=cfg.lr)
+    steps = []
+    opt.register_step_post_hook(lambda *a: steps.append(1))
+    forwards = []
+    model.register_forward_hook(lambda *a: forwards.append(1))
+    out = train_step(model, opt, samples, cfg, reward_mean=0.0)
+    return model, out, len(steps), len(forwards)
+
+
+@pytest.mark.parametrize("settings", [{"loss": "gspo", "gspo_clip_low": 0.2, "gspo_clip_high": 0.28},
+                                      {"correction": "seq_mask_geo", "seq_mask_low": 0.65, "seq_mask_high": 2.0},
+                                      {"correction": "seq_mask_arith", "seq_mask_low": 0.74, "seq_mask_high": 2.0}])
+def test_a_trajectory_split_over_microbatches_gets_the_update_of_a_whole_one(trainer_model_dir, settings):
+    """GSPO's ratio and the sequence masks are over the trajectory even when its traces land in different
+    micro-batches (token_budget 16): the same update as with every trace in one. The trajectories' mean ratios
+    pi_trainer / pi_rollout are about 0.58, 0.70, 0.70, 0.76 (geometric) and 0.61, 0.73, 0.72, 0.77 (arithmetic):
+    the bands mask one and three of the four."""
+    samples = _traces()
+    whole, out1, _, _ = _step(trainer_model_dir, samples, token_budget=1024, loss_norm="seq_mean", **settings)
+    split, out2, _, _ = _step(trainer_model_dir, samples, token_budget=16, loss_norm="seq_mean", **settings)
+    from trainer.step import splits_a_trajectory
+
+    assert not splits_a_trajectory(out1.micro) and splits_a_trajectory(out2.micro)
+    for a, b in zip(whole.parameters(), split.parameters()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+    assert out1.sums["corrected"] == out2.sums["corrected"]
+    if "correction" in settings:  # the band masks some trajectories, not all: the test can tell them apart
+        assert 0 < out1.sums["corrected"] < out1.sums["tokens"], out1.sums
+
+
+def test_minibatches_each_take_an_optimizer_step_with_the_proximal_logprobs_taken_once(trainer_model_dir):
+    samples = _traces()
+    model, out, steps, forwards = _step(trainer_model_dir, samples, minibatches=2, epochs=2, ratio_base="proximal",
+                                        token_budget=1024)
+    assert steps == 4  # 2 minibatches x 2 epochs
+    assert forwards == 2 + 4  # one no-grad forward per micro-batch before any update, then one per update
+    # the first update's ratio is 1 (pi_prox is the weights it starts from); later ones see the policy's drift
+    assert abs(out.sums["ratio"] / out.sums["tokens"] - 1) > 1e-3
+    one, out1, steps1, forwards1 = _step(trainer_model_dir, samples, ratio_base="proximal", token_budget=1024)
+    assert (steps1, forwards1) == (1, 1)  # one update: pi_prox is its own forward, no extra pass
+    assert out1.sums["ratio"] == pytest.approx(out1.sums["tokens"], abs=1e-4)
+
+
+def test_the_ratio_base_is_a_setting_not_a_side_effect_of_the_correction(trainer_model_dir):
+    """behaviour: ratio pi_theta / pi_rollout (far from 1 here, so PPO clips); proximal: ratio 1 on the one update.
+    The correction (tis) weights by pi_prox / pi_rollout under either base."""
+    samples = _traces()
+    _, beh, _, _ = _step(trainer_model_dir, samples, correction="tis", tis_cap=2.0)
+    _, prox, _, _ = _step(trainer_model_dir, samples, correction="tis", tis_cap=2.0, ratio_base="proximal")
+    n = beh.sums["tokens"]
+    assert abs(beh.sums["ratio"] / n - 1) > 0.1 and beh.sums["clipped"] > 0
+    assert prox.sums["ratio"] == pytest.approx(n, abs=1e-3) and prox.sums["clipped"] == 0
+    assert beh.sums["tis_weight"] == pytest.approx(prox.sums["tis_weight"], rel=1e-5)

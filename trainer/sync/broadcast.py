@@ -1,19 +1,40 @@
 """Weights to the engines in memory: the trainer's side of vLLM's weight-transfer protocol.
 
-The trainer is rank 0 of one small group per engine (world size 2: trainer + engine at ``rank_offset`` 1),
-so an engine that dies or stalls breaks only its own group. Per sync (``prepare`` -> ``send`` -> ``finish``):
+Our engines share ONE group: the trainer is rank 0, engine i is rank ``rank_offset`` = i + 1 (each is one
+process, one rank; a vLLM engine's workers take ``world_size`` ranks from its offset, as vLLM's
+``_worker_group_rank`` places them), ``world_size`` = 1 + the engines. Each packed buffer leaves the trainer once
+however many engines listen. What a buffer costs the trainer, measured (bench/weight_sync.py, ``egress``):
+
+- gloo (our CPU engines): gloo's ``broadcast`` is a binomial tree from the root, so the root sends ceil(log2 N)
+  copies for N ranks (measured: 1, 2, 3 copies for 2, 3, 5 ranks). Our group therefore relays (init info
+  ``"relay": true``, engine/transfer.py): the trainer sends each buffer to rank 1 alone, in 4 MiB slices
+  (``schemas.weight_transfer.RELAY_SLICE_BYTES``), and rank r passes each slice on to r + 1 as it arrives (a
+  pipeline): the trainer's egress is 1x the model for any number of engines, and a buffer reaches the last
+  engine one slice per hop later. gloo connects every pair of ranks when a group forms, so (unlike one group
+  per engine) the engines must reach each other, not only the trainer.
+- NCCL (vLLM engines): NCCL's broadcast is a ring (pipelined chunks): the root sends ~1x per group. vLLM's
+  trainer API (``trainer_init``) posts its init info to ONE client with ``rank_offset`` fixed at 1
+  (``nccl_common.build_worker_init_payload``), so it puts one engine in a group. A client fanning that post out
+  with each engine's offset would put several in one, but fault isolation would go: a lost engine leaves the
+  others' workers blocked inside the NCCL broadcast (no deadline on it; the abort, ``ncclCommAbort`` in
+  ``PyNcclCommunicator.destroy``, is reached through ``/shutdown_weight_transfer_engine``, a worker call that
+  we expect to queue behind the blocked update: not verified, no GPU here). So each vLLM engine keeps a group
+  of its own: the trainer sends the model once per vLLM engine (trainer/sync/vllm_api.py).
+
+Per sync (``prepare`` -> ``send`` -> ``finish``):
 
 1. ``prepare`` (rank 0): pick each engine's path (``broadcast``; ``storage``; ``auto`` = broadcast for every
    engine that answers ``GET /weight_info``, storage for the others; an engine marked stale always goes by
-   storage once). Form the group of any engine without one (``POST /init_weight_transfer_engine``, whose
-   init info carries the wire parameters: packed, buffer size and count), open the update (``POST
-   /start_weight_update``; an engine that answers 409 lost its group, e.g. restarted: the group is formed
-   again), then post ``POST /update_weights {"update_info": {names, dtype_names, shapes}}`` (all three empty
-   when the group's last round sent the same tensors, as vLLM's trainer does) in a thread per engine (it
-   returns once the engine holds every tensor).
+   storage once). Form the group when its members changed (``POST /init_weight_transfer_engine`` to every
+   member side by side, whose init info carries the wire parameters: packed, buffer size and count), open the
+   update (``POST /start_weight_update``; an engine that fails is left out and the group formed again without
+   it; one that answers 409 lost its group, e.g. restarted: the group is formed again), then post ``POST
+   /update_weights {"update_info": {names, dtype_names, shapes}}`` (all three empty when the group's last round
+   sent the same tensors, as vLLM's trainer does) in a thread per engine (it returns once the engine holds
+   every tensor).
 2. ``send`` (every trainer rank iterates the tensors, one at a time: under FSDP2 each is a ``full_tensor``
-   gather; rank 0 alone packs them into buffers, cut as vLLM's packed producer cuts them, and broadcasts
-   each buffer to every live group, packing the next while the last is in flight).
+   gather; rank 0 alone packs them into buffers, cut as vLLM's packed producer cuts them, and sends each
+   buffer to the group once, packing the next while the last is in flight).
 3. ``finish`` (rank 0): hold the gateway (``/admin/pause``), ``POST /finish_weight_update {"weight_version"}``
    on every engine whose tensors all arrived (it swaps them in between batches), load the storage engines
    from the checkpoint URL (paused, as ``sync_weights`` does), stamp the version on the gateway, resume.
@@ -21,10 +42,20 @@ so an engine that dies or stalls breaks only its own group. Per sync (``prepare`
    load only once ``url_ready`` returns: train() writes a sync's export (between checkpoints) after the
    broadcast, from the buffers ``send(keep=True)`` kept, in a ``BackgroundExport`` thread.
 
-Never a hang: every collective waits at most ``timeout_s`` (gloo's own timeout on each broadcast), every
-HTTP call has a timeout. An engine that fails anywhere is marked stale, its group destroyed; the others
-finish; the next sync loads it from storage at that step's version (whenever it answers again), and the one
-after forms its group again. A sync raises WeightSyncError only when no engine got the new weights.
+Never a hang, and fault isolation within one group: every collective waits at most ``timeout_s`` (gloo's
+timeout on each send and receive), every HTTP call has a timeout. A rank lost mid-transfer (killed, frozen)
+stops the chain behind it: the ranks before it finish (a failed forward does not fail a rank's own update),
+the ones behind it fail or stall. After the sends ``_settle`` waits for the members' replies (half a second;
+then, when every member still waited for answers ``GET /health`` within a short deadline, up to the deadline;
+not at all when the trainer's own send to rank 1 failed), probes the ones that failed or did not reply,
+destroys the group, forms it again from the ones that answered (a fresh port) and sends them the buffers again
+(kept for that while the group has several members: one copy of the weights in CPU memory during the send).
+So a lost engine behind rank 1 costs the others half a second, the probe and a second send, within the
+deadline (2.3 s after a SIGSTOP with a 3 s deadline: tests/trainer/test_broadcast_sync.py); a lost rank 1
+costs the deadline (the trainer's send to it times out), the probe and the second send. The lost ones, and any that fail again, are marked stale; the others
+finish; the next sync loads a stale engine from storage at that step's version (whenever it answers again),
+and the one after takes it into the group again. A sync raises WeightSyncError only when no engine got the
+new weights.
 
 vLLM (``vllm=URL`` engines): vLLM's own trainer engine (``WeightTransferTrainerFactory.trainer_init``, then
 ``send_weights`` each round: trainer/sync/vllm_api.py), fed the tensors of the same single iteration, its finish held
@@ -47,7 +78,7 @@ from urllib.parse import urlparse
 import httpx
 import torch
 
-from schemas.weight_transfer import checksum_key, packed_chunks, tensor_sha256
+from schemas.weight_transfer import checksum_key, packed_chunks, relay_slices, tensor_sha256
 
 from .vllm_api import VllmSyncError
 from .storage import Gateway, PolarEngine, VllmEngine, WeightSyncError, drop_adapter, switch_adapter
@@ -89,17 +120,20 @@ def _reach_address(url: str) -> str:
 
 
 @dataclass
-class _Link:
-    """rank 0's end of one of our engines' gloo groups (a vLLM engine's is a vllm_api.VllmLink)."""
+class _Group:
+    """rank 0's end of the one gloo group of our engines: engine ``keys[i]`` is rank ``i + 1``, and the group
+    relays (each buffer goes to rank 1 alone, which passes it down the chain). A vLLM engine's is a
+    vllm_api.VllmLink."""
 
-    engine: Any
+    keys: list[str]  # the members' URLs, in rank order
     pg: Any = None
     store: Any = None
     formed: float = field(default_factory=time.time)
-    sent_meta: list | None = None  # the tensors the engine last received in this group: sent again, named by []
+    sent_meta: list | None = None  # the tensors the members last received in this group: sent again, named by []
 
-    def broadcast(self, buf: torch.Tensor, timeout: datetime.timedelta):
-        return self.pg.broadcast(buf, 0, timeout)
+    def send(self, buf: torch.Tensor) -> list:
+        """``buf`` to rank 1, in the slices the chain relays (asynchronous: the works to wait for)."""
+        return [self.pg.send([piece], 1, 0) for piece in relay_slices(buf.reshape(-1).view(torch.uint8))]
 
     def close(self) -> None:
         if self.pg is not None:
@@ -110,11 +144,19 @@ class _Link:
         self.pg = self.store = None
 
 
+class _Unformed(Exception):
+    """The group did not form; ``failed``: the engines that refused or never joined (URL -> why)."""
+
+    def __init__(self, failed: dict[str, str]):
+        super().__init__("; ".join(f"{k}: {v}" for k, v in failed.items()))
+        self.failed = failed
+
+
 @dataclass
 class _Pending:
     """One engine's transfer in flight: its ``/update_weights`` call runs in ``thread``."""
 
-    link: _Link
+    engine: Any
     thread: threading.Thread | None = None
     error: str | None = None
     reply: dict | None = None
@@ -175,7 +217,8 @@ class WeightTransfer:
         self.master_address, self.verify, self.throttle_s = master_address, verify, throttle_s
         self.lora = lora  # the tensors are a LoRA adapter's (finish_adapter); vLLM engines then load from storage
         self.stale: set[str] = set()  # engine URLs to load from storage at the next sync
-        self.links: dict[str, _Link] = {}
+        self.group: _Group | None = None  # our engines' one group (rank 0 here), formed again when its members change
+        self._broken: str | None = None  # why this sync's sends to the group stopped (rank 1 lost)
         self.vllm_links: dict[str, Any] = {}  # vllm_api.VllmLink per vLLM engine
         self.vllm_init_info_cls = None  # None: vLLM's NCCL backend; tests name a gloo one registered with vLLM
         self._vllm_live: dict[str, Any] = {}  # this sync's vLLM links still receiving
@@ -246,9 +289,8 @@ class WeightTransfer:
     def mark_stale(self, e, why: str) -> None:
         key = self._key(e)
         self.stale.add(key)
-        link = self.links.pop(key, None)
-        if link is not None:
-            link.close()
+        if self.group is not None and key in self.group.keys:  # a lost rank breaks the chain: formed again without it
+            self._close_group()
         self._vllm_live.pop(key, None)
         vlink = self.vllm_links.pop(key, None)
         if vlink is not None:
@@ -256,39 +298,107 @@ class WeightTransfer:
         logger.warning("engine %s is stale (%s): it loads from storage at the next sync", key, why)
 
     # ------------------------------------------------------------------ group
-    def _form(self, e) -> _Link:
-        """Form ``e``'s group (trainer rank 0, engine rank 1); WeightSyncError within the deadline."""
+    def _close_group(self) -> None:
+        if self.group is not None:
+            self.group.close()
+        self.group = None
+
+    def _alive(self, engines: list) -> set[str]:
+        """The engines among ``engines`` that answer ``GET /health`` within the probe deadline (asked side by
+        side: a frozen engine costs the probe once, not once per engine)."""
+        probe = min(5.0, max(1.0, self.timeout_s / 2))
+        alive: set[str] = set()
+
+        def ask(e):
+            try:
+                if self.client.get(f"{self._key(e)}/health", timeout=probe).status_code == 200:
+                    alive.add(self._key(e))
+            except httpx.HTTPError:
+                pass
+
+        threads = [threading.Thread(target=ask, args=(e,), daemon=True) for e in engines]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(probe + 1)
+        return alive
+
+    def _form(self, engines: list) -> _Group:
+        """Form our engines' one group: the trainer rank 0, ``engines[i]`` rank ``i + 1`` (one process, one
+        rank, each), relaying. Every engine's init call runs beside the trainer's rendezvous; _Unformed
+        (naming who refused or never joined) within the deadline."""
         from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
-        address = self.master_address or _reach_address(e.base_url)
+        keys = [self._key(e) for e in engines]
+        address = self.master_address or _reach_address(keys[0])
+        world = 1 + len(engines)
         td = datetime.timedelta(seconds=self.timeout_s)
-        store = TCPStore(address, 0, 2, True, timeout=td, wait_for_workers=False)
-        body = {"init_info": {"master_address": address, "master_port": store.port, "rank_offset": 1, "world_size": 2,
-                              **self.wire}}
-        box: dict[str, Any] = {}
+        store = TCPStore(address, 0, world, True, timeout=td, wait_for_workers=False)
+        failed: dict[str, str] = {}
 
-        def call():
+        def call(rank: int, e) -> None:
+            body = {"init_info": {"master_address": address, "master_port": store.port, "rank_offset": rank,
+                                  "world_size": world, **self.wire, "relay": True}}
             try:
-                box["reply"] = self._post(e, "/init_weight_transfer_engine", timeout=self.timeout_s + 10, json=body)
+                self._post(e, "/init_weight_transfer_engine", timeout=self.timeout_s + 10, json=body)
             except WeightSyncError as err:
-                box["error"] = str(err)
+                failed[self._key(e)] = str(err)
 
-        t = threading.Thread(target=call, daemon=True, name="polar-transfer-init")
-        t.start()
+        threads = [threading.Thread(target=call, args=(i + 1, e), daemon=True, name="polar-transfer-init")
+                   for i, e in enumerate(engines)]
+        for t in threads:
+            t.start()
         try:
-            pg = ProcessGroupGloo(PrefixStore("polar-weight-transfer", store), 0, 2, td)
-        except Exception as err:  # noqa: BLE001 - the engine never joined within the deadline
-            t.join(timeout=5)
-            raise WeightSyncError(f"{self._key(e)}: the weight-transfer group did not form within {self.timeout_s:.0f} s: "
-                                  f"{box.get('error') or str(err)[:200]}") from None
-        t.join(timeout=self.timeout_s + 10)
-        if "error" in box or t.is_alive():
+            pg = ProcessGroupGloo(PrefixStore("polar-weight-transfer", store), 0, world, td)
+        except Exception as err:  # noqa: BLE001 - some engine never joined within the deadline
+            for t in threads:
+                t.join(timeout=2)
+            why = f"the weight-transfer group did not form within {self.timeout_s:.0f} s: {str(err)[:200]}"
+            raise _Unformed(failed or dict.fromkeys(keys, why)) from None
+        for t in threads:
+            t.join(timeout=self.timeout_s + 10)
+        failed.update({k: "/init_weight_transfer_engine did not answer" for k, t in zip(keys, threads) if t.is_alive()})
+        if failed:
             try:
                 pg.abort()
             except Exception:  # noqa: BLE001
                 pass
-            raise WeightSyncError(box.get("error") or f"{self._key(e)}: /init_weight_transfer_engine did not answer")
-        return _Link(e, pg, store)
+            raise _Unformed(failed)
+        return _Group(keys, pg, store)
+
+    def _open_group(self, engines: list) -> list:
+        """The group of ``engines`` (reused when its members are the same), every member's update opened
+        (``/start_weight_update``). A member that fails is left out and the group formed again without it
+        (once; an engine that answers 409 lost its group, e.g. restarted: formed again with it). Returns the
+        members; the ones left out are stale and in this sync's storage list."""
+        for attempt in range(3):
+            if not engines:
+                return []
+            keys = [self._key(e) for e in engines]
+            try:
+                if self.group is None or self.group.keys != keys:
+                    self._close_group()
+                    self.group = self._form(engines)
+                failed = {}
+                for e in engines:
+                    try:
+                        self._post(e, "/start_weight_update")
+                    except WeightSyncError as err:
+                        failed[self._key(e)] = str(err)
+            except _Unformed as err:
+                failed = err.failed
+            if not failed:
+                return engines
+            self._close_group()
+            lost = {k: v for k, v in failed.items() if "HTTP 409" not in v} if attempt == 0 else failed
+            if len(lost) == len(engines) or attempt == 2:
+                lost = dict.fromkeys(keys, "; ".join(failed.values())) | failed
+            for e in [e for e in engines if self._key(e) in lost]:
+                self.last["errors"][self._key(e)] = lost[self._key(e)]
+                self.mark_stale(e, f"prepare: {lost[self._key(e)]}")
+                self._storage.append(e)  # still gets this version, from storage
+            engines = [e for e in engines if self._key(e) not in lost]
+        return engines
 
     def _open_vllm(self, e) -> None:
         """A vLLM engine's round: its group (formed again when the tensors changed), then ``send_weights`` started,
@@ -321,6 +431,8 @@ class WeightTransfer:
         nbuf = len(packed_chunks(sizes, self.buffer_bytes))
         update_info = {"names": [n for n, _, _ in meta], "dtype_names": [_dtype_name(d) for _, d, _ in meta],
                        "shapes": [list(s) for _, _, s in meta]}
+        ours: list = []  # our engines taking the broadcast: one group
+        self._broken = None
         for e in self.engines:
             key = self._key(e)
             broadcast = (self.mode != "storage" and key not in self.stale and self._can_broadcast(e)
@@ -337,45 +449,38 @@ class WeightTransfer:
                     self.mark_stale(e, f"prepare: {err}")
                     self._storage.append(e)
                 continue
-            try:
-                link = self.links.get(key)
-                if link is None:
-                    link = self.links[key] = self._form(e)
-                try:
-                    self._post(e, "/start_weight_update")
-                except WeightSyncError as err:
-                    if "HTTP 409" not in str(err):
-                        raise
-                    link.close()  # the engine lost its group (restarted, or aborted a transfer): form it again
-                    link = self.links[key] = self._form(e)
-                    self._post(e, "/start_weight_update")
-            except WeightSyncError as err:
-                self.last["errors"][key] = str(err)
-                self.mark_stale(e, f"prepare: {err}")
-                self._storage.append(e)  # still gets this version, from storage
-                continue
-            p = self._pending[key] = _Pending(link)
-            # vLLM 0.28+: a round with the same tensors as the group's last names none (the engine reuses them)
-            info = {"names": [], "dtype_names": [], "shapes": []} if link.sent_meta == self._meta else update_info
-            p.thread = threading.Thread(target=self._update_call, args=(p, info, nbuf), daemon=True,
-                                        name=f"polar-transfer-{key}")
-            p.thread.start()
+            ours.append(e)
+        self._start_updates(self._open_group(ours), update_info, nbuf)
         self.last["bytes_per_engine"] = sum(sizes)
         self.last["buffers"] = nbuf
         self.last["prepare_s"] = round(time.monotonic() - t0, 4)
         return bool(self._pending) or bool(self._vllm_live) or self.verify
 
-    def _update_call(self, p: _Pending, update_info: dict, nbuf: int) -> None:
+    def _start_updates(self, members: list, update_info: dict, nbuf: int) -> None:
+        """Post every member's ``/update_weights`` in a thread of its own (it returns once the engine holds
+        every tensor); vLLM 0.28+: a round with the same tensors as the group's last names none."""
+        group = self.group
+        if not members or group is None:
+            return
+        info = {"names": [], "dtype_names": [], "shapes": []} if group.sent_meta == self._meta else update_info
+        for e in members:
+            key = self._key(e)
+            p = self._pending[key] = _Pending(e)
+            p.thread = threading.Thread(target=self._update_call, args=(p, group, info, nbuf), daemon=True,
+                                        name=f"polar-transfer-{key}")
+            p.thread.start()
+
+    def _update_call(self, p: _Pending, group: _Group, update_info: dict, nbuf: int) -> None:
         try:
-            p.reply = self._post(p.link.engine, "/update_weights", timeout=self.timeout_s * (nbuf + 1) + 10,
+            p.reply = self._post(p.engine, "/update_weights", timeout=self.timeout_s * (nbuf + 1) + 10,
                                  json={"update_info": update_info})
-            p.link.sent_meta = self._meta
+            group.sent_meta = self._meta  # a member that failed closes the group: the next one names them again
         except WeightSyncError as err:
             p.error = str(err)
 
     def live(self) -> bool:
         """Some engine of this sync is still receiving."""
-        return any(not p.dead for p in self._pending.values()) or bool(self._vllm_live)
+        return (not self._broken and any(not p.dead for p in self._pending.values())) or bool(self._vllm_live)
 
     def _feed_vllm(self, name: str, t: torch.Tensor) -> None:
         for key, vlink in list(self._vllm_live.items()):
@@ -397,25 +502,28 @@ class WeightTransfer:
         td = datetime.timedelta(seconds=self.timeout_s)
         sizes = [math_prod(s) * d.itemsize for _, d, s in self._meta]
         chunks = packed_chunks(sizes, self.buffer_bytes)
-        out = self._buffers([sum(sizes[i] for i in idx) for idx in chunks], keep)
+        # With several engines in the group the buffers are kept until every member holds them: those behind
+        # a lost rank are sent them again, in a group formed without it (_settle).
+        hold = keep or len(self._pending) > 1
+        out = self._buffers([sum(sizes[i] for i in idx) for idx in chunks], hold)
         it = iter(tensors)
-        in_flight: list[tuple[_Pending, Any]] = []
+        in_flight: list = []
         kept: list[Packed] = []
         sent = 0
 
         def wait_all():
-            for p, work in in_flight:
-                if work is None or p.dead:
-                    continue
+            for work in in_flight:
+                if self._broken:
+                    break
                 try:
-                    work.wait()
-                except Exception as err:  # noqa: BLE001 - a gloo timeout or a closed connection
-                    self._drop(p, f"broadcast: {str(err)[:200]}")
+                    work.wait(td)
+                except Exception as err:  # noqa: BLE001 - a gloo timeout or a closed connection: rank 1 is lost
+                    self._broken = f"send to {self.group.keys[0] if self.group else 'rank 1'}: {str(err)[:200]}"
             in_flight.clear()
 
         try:
             for j, idx in enumerate(chunks):
-                if not keep and not self.verify and not self.live():
+                if not hold and not self.verify and not self.live():
                     break  # every engine dropped out: only the draining below is left
                 parts = []
                 for i in idx:
@@ -432,24 +540,24 @@ class WeightTransfer:
                 # own memory, and its copy for the export (keep) is made while it is in flight.
                 single = len(parts) == 1
                 buf = parts[0] if single else torch.cat(parts, out=out(j))  # out(j) is not in flight: see _buffers
-                if keep:
+                if hold:
                     kept.append(Packed(out(j) if single else buf, [self._meta[i] for i in idx]))
                 wait_all()  # the previous buffer is out before this one goes (double buffering: packed meanwhile)
-                live = self.live()
-                for p in self._pending.values():
-                    if live and not p.dead:
-                        try:
-                            in_flight.append((p, p.link.broadcast(buf, td)))
-                        except Exception as err:  # noqa: BLE001
-                            self._drop(p, f"broadcast: {str(err)[:200]}")
-                if keep and single:
+                to_group = self.group is not None and self._pending and not self._broken
+                if to_group:
+                    try:
+                        in_flight.extend(self.group.send(buf))  # once, however many engines listen: they relay
+                    except Exception as err:  # noqa: BLE001
+                        self._broken = f"send: {str(err)[:200]}"
+                if hold and single:
                     kept[-1].buf.copy_(buf)
-                if not live:
+                if not to_group:
                     continue
-                sent += buf.numel() * sum(not p.dead for p in self._pending.values())
+                sent += buf.numel()
                 if self.throttle_s:
                     time.sleep(self.throttle_s)  # tests and benchmarks: a transfer slow enough to interrupt
             wait_all()
+            sent += self._settle(kept if hold else None)
             for key, vlink in list(self._vllm_live.items()):
                 try:
                     vlink.close_round()
@@ -461,7 +569,63 @@ class WeightTransfer:
                 pass
         self.last["bytes_sent"] = sent
         self.last["send_s"] = round(time.monotonic() - t0, 4)
+        if hold and not keep:
+            self.release(kept)
         return kept if keep else None
+
+    def _settle(self, packed: list[Packed] | None) -> int:
+        """After the sends: who in the group holds every tensor. The members' replies are awaited (half a second,
+        then, unless a member still waited for does not answer ``/health``, up to the deadline; not at all when
+        the trainer's own send failed: then no member can have them all); an engine that failed or did not reply
+        is probed (``/health``, once); the ones that answer are put in a group formed without the lost ones (a
+        fresh port) and sent the kept buffers again, once. The lost ones, and any that
+        fail again, are stale at ``finish``. Returns the bytes sent again."""
+        if not self._pending:
+            return 0
+        probed: dict[str, bool] = {}
+        if not self._broken:
+            deadline = time.monotonic() + self.timeout_s
+            self._join(time.monotonic() + min(0.5, self.timeout_s))  # the last rank's reply trails by a few hops
+            waiting = [p.engine for p in self._pending.values() if p.thread.is_alive()]
+            if waiting:  # a member that does not answer /health is lost: the others need not wait for the deadline
+                alive = self._alive(waiting)
+                probed = {self._key(e): self._key(e) in alive for e in waiting}
+                if all(probed.values()):
+                    self._join(deadline)
+        failed = [p for p in self._pending.values() if self._broken or p.error or p.thread.is_alive()]
+        if not failed:
+            return 0
+        alive = self._alive([p.engine for p in failed if self._key(p.engine) not in probed])
+        alive |= {k for k, up in probed.items() if up}
+        for p in failed:
+            p.dead = True
+            p.error = p.error or self._broken or f"/update_weights did not return within {self.timeout_s:.0f} s"
+            if self._key(p.engine) not in alive:
+                p.error += f" (and {self._key(p.engine)} did not answer /health: left out of the group)"
+        self._close_group()
+        retry = [p.engine for p in failed if self._key(p.engine) in alive]
+        if not retry or not packed:
+            return 0
+        logger.warning("weight transfer: %d engine(s) lost, sending again to %s in a group without them",
+                       len(failed) - len(retry), [self._key(e) for e in retry])
+        self._broken = None
+        members = self._open_group(retry)
+        names = {"names": [n for n, _, _ in self._meta], "dtype_names": [_dtype_name(d) for _, d, _ in self._meta],
+                 "shapes": [list(s) for _, _, s in self._meta]}
+        self._start_updates(members, names, len(packed))
+        if not members or self.group is None:
+            return 0
+        td, sent = datetime.timedelta(seconds=self.timeout_s), 0
+        for pk in packed:
+            try:
+                for work in self.group.send(pk.buf):
+                    work.wait(td)
+            except Exception as err:  # noqa: BLE001 - lost again: these stay failed (stale at finish)
+                for e in members:
+                    self._drop(self._pending[self._key(e)], f"sent again: {str(err)[:200]}")
+                break
+            sent += pk.buf.numel()
+        return sent
 
     def _buffers(self, nbytes: list[int], keep: bool) -> Callable[[int], torch.Tensor]:
         """The send buffer of each packed buffer ``j`` (``nbytes[j]`` bytes), reused across syncs."""
@@ -485,10 +649,15 @@ class WeightTransfer:
             if packed and self._kept and packed[0].buf is self._kept[0]:
                 self._kept_lent = False
 
+    def _join(self, until: float) -> None:
+        """Wait for the members' ``/update_weights`` replies until ``until`` (monotonic)."""
+        for p in self._pending.values():
+            p.thread.join(max(0.0, until - time.monotonic()))
+
     def _drop(self, p: _Pending, why: str) -> None:
         p.dead = True
         p.error = p.error or why
-        p.link.close()  # the engine's receive fails at once (connection closed), or at its own deadline
+        self._close_group()  # the members' receives fail at once (connection closed), or at their own deadline
 
     def finish(self, url: str | None, version: int, gateway: Gateway | None = None,
                url_ready: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -592,9 +761,9 @@ class WeightTransfer:
                     p.error = p.error or f"/update_weights did not answer within {self.timeout_s + 10:.0f} s"
             if p.error or p.dead:
                 self.last["errors"][key] = p.error
-                self.mark_stale(p.link.engine, p.error or "transfer failed")
+                self.mark_stale(p.engine, p.error or "transfer failed")
             else:
-                ok.append(p.link.engine)
+                ok.append(p.engine)
         for e in self._vllm_opened:
             key = self._key(e)
             if key in self._vllm_live:
@@ -703,9 +872,9 @@ class WeightTransfer:
         return report
 
     def close(self) -> None:
-        for link in [*self.links.values(), *self.vllm_links.values()]:
+        self._close_group()
+        for link in self.vllm_links.values():
             link.close()
-        self.links.clear()
         self.vllm_links.clear()
         self.client.close()
 
