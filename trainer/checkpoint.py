@@ -20,6 +20,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,22 +99,23 @@ def export_weights(
     url: str, model: torch.nn.Module, model_dir: str | Path, settings: Settings, meta: dict[str, Any]
 ) -> str:
     """Write only what an engine loads (HF layout, sharded) to ``url``; returns ``url``. Every rank calls it."""
-    _start(url, settings)
-    files = export_hf(model, url, model_dir, settings)
-    if _rank() == 0:
-        _finish(url, files, settings, {"kind": "weights", **meta})
-    _barrier()
-    return url
+    return _export(url, "weights", lambda: export_hf(model, url, model_dir, settings), settings, meta)
 
 
 def export_adapter(url: str, model: torch.nn.Module, adapter: dict[str, Any], settings: Settings,
                    meta: dict[str, Any]) -> str:
     """Write a LoRA model's adapter in PEFT's layout to ``url``, manifest last; returns ``url``. Every rank
     calls it (the adapter is gathered: a collective); rank 0 writes."""
+    return _export(url, "adapter", lambda: _write_adapter(url, model, adapter, settings), settings, meta)
+
+
+def _export(url: str, kind: str, write: Callable[[], dict[str, int]], settings: Settings, meta: dict[str, Any]) -> str:
+    """An export of either kind: ``write()`` (every rank) returns the files rank 0 wrote, whose manifest, last,
+    makes the export complete."""
     _start(url, settings)
-    files = _write_adapter(url, model, adapter, settings)
+    files = write()
     if _rank() == 0:
-        _finish(url, files, settings, {"kind": "adapter", **meta})
+        _finish(url, files, settings, {"kind": kind, **meta})
     _barrier()
     return url
 

@@ -114,7 +114,7 @@ class TrainConfig:
     max_steps: int = 0  # 0: run until idle_timeout_s or interrupted
     lr_decay_steps: int = 1000  # cosine horizon when max_steps is 0
     seed: int = 0
-    # -- checkpoints and weight sync --
+    # -- checkpoints and weight sync (the sync settings: read by trainer/sync/syncer.py alone) --
     checkpoint_every: int = 1  # steps between checkpoints (weights, optimizer, state, offsets)
     keep_checkpoints: int = 3  # newest complete checkpoints kept, older ones deleted
     sync_every: int = 1  # steps between PolicyVersion + engine weight updates (0: never)

@@ -82,7 +82,7 @@ def plan_step(polled: Sequence[Polled], seen: SeenIds, served_version: int, cfg:
     """Decide for each consumed message whether it trains this step and with what weight.
 
     Staleness is counted against ``served_version``, the policy version the engines last loaded (see
-    train.py): data sampled by the served policy is fresh even when later weight syncs failed.
+    trainer/sync/syncer.py): data sampled by the served policy is fresh even when later weight syncs failed.
     Every message is accounted for: chosen, or skipped with a reason. ``seen`` is updated.
     """
     plan = StepPlan()

@@ -6,8 +6,8 @@
 Each step: take groups from Kafka (rank 0) -> choose (dedupe, staleness, zero variance) -> broadcast
 the samples -> the step (step.train_step: pack into token-budget micro-batches, forward/backward on
 this rank's share, clip, AdamW) -> log (JSONL, TensorBoard, stdout) -> checkpoint with the consumed
-offsets -> publish a PolicyVersion and push the weights to the engines. A restart resumes from the newest
-complete checkpoint and seeks to its offsets, so no group is trained twice and none is skipped.
+offsets -> publish a PolicyVersion and push the weights to the engines (trainer/sync/'s Syncer). A restart
+resumes from the newest complete checkpoint and seeks to its offsets, so no group is trained twice and none is skipped.
 Several processes shard the model with FSDP2 (parallel.py); every rank writes its own part of each
 checkpoint and export, so those steps are collectives, and rank 0 alone talks to Kafka and the engines.
 """
@@ -23,7 +23,6 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,21 +30,19 @@ import torch
 import torch.distributed as dist
 
 from infra.settings import Settings
-from producers.publisher import Publisher, PublishError
-from schemas import PolicyVersion
 
 from . import checkpoint, lora
 from .config import TrainConfig
 from .kafka_io import GroupSource, offsets_from_json
 from .loss import summarize
-from .metrics import RunLog, Sinks, health_warnings, mismatch_warnings, record_sync
+from .metrics import RunLog, Sinks, health_warnings, mismatch_warnings
 from .optim import build_optimizer
 from .packing import Sample, samples_from_group
 from .parallel import build_model, place
 from .selection import SeenIds, StepPlan, plan_step
 from .step import train_step
-from .sync.broadcast import BackgroundExport, WeightTransfer, named_tensors, tensor_meta
-from .sync.storage import Gateway, WeightSyncError, already_served, engine_from_spec, sync_adapter, sync_weights
+from .sync import Syncer
+from .sync.syncer import broadcast_object as _broadcast
 
 logger = logging.getLogger(__name__)
 
@@ -96,32 +93,15 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
     # Versions published after that checkpoint (weight-only exports, checkpoint_every > 1) named weights
     # the crash lost: continue above them, so one version number never names two sets of weights.
     version = max(version, _broadcast(checkpoint.newest_export(root, settings) if master else None, distributed))
-    # The version the engines last loaded (a sync that succeeded) and the failed syncs since: staleness
-    # counts from the former, so failed syncs do not make the groups the engines still sample stale.
-    # (rank 0's business; the marker also covers the syncs that followed the checkpoint)
-    synced = int(state.get("synced_version", state["policy_version"]))
-    synced = max(synced, checkpoint.read_engine_version(root, settings)) if master else synced
-    sync_failures = int(state.get("sync_failures", 0))
     counters: Counter[str] = Counter(state.get("counters", {}))
     reward_history: list[float] = []  # per-step mean reward since this (re)start, for health_warnings
 
-    # -- rank 0: the group source, the run log, the publisher, the engines --------------------------
+    # -- rank 0: the group source, the run log; every rank: the Syncer (rank 0 alone talks to the engines) --
     stop = _StopFlag()
-    # (a LoRA run broadcasts its adapter's tensors only; an engine that cannot take them so loads the adapter's
-    # directory through vLLM's /v1/load_lora_adapter)
-    broadcasting = cfg.weight_transfer != "storage" and bool(cfg.engines) and bool(cfg.sync_every)
-    source = publisher = log = sinks = None
+    source = log = sinks = None
     if master:
         seen = SeenIds(state.get("seen", []))
         source = GroupSource(settings, cfg.consumer_group, offsets_from_json(state.get("offsets", {})), cfg.start_from)
-        publisher = Publisher(settings, client_id="polar-trainer") if cfg.sync_every else None
-        engines = [engine_from_spec(s, settings) for s in cfg.engines]
-        transfer = (WeightTransfer(engines, cfg.weight_transfer, cfg.weight_transfer_timeout_s,
-                                   cfg.weight_transfer_buffer_mb << 20, master_address=cfg.weight_transfer_address,
-                                   verify=cfg.weight_transfer_verify, throttle_s=cfg.weight_transfer_throttle_s,
-                                   lora=lora.enabled(cfg))
-                    if broadcasting else None)
-        gateway = Gateway(cfg.gateway, settings.admin_token, run=settings.topic_prefix) if cfg.gateway else None
         log = RunLog(run_dir / "train.jsonl")
         log.write({"event": "start", "step": step, "policy_version": version, "world_size": world,
                    "strategy": placement.strategy,
@@ -133,49 +113,20 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
 
             serve(cfg.metrics_port)
         config_record = {"train": cfg.to_dict(), "settings": settings.model_dump(mode="json", exclude=_SECRETS)}
+    syncer = Syncer(cfg, settings, model, model_dir, adapter, state, master, distributed, log, counters)
     last_saved, last_url, finished = step, info.url if info else None, False
-    if master and info is not None and cfg.sync_every and engines:
-        # An engine started after the crash serves the model it was started with: hand every engine the
-        # weights this run resumes from, under the version that names them (one still up reloads them).
-        try:
-            resumed = int(state["policy_version"])
-            if adapter is not None:  # the checkpoint directory holds the adapter in PEFT's layout
-                sync_adapter(engines, info.url, resumed, lora.adapter_name(cfg.model_name, resumed), gateway,
-                             previous=lora.adapter_name(cfg.model_name, synced) if synced and synced != resumed else None)
-                log.write({"event": "resync", "step": step, "policy_version": resumed, "adapter": True})
-            elif already_served(engines, resumed, gateway):  # alive through our restart: reloading would only pause them
-                log.write({"event": "resync", "step": step, "policy_version": resumed, "skipped": "already served"})
-            else:
-                sync_weights(engines, info.url, resumed, gateway)
-                log.write({"event": "resync", "step": step, "policy_version": resumed})
-            synced = resumed
-        except WeightSyncError as e:  # the first step's sync tries again
-            log.write({"event": "sync_error", "step": step, "policy_version": int(state["policy_version"]), "error": str(e)})
-
-    pending_export: BackgroundExport | None = None  # rank 0: the last sync's export, written in a thread
-
-    def join_export() -> None:
-        """Wait for the export being written in the background (if any) and log how it went."""
-        nonlocal pending_export
-        if pending_export is None:
-            return
-        done, pending_export = pending_export, None
-        try:
-            done.wait()
-            log.write({"event": "export", "url": done.url, "seconds": done.seconds})
-        except WeightSyncError as e:  # the engines have those weights in memory; a stale one waits for the next
-            counters.update(export_errors=1)
-            log.write({"event": "export_error", "url": done.url, "error": str(e)})
+    if info is not None:
+        syncer.resync(info.url, int(state["policy_version"]), step)
 
     def save() -> str:
         """Checkpoint the weights, optimizer and the exact Kafka positions consumed so far (every rank
         calls it: each writes its own shards; rank 0 the positions and, last, the manifest)."""
         nonlocal last_saved
         if master:
-            join_export()  # not pruned while written, nor written beside a checkpoint
+            syncer.join_export()  # not pruned while written, nor written beside a checkpoint
         offsets = source.positions() if master else None
         snapshot = {"step": step, "policy_version": version, "offsets": offsets, "seen": seen.to_list(),
-                    "synced_version": synced, "sync_failures": sync_failures,
+                    **syncer.state(),
                     "counters": dict(counters), "time": time.time()} if master else None
         url = checkpoint.save_checkpoint(root, step, model, optimizer, snapshot, config_record if master else None,
                                          model_dir, settings, adapter)
@@ -191,20 +142,20 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             # 1. rank 0 takes this step's groups and chooses; every rank receives the same samples
             # (waiting for groups can take any time: rank 0 sends heartbeats meanwhile, so the other
             # ranks never sit in one collective for longer than heartbeat_s; see _with_heartbeats)
-            payload = None
+            batch = None
             if master and not stop.requested:
                 t_wait = time.perf_counter()
-                served = synced if cfg.sync_every else version  # no syncs: nothing to go by but our own
+                served = syncer.served(version)
                 plan, consumed = _with_heartbeats(lambda: _collect(source, seen, served, cfg, stop),
                                                   distributed, cfg.heartbeat_s)
                 wait_s = time.perf_counter() - t_wait
                 if consumed:
-                    payload = (*_samples(plan, cfg, log), _mean([t.reward for c in plan.chosen for t in c.group.trajectories]))
-            payload = _broadcast_step(payload, distributed)
-            if payload is None:
+                    batch = (*_samples(plan, cfg, log), _mean([t.reward for c in plan.chosen for t in c.group.trajectories]))
+            batch = _broadcast_step(batch, distributed)
+            if batch is None:
                 break
             t0 = time.perf_counter()  # step time excludes waiting for data (reported as wait_s)
-            samples, cut, reward_mean = payload
+            samples, cut, reward_mean = batch
             if not samples:  # everything consumed was skipped: positions move, weights do not
                 if master:
                     counters.update(s["reason"] for s in plan.skipped)
@@ -217,7 +168,6 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             # publishes a new policy version (same weights), so on-policy rollouts waiting for step+1 go on.
             out = train_step(model, optimizer, samples, cfg, reward_mean=reward_mean, step=step, placement=placement,
                              ref_model=ref_model)
-            sums, micro, no_update = out.sums, out.micro, out.no_update
             step += 1
             version += 1
             dt = time.perf_counter() - t0
@@ -225,26 +175,13 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             # 3. rank 0 logs (before the checkpoint: see metrics.py); every rank writes its part of the
             # checkpoint or export; rank 0 publishes and syncs the engines
             if master:
-                rewards = [t.reward for c in plan.chosen for t in c.group.trajectories]
-                advs = [a for c in plan.chosen for a in c.group.advantages]
-                counters.update(groups=len(plan.chosen), tokens=int(sums["tokens"]))
+                counters.update(groups=len(plan.chosen), tokens=int(out.sums["tokens"]))
                 counters.update(s["reason"] for s in plan.skipped)
-                if no_update is not None:
-                    counters.update({f"no_update_{no_update}": 1})
-                metrics = {
-                    **summarize(sums), **out.mismatch, "grad_norm": float(out.grad_norm), "lr": out.lr, "lr_scale": out.lr_scale,
-                    "policy_version": version,
-                    "reward_mean": reward_mean, "reward_std": _std(rewards),
-                    "adv_mean": _mean(advs), "adv_std": _std(advs), "adv_min": min(advs), "adv_max": max(advs),
-                    "groups": len(plan.chosen), "skipped": len(plan.skipped), "trajectories": len(rewards),
-                    "sequences": len(samples), "microbatches": len(micro), "trained_tokens": sums["tokens"],
-                    "tokens": sums["tokens_fed"], "truncated_tokens": cut,
-                    "padding_frac": 1 - sum(mb.num_real_tokens for mb in micro) / sum(mb.num_tokens for mb in micro),
-                    "staleness_mean": _mean(plan.staleness), "staleness_max": max(plan.staleness),
-                    "engine_version": synced,
-                    "step_time_s": dt, "wait_s": wait_s, "tokens_per_s": sums["tokens_fed"] / dt,
-                    "updated": float(no_update is None),
-                }
+                if out.no_update is not None:
+                    counters.update({f"no_update_{out.no_update}": 1})
+                metrics = {**_step_metrics(out, plan, len(samples), cut, reward_mean), "policy_version": version,
+                           "engine_version": syncer.synced, "step_time_s": dt, "wait_s": wait_s,
+                           "tokens_per_s": out.sums["tokens_fed"] / dt}
                 log.write({"event": "step", "step": step, "policy_version": version, "metrics": metrics,
                            "groups": [c.group.event_id for c in plan.chosen], "weights": [c.weight for c in plan.chosen],
                            "skipped": plan.skipped, "time": time.time()})
@@ -258,112 +195,11 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                     log.write({"event": "warning", "warning": "mismatch", "step": step, "message": warning})
             url = save() if step % cfg.checkpoint_every == 0 else None
             last_url = url or last_url
-            if not (cfg.sync_every and step % cfg.sync_every == 0):
-                continue
-            # Between checkpoints engines get a weights-only export. With broadcast, rank 0 writes it after the
-            # broadcast from the very buffers it sent, in a thread (no collective), while training goes on: the
-            # step waits for the engines, not for storage. Its URL is known now: its directory and index are
-            # written first (a restart counts the version), the PolicyVersion names it, and an engine that
-            # loads from storage at this sync (stale, or not broadcasting) waits for it in finish().
-            export_meta = {"policy_version": version, "step": step}
-            background = broadcasting and url is None and adapter is None  # an adapter is small: written at once
-            t_sync = time.perf_counter()
-            if background:
-                url = checkpoint.weights_dir(root, version)
-                if master:
-                    join_export()  # the previous sync's (long written, normally)
-                    checkpoint.begin_export(url, tensor_meta(model), settings)
-            elif adapter is not None:  # every version's adapter in a directory of its own (engines load it by name)
-                url = checkpoint.export_adapter(checkpoint.adapters_dir(root, version), model, adapter, settings,
-                                                export_meta)
-            elif url is None:
-                url = checkpoint.export_weights(checkpoint.weights_dir(root, version), model, model_dir, settings,
-                                                export_meta)
-            error = failed = None
-            transferring = False
-            if master:
-                record = PolicyVersion(model=cfg.model_name, version=version, checkpoint_url=url, step=step,
-                                       metrics={k: float(v) for k, v in metrics.items()})
-                try:  # a failure here leaves training and its checkpoint intact; the next sync catches up
-                    publisher.publish_sync(record)
-                    if transfer is not None:  # in memory (trainer/sync/broadcast.py): groups, start, update_info
-                        transferring = transfer.prepare(lora.adapter_meta(model) if adapter else tensor_meta(model))
-                except (PublishError, WeightSyncError) as e:
-                    failed = e
-            sending = broadcasting and _broadcast(transferring, distributed)
-            packed = None
-            if sending:
-                # every rank gathers each tensor in turn (FSDP2), rank 0 broadcasts them to the engines
-                tensors = lora.adapter_tensors(model) if adapter else named_tensors(model)
-                if master:
-                    try:
-                        packed = transfer.send(tensors, keep=background)
-                    except WeightSyncError as e:
-                        failed = failed or e
-                else:
-                    for _ in tensors:
-                        pass
-            if background:
-                if sending and _broadcast(packed is not None if master else None, distributed):
-                    if master:
-                        pending_export = BackgroundExport(url, partial(checkpoint.write_packed_export, url, packed,
-                                                                       model, model_dir, settings, export_meta),
-                                                          after=partial(transfer.release, packed))
-                        packed = None  # the thread holds the buffers until they are written, then gives them back
-                else:  # nothing was gathered (no engine to broadcast to, or the send failed): as without broadcast
-                    checkpoint.export_weights(url, model, model_dir, settings, export_meta)
-            if master:
-                try:
-                    if failed is not None:
-                        raise failed
-                    if transfer is not None and adapter is not None:  # sync_adapter's sequence, tensors in memory
-                        report = transfer.finish_adapter(url, version, lora.adapter_name(cfg.model_name, version), adapter,
-                                                         gateway, lora.adapter_name(cfg.model_name, synced) if synced else None)
-                        log.write({"event": "sync", "step": step, "policy_version": version, "mode": cfg.weight_transfer,
-                                   "adapter": True, "sync_s": round(time.perf_counter() - t_sync, 4),
-                                   **{k: report.get(k) for k in ("broadcast", "storage", "stale", "errors", "bytes_sent",
-                                                                 "unload_errors") if report.get(k)}})
-                    elif transfer is not None:
-                        report = transfer.finish(url, version, gateway,
-                                                 url_ready=pending_export.wait if pending_export else None)
-                        log.write({"event": "sync", "step": step, "policy_version": version, "mode": cfg.weight_transfer,
-                                   "sync_s": round(time.perf_counter() - t_sync, 4),
-                                   "export": "background" if pending_export else "written",
-                                   **{k: report.get(k) for k in ("broadcast", "storage", "stale", "errors", "bytes_sent",
-                                                                 "engine_pause_s", "export_wait_s", "verify_s")
-                                      if report.get(k)}})
-                    elif adapter is not None:
-                        unload_errors = sync_adapter(engines, url, version, lora.adapter_name(cfg.model_name, version),
-                                                     gateway, previous=lora.adapter_name(cfg.model_name, synced) if synced else None)
-                        log.write({"event": "sync", "step": step, "policy_version": version, "mode": cfg.weight_transfer,
-                                   "adapter": True, "sync_s": round(time.perf_counter() - t_sync, 4),
-                                   "storage": [e.base_url for e in engines],
-                                   **({"unload_errors": unload_errors} if unload_errors else {})})
-                    else:
-                        pauses = sync_weights(engines, url, version, gateway)
-                        log.write({"event": "sync", "step": step, "policy_version": version, "mode": "storage",
-                                   "sync_s": round(time.perf_counter() - t_sync, 4),
-                                   **({"storage": sorted(pauses), "engine_pause_s": pauses} if pauses else {})})
-                    synced, sync_failures = version, 0
-                    checkpoint.write_engine_version(root, version, settings)
-                    record_sync(True, 0)
-                except (PublishError, WeightSyncError) as e:
-                    counters.update(sync_errors=1)
-                    sync_failures += 1
-                    record_sync(False, sync_failures)
-                    log.write({"event": "sync_error", "step": step, "policy_version": version, "error": str(e),
-                               "failures_in_a_row": sync_failures})
-                    if cfg.max_sync_failures and sync_failures >= cfg.max_sync_failures:
-                        error = e
-            if _broadcast(error is not None, distributed):
+            # 4. the new version to the engines (trainer/sync/: in memory or from storage, then the gateway's stamp)
+            if syncer.due(step) and syncer.sync(step, version, url, metrics if master else None):
                 # Going on would train ever further from the policy the engines sample with.
                 last_url = save() if step != last_saved else last_url
-                if not master:
-                    raise WeightSyncError(f"rank {rank}: stopped with rank 0 at step {step} (weight syncs failed)")
-                raise WeightSyncError(" ".join(
-                    f"{sync_failures} weight syncs in a row failed (max_sync_failures="
-                    f"{cfg.max_sync_failures}); stopped at step {step}, checkpoint {last_url}; engines "
-                    f"still serve policy version {synced}; last error: {error}".split())) from error
+                raise syncer.stop_error(step, last_url, rank)
 
         # -- wind down: a final checkpoint for the steps since the last one. Messages consumed after
         # the last step (all skipped) are not worth one: a restart reads and skips them again, and
@@ -373,15 +209,13 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
         finished = True
     finally:  # also on an exception (no checkpoint then, but for the one a sync-failure stop writes first)
         if master:
-            join_export()
+            syncer.close()
             log.write({"event": "stop", "step": step, "policy_version": version, "counters": dict(counters),
                        "reason": "error" if not finished else "signal" if stop.requested else "done",
                        "time": time.time()})
             sinks.close()
             log.close()
             source.close()
-            if publisher is not None:
-                publisher.close()
         stop.restore()
     if distributed:
         dist.barrier()
@@ -410,6 +244,25 @@ def _collect(
     return plan, consumed
 
 
+
+def _step_metrics(out: Any, plan: StepPlan, sequences: int, cut: int, reward_mean: float) -> dict[str, float]:
+    """A step's logged figures that its result and its groups give (train() adds the version and the times)."""
+    rewards = [t.reward for c in plan.chosen for t in c.group.trajectories]
+    advs = [a for c in plan.chosen for a in c.group.advantages]
+    sums, micro = out.sums, out.micro
+    return {
+        **summarize(sums), **out.mismatch, "grad_norm": float(out.grad_norm), "lr": out.lr, "lr_scale": out.lr_scale,
+        "reward_mean": reward_mean, "reward_std": _std(rewards),
+        "adv_mean": _mean(advs), "adv_std": _std(advs), "adv_min": min(advs), "adv_max": max(advs),
+        "groups": len(plan.chosen), "skipped": len(plan.skipped), "trajectories": len(rewards),
+        "sequences": sequences, "microbatches": len(micro), "trained_tokens": sums["tokens"],
+        "tokens": sums["tokens_fed"], "truncated_tokens": cut,
+        "padding_frac": 1 - sum(mb.num_real_tokens for mb in micro) / sum(mb.num_tokens for mb in micro),
+        "staleness_mean": _mean(plan.staleness), "staleness_max": max(plan.staleness),
+        "updated": float(out.no_update is None),
+    }
+
+
 def _samples(plan: StepPlan, cfg: TrainConfig, log: RunLog | None = None) -> tuple[list[Sample], int]:
     """The step's training samples and the sampled tokens cut by ``max_trace_tokens`` (0: none; a trace
     longer than the micro-batch budget is trained whole in a micro-batch of its own). A cut is never
@@ -433,15 +286,6 @@ def _samples(plan: StepPlan, cfg: TrainConfig, log: RunLog | None = None) -> tup
             plan.skipped.append({"event_id": c.group.event_id, "group_id": c.group.group_id,
                                  "reason": "no_trainable_tokens"})
     return samples, cut
-
-
-def _broadcast(obj: Any, distributed: bool = True) -> Any:
-    """rank 0's ``obj`` on every rank."""
-    if not (distributed and dist.is_initialized()):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 _HEARTBEAT = "polar-trainer:heartbeat"

@@ -87,7 +87,7 @@ def step_result(step: int, groups: list[TrainingGroup], wall_s: float, version: 
 
 
 def sync_figures(record: dict) -> dict:
-    """A trainer ``sync`` event (trainer/train.py) as StepResult's sync fields."""
+    """A trainer ``sync`` event (trainer/sync/syncer.py) as StepResult's sync fields."""
     how = [m for m in ("broadcast", "storage") if record.get(m)]
     pauses = [v for v in (record.get("engine_pause_s") or {}).values() if v is not None]
     mode = "mixed" if len(how) == 2 else how[0] if how else record.get("mode")

@@ -3,7 +3,7 @@
 A step goes out on-policy only once the engine serves the weights trained on the previous one
 (schedule.py). polar.policy, which the Watcher reads anyway, says which version the trainer trained; it
 cannot say alone that the engine serves it: the trainer publishes a PolicyVersion *before* it loads those
-weights into the engines (trainer/train.py: publish, then sync_weights), and a sync can fail and leave the
+weights into the engines (trainer/sync/syncer.py: publish, then sync), and a sync can fail and leave the
 engines a version behind until the next one. So ``Served`` asks the engine (GET /policy_version) only
 while the topic is ahead of what the engine was last seen serving: at start (a resumed driver), for the
 moments between a PolicyVersion and its sync, and after the driver started the trainer again (a resumed

@@ -135,7 +135,7 @@ def test_policy_versions_stay_monotonic_across_a_crash_between_checkpoints(polar
         if len(loaded) == 3:  # version 3 is published (a weights-only export), then the process dies
             raise RuntimeError("crash")
 
-    monkeypatch.setattr(importlib.import_module("trainer.train"), "sync_weights", sync)
+    monkeypatch.setattr(importlib.import_module("trainer.sync.syncer"), "sync_weights", sync)
     with pytest.raises(RuntimeError, match="crash"):
         train(_cfg(trainer_model_dir, tmp_path / "run", groups_per_step=1, checkpoint_every=2), polar_settings)
     assert checkpoint.latest(polar_settings.checkpoint_url, polar_settings).step == 2
