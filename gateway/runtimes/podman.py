@@ -401,28 +401,32 @@ class ContainerSandbox:
         proc = await asyncio.create_subprocess_exec(*self.command(spec), stdin=asyncio.subprocess.DEVNULL, stdout=log,
                                                     stderr=asyncio.subprocess.STDOUT, start_new_session=True,
                                                     cwd=self.scratch)
-        timed_out = False
         try:
-            await asyncio.wait_for(proc.wait(), spec.limits.timeout_s)
-        except asyncio.TimeoutError:
-            timed_out = True
-        except asyncio.CancelledError:
-            await self._kill("cancelled")
-            await proc.wait()
-            raise
+            timed_out, _ = await self._within(proc, proc.wait(), spec.limits.timeout_s)
         finally:
             log.close()
             if tunnel is not None:
                 tunnel.terminate()
                 await tunnel.wait()
-        if timed_out:
-            await self._kill(f"a run passed its {spec.limits.timeout_s:g}s limit")  # kills every process of the run
-            await proc.wait()
         rc = None if timed_out else proc.returncode
         if not timed_out:
             for seen_at, host in outputs.items():
                 await self._copy_out(seen_at, host)
         return ExecResult(rc, timed_out, time.monotonic() - t0, _tail(spec.log_path))
+
+    async def _within(self, proc, waiting, timeout_s: float) -> tuple[bool, Any]:
+        """(timed out, what ``waiting`` returned): a run's process waited on for at most ``timeout_s``. Past it,
+        or cancelled, the run's processes are killed first (never one left behind by a stopped node)."""
+        try:
+            return False, await asyncio.wait_for(waiting, timeout_s)
+        except asyncio.TimeoutError:
+            await self._kill(f"a run passed its {timeout_s:g}s limit")  # kills every process of the run
+            await proc.wait()
+            return True, None
+        except asyncio.CancelledError:
+            await self._kill("cancelled")
+            await proc.wait()
+            raise
 
     async def _run_one_exec(self, spec: ExecSpec, outputs: dict[str, Path]) -> ExecResult | None:
         """``spec`` with its files and a deferred kill in one ``exec`` (exec_files.py); None when the
@@ -440,20 +444,11 @@ class ContainerSandbox:
         proc = await asyncio.create_subprocess_exec(*argv,
                                                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                                                     stderr=log, start_new_session=True, cwd=self.scratch)
-        timed_out = False
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(payload), spec.limits.timeout_s)
-        except asyncio.TimeoutError:
-            timed_out, out = True, b""
-        except asyncio.CancelledError:
-            await self._kill("cancelled")
-            await proc.wait()
-            raise
+            timed_out, done = await self._within(proc, proc.communicate(payload), spec.limits.timeout_s)
         finally:
             log.close()
-        if timed_out:
-            await self._kill(f"a run passed its {spec.limits.timeout_s:g}s limit")
-            await proc.wait()
+        out = b"" if timed_out else done[0]
         t3 = time.monotonic()
         if out == NO_TAR:
             return None

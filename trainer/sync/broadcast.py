@@ -39,8 +39,9 @@ Per sync (``prepare`` -> ``send`` -> ``finish``):
    on every engine whose tensors all arrived (it swaps them in between batches), load the storage engines
    from the checkpoint URL (paused, as ``sync_weights`` does), stamp the version on the gateway, resume.
    The engines keep serving while tensors arrive: the pause they see is the swap alone. Storage engines
-   load only once ``url_ready`` returns: train() writes a sync's export (between checkpoints) after the
-   broadcast, from the buffers ``send(keep=True)`` kept, in a ``BackgroundExport`` thread.
+   load only once ``url_ready`` returns: the Syncer (trainer/sync/syncer.py) writes a sync's export
+   (between checkpoints) after the broadcast, from the buffers ``send(keep=True)`` kept, in a
+   ``BackgroundExport`` thread.
 
 Never a hang, and fault isolation within one group: every collective waits at most ``timeout_s`` (gloo's
 timeout on each send and receive), every HTTP call has a timeout. A rank lost mid-transfer (killed, frozen)
@@ -692,41 +693,29 @@ class WeightTransfer:
             if gateway is not None:
                 gateway.pause()
                 paused.append(gateway)
-            for e in ok:
-                try:
-                    if isinstance(e, VllmEngine):
-                        self._vllm_live[self._key(e)].finish(version)
-                    else:
-                        reply = self._post(e, "/finish_weight_update", json={"weight_version": str(version)})
-                        self.last.setdefault("engine_pause_s", {})[self._key(e)] = reply.get("pause_s")
-                    self.last["broadcast"].append(self._key(e))
-                    done.append(e)
-                except (WeightSyncError, VllmSyncError) as err:
-                    self.last["errors"][self._key(e)] = str(err)
-                    self.mark_stale(e, f"finish: {err}")
+            def finish(e) -> None:
+                if isinstance(e, VllmEngine):
+                    self._vllm_live[self._key(e)].finish(version)
+                else:
+                    reply = self._post(e, "/finish_weight_update", json={"weight_version": str(version)})
+                    self.last.setdefault("engine_pause_s", {})[self._key(e)] = reply.get("pause_s")
+
+            def load(e) -> None:
+                if why := export_error():
+                    raise WeightSyncError(why)
+                t_pause = time.monotonic()
+                e.pause()
+                paused.append(e)
+                e.load(url, version)
+                e.resume()
+                paused.remove(e)
+                self.last.setdefault("engine_pause_s", {})[self._key(e)] = round(time.monotonic() - t_pause, 4)
+
+            done = self._finish_each(ok, finish)
             for e in self._unverified(done):  # before the stamp: an engine that got other bytes reloads
                 done.remove(e)
                 self._storage.append(e)
-            for e in self._storage:
-                key = self._key(e)
-                if why := export_error():
-                    self.last["errors"][key] = why
-                    self.stale.add(key)
-                    continue
-                try:
-                    t_pause = time.monotonic()
-                    e.pause()
-                    paused.append(e)
-                    e.load(url, version)
-                    e.resume()
-                    paused.remove(e)
-                    self.last.setdefault("engine_pause_s", {})[key] = round(time.monotonic() - t_pause, 4)
-                    self.last["storage"].append(key)
-                    self.stale.discard(key)
-                    done.append(e)
-                except WeightSyncError as err:
-                    self.last["errors"][key] = str(err)
-                    self.stale.add(key)
+            done += self._by_storage(load)
             if done and gateway is not None:
                 gateway.stamp(version)
         finally:
@@ -785,28 +774,15 @@ class WeightTransfer:
         unload it again (a stale engine loads the next one from storage)."""
         t0 = time.monotonic()
         ok = self._arrived()
-        done: list = []
         body = {"weight_version": str(version), "lora_name": name, "lora_config": config}
-        for e in ok:
-            try:
-                self._post(e, "/finish_weight_update", json=body)
-                self.last["broadcast"].append(self._key(e))
-                done.append(e)
-            except WeightSyncError as err:
-                self.last["errors"][self._key(e)] = str(err)
-                self.mark_stale(e, f"finish: {err}")
-        for e in self._storage:
-            key = self._key(e)
-            try:
-                if url is None:
-                    raise WeightSyncError(f"{key}: no adapter directory for the storage path")
-                e.load_adapter(name, url)
-                self.last["storage"].append(key)
-                self.stale.discard(key)
-                done.append(e)
-            except WeightSyncError as err:
-                self.last["errors"][key] = str(err)
-                self.stale.add(key)
+
+        def load(e) -> None:
+            if url is None:
+                raise WeightSyncError(f"{self._key(e)}: no adapter directory for the storage path")
+            e.load_adapter(name, url)
+
+        done = self._finish_each(ok, lambda e: self._post(e, "/finish_weight_update", json=body))
+        done += self._by_storage(load)
         self._pending = {}
         self.last["stale"] = sorted(self.stale)
         if len(done) < len(self.engines):
@@ -819,6 +795,38 @@ class WeightTransfer:
             self.last["unload_errors"] = unload_errors
         self.last["finish_s"] = round(time.monotonic() - t0, 4)
         return self.last
+
+    def _finish_each(self, engines: list, finish: Callable[[Any], Any]) -> list:
+        """``finish(e)`` (the round's last call: the engine serves what it received) for each of ``engines``;
+        the ones that took it. Full weights and adapter differ only in ``finish``."""
+        done = []
+        for e in engines:
+            try:
+                finish(e)
+            except (WeightSyncError, VllmSyncError) as err:
+                self.last["errors"][self._key(e)] = str(err)
+                self.mark_stale(e, f"finish: {err}")
+                continue
+            self.last["broadcast"].append(self._key(e))
+            done.append(e)
+        return done
+
+    def _by_storage(self, load: Callable[[Any], None]) -> list:
+        """Each engine the in-memory path could not serve this round, brought up by ``load(e)`` from storage
+        (full weights or adapter: only ``load`` differs); the ones that took it, the others stale."""
+        done = []
+        for e in self._storage:
+            key = self._key(e)
+            try:
+                load(e)
+            except WeightSyncError as err:
+                self.last["errors"][key] = str(err)
+                self.stale.add(key)
+                continue
+            self.last["storage"].append(key)
+            self.stale.discard(key)
+            done.append(e)
+        return done
 
     def _unverified(self, engines: list) -> list:
         """``verify``: the engines among ``engines`` whose weights are not the sent tensors, compared as vLLM's
@@ -855,7 +863,7 @@ class WeightTransfer:
              write_export: Callable[[list[Packed] | None], None] | None = None) -> dict[str, Any]:
         """One process: prepare, send, finish. ``model_or_tensors``: a model, or a callable returning
         (meta, iterator of (name, tensor)). ``write_export(packed)``: writes ``url`` from the sent buffers
-        (None when nothing was sent: then from the model) in a background thread, as train() does; the
+        (None when nothing was sent: then from the model) in a background thread, as the Syncer does; the
         storage engines wait for it; ``report["export"]`` is its BackgroundExport."""
         if isinstance(model_or_tensors, torch.nn.Module):
             meta, tensors = tensor_meta(model_or_tensors), named_tensors(model_or_tensors)
