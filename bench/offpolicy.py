@@ -6,7 +6,7 @@ earns its keep only where it beats the control.
 
     .venv/bin/python bench/offpolicy.py --grid [--conditions noise0.5,bf16] [--methods control,tis,...]
                                         [--seeds 0,1,2] [--steps 20] [--jobs 2] [--out DIR]
-    (full run, 2 x 9 x 3 = 54 runs of 20 steps: --grid --seeds 0,1,2 --jobs 2 --out bench/results/offpolicy-v2, then
+    (full run, 2 x 11 x 3 = 66 runs of 20 steps: --grid --seeds 0,1,2 --jobs 2 --out bench/results/offpolicy-v2, then
      --merge bench/results/offpolicy-v2 --out bench/results; about an hour of 2 idle cores)
 
 Each run's record keeps its commit, every setting, and per-step metrics (reward, masked and clip
@@ -88,6 +88,9 @@ METHODS = {
     "seq_mask_arith": {"correction": "seq_mask_arith", "trainer": {"ratio_base": "proximal"}},
     "gspo": {"loss": "gspo", "trainer": {"ratio_base": "proximal"}},
     "cispo": {"loss": "cispo", "trainer": {"ratio_base": "proximal"}},
+    # 4 optimizer steps a batch at the demo's lr is 4x the update: these ask whether the collapse is the lr's
+    "control_lr/4": {"lr": 3e-4, "trainer": {"ratio_base": "proximal"}},
+    "gspo_lr/4": {"lr": 3e-4, "loss": "gspo", "trainer": {"ratio_base": "proximal"}},
 }
 CONDITIONS = {"noise0.5": {"logit_noise": 0.5}, "bf16": {"engine_dtype": "bfloat16"}}
 COMMON = {"stale": 1, "trainer": {"minibatches": 4}}
@@ -115,7 +118,7 @@ def one(name: str, seed: int, steps: int, noise: float) -> dict:
     settings = dict(RUNS[name])
     if name.startswith("noisy_"):
         settings["logit_noise"] = noise
-    cfg = LearningConfig(steps=steps, samples=8, lr=1.2e-3, seed=seed, all_problems=True, **settings)
+    cfg = LearningConfig(**{"steps": steps, "samples": 8, "lr": 1.2e-3, "seed": seed, "all_problems": True, **settings})
     t0 = time.time()
     log, _ = rl_run(_warm(WARM_HALF_TOOL), PROBLEMS, cfg, system=SYSTEM, tools=TOOLS)
     rewards = [round(r, 4) for r in log.rewards]
@@ -143,7 +146,7 @@ def grid_one(condition: str, method: str, seed: int, steps: int) -> dict:
     from tests.demo.test_learning import PROBLEMS, WARM_HALF_TOOL, _warm
 
     settings = grid_settings(condition, method)
-    cfg = LearningConfig(steps=steps, samples=8, lr=1.2e-3, seed=seed, all_problems=True, **settings)
+    cfg = LearningConfig(**{"steps": steps, "samples": 8, "lr": 1.2e-3, "seed": seed, "all_problems": True, **settings})
     t0 = time.time()
     log, _ = rl_run(_warm(WARM_HALF_TOOL), PROBLEMS, cfg, system=SYSTEM, tools=TOOLS)
     rewards = [round(r, 4) for r in log.rewards]
@@ -391,8 +394,34 @@ def grid_main(args, ap) -> None:
     out = {"version": 2, "bar": BAR, "provenance": provenance(results), "runs": results}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "offpolicy.json").write_text(json.dumps(out, indent=1) + "\n")
+    plot_grid(results, args.out / "offpolicy.png")
     print(grid_table(results), file=sys.stderr)
     print(grid_summary(results), file=sys.stderr)
+
+
+def plot_grid(results: list[dict], path: Path) -> None:
+    """One panel per condition: each method's reward per step, the mean over its seeds (the control in black)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    conditions = [c for c in CONDITIONS if any(r["condition"] == c for r in results)]
+    fig, axes = plt.subplots(1, len(conditions), figsize=(8 * len(conditions), 4.5), squeeze=False)
+    for ax, cond in zip(axes[0], conditions):
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)
+        for method in METHODS:
+            curves = [r["rewards"] for r in results if r["condition"] == cond and r["run"] == method]
+            if not curves:
+                continue
+            mean = [sum(c[i] for c in curves) / len(curves) for i in range(min(map(len, curves)))]
+            style = {"color": "black", "linewidth": 2.5} if method == "control" else {}
+            ax.plot(mean, label=f"{method} ({len(curves)} seeds)", **style)
+        ax.set(xlabel="step", ylabel="mean reward over seeds", ylim=(0, 1),
+               title=f"{cond}: S = {COMMON['stale']} stale, {COMMON['trainer']['minibatches']} minibatches")
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
 
 
 def main() -> None:
