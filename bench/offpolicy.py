@@ -51,7 +51,8 @@ from bench._provenance import commit_info, declared_inputs, git  # noqa: E402
 # and the test module whose warm start and problems every run uses.
 MEASURES = ("trainer/step.py", "trainer/loss.py", "trainer/corrections.py", "trainer/packing.py", "trainer/optim.py",
             "trainer/config.py", "trainer/attention.py", "trainer/parallel.py", "trainer/lora.py", "engine/sampling.py",
-            "polarstream/demo/", "streams/advantages.py", "tests/demo/test_learning.py")  # what rl_run imports
+            "polarstream/demo/learning.py", "polarstream/demo/arith.py", "polarstream/demo/shape.py",
+            "streams/advantages.py", "tests/demo/test_learning.py")  # what rl_run imports
 
 # name -> LearningConfig overrides; noisy_* also get logit_noise = --noise
 RUNS = {
@@ -174,16 +175,21 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def control_of(method: str) -> str:
+    """The control a method is compared with: the one at its learning rate (``gspo_lr/4``: ``control_lr/4``)."""
+    return CONTROL + (method[method.index("_lr/"):] if "_lr/" in method else "")
+
+
 def grid_table(runs: list[dict]) -> str:
     """Markdown, one row per run: reward first 4 -> last 4, learned, the last-4 gain over the control on the
     same condition and seed, the mean masked (corrected) and clip fractions, the mismatch."""
-    ctrl = {(r["condition"], r["seed"]): r for r in runs if r["run"] == CONTROL}
+    ctrl = {(r["condition"], r["run"], r["seed"]): r for r in runs if r["run"] == control_of(r["run"])}
     rows = ["| condition | method | seed | reward first 4 → last 4 | learned | last 4 vs control | masked (mean) | "
             "clipped (mean) | mismatch k3 (mean) | ratio p99 (mean) |",
             "|---|---|---:|---|---|---:|---:|---:|---:|---:|"]
     for r in runs:
-        rw, m, c = r["rewards"], r["metrics"], ctrl.get((r["condition"], r["seed"]))
-        vs = "-" if c is None or r["run"] == CONTROL else f"{_mean(rw[-4:]) - _mean(c['rewards'][-4:]):+.2f}"
+        rw, m, c = r["rewards"], r["metrics"], ctrl.get((r["condition"], control_of(r["run"]), r["seed"]))
+        vs = "-" if c is None or r["run"] == control_of(r["run"]) else f"{_mean(rw[-4:]) - _mean(c['rewards'][-4:]):+.2f}"
         rows.append(f"| {r['condition']} | {r['run']} | {r['seed']} | {_mean(rw[:4]):.2f} → {_mean(rw[-4:]):.2f} | "
                     f"{'yes' if r['learned'] else '**no**'} | {vs} | {_mean(m['corrected_frac']):.3f} | "
                     f"{_mean(m['clip_frac']):.3f} | {_mean(m['mismatch_k3']):.2g} | {_mean(m['mismatch_ratio_p99']):.3f} |")
@@ -193,14 +199,15 @@ def grid_table(runs: list[dict]) -> str:
 def grid_summary(runs: list[dict]) -> str:
     """Markdown, one row per condition x method: seeds learned, mean last-4 reward, its mean gain over the
     control on the same seeds (beats: above it on every seed), masked and clip fractions."""
-    ctrl = {(r["condition"], r["seed"]): r for r in runs if r["run"] == CONTROL}
-    rows = ["| condition | method | learned | last 4 (mean) | vs control, same seeds | masked | clipped |",
+    ctrl = {(r["condition"], r["run"], r["seed"]): r for r in runs if r["run"] == control_of(r["run"])}
+    rows = ["| condition | method | learned | last 4 (mean) | vs control (same lr, same seeds) | masked | clipped |",
             "|---|---|---|---:|---|---:|---:|"]
     for cond, method in dict.fromkeys((r["condition"], r["run"]) for r in runs):
         rs = [r for r in runs if (r["condition"], r["run"]) == (cond, method)]
-        gains = [_mean(r["rewards"][-4:]) - _mean(ctrl[(cond, r["seed"])]["rewards"][-4:])
-                 for r in rs if (cond, r["seed"]) in ctrl]
-        vs = "-" if method == CONTROL or not gains else (
+        base = control_of(method)
+        gains = [_mean(r["rewards"][-4:]) - _mean(ctrl[(cond, base, r["seed"])]["rewards"][-4:])
+                 for r in rs if (cond, base, r["seed"]) in ctrl]
+        vs = "-" if method == base or not gains else (
             f"{_mean(gains):+.2f}" + (" (beats it on every seed)" if all(g > 0 for g in gains) else ""))
         rows.append(f"| {cond} | {method} | {sum(r['learned'] for r in rs)} of {len(rs)} | "
                     f"{_mean([_mean(r['rewards'][-4:]) for r in rs]):.2f} | {vs} | "
