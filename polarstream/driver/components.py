@@ -79,60 +79,79 @@ def pick_runtime(requested: str) -> str:
     return "auto" if shutil.which("podman") or shutil.which("docker") else host_runtime()
 
 
+def component_args(name: str, cfg: RunConfig, settings: Settings, ports: dict[str, int], urls: dict[str, str],
+                   model_dir: Path, runtime: str, run_dir: Path) -> tuple[str, ...]:
+    """The ``polarstream`` arguments that start component ``name`` of this run: the one place they are written,
+    for a process here, a container, a Slurm step or a Kubernetes pod alike."""
+    if name == "ui":
+        return ("ui", "--port", str(ports["ui"]), "--model", str(model_dir))
+    if name == "engine":
+        return ("engine", "--model", str(model_dir), "--port", str(ports["engine"]),
+                "--seed", str(cfg.seed), "--threads", "1",
+                *(("--logit-noise", str(cfg.engine_logit_noise)) if cfg.engine_logit_noise else ()),
+                *(("--dtype", cfg.engine_dtype) if cfg.engine_dtype != "float32" else ()))
+    if name == "node":
+        return ("node", "--engine-url", urls["engine"], "--model", str(model_dir),
+                "--runtime", runtime, "--site-settings", cfg.site_settings, "--port", str(ports["gateway"]),
+                "--run-workers", "4",
+                "--init-workers", "4", "--ready-target", "4", "--postrun-workers", "4",
+                "--temperature", str(cfg.temperature))  # pinned: the trainer's temperature
+    if name == "streams":
+        return ("streams", "worker", "--builder", "prefix_merging", "--group-deadline", "120",
+                "--missing-calls-grace", "10", "--stats-interval", "2",
+                "--metrics-port", str(ports["streams_metrics"]),
+                *(() if cfg.std_normalize else ("--advantage", "no_std")),  # Dr. GRPO: r - mean
+                *[a for k, v in cfg.overlong.items() for a in (f"--overlong-{k.replace('_', '-')}", str(v))])
+    if name == "trainer":
+        return ("train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
+                "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
+                "--gateway", urls["gateway"], "--run-dir", str(run_dir / "trainer"),
+                "--storage-url", settings.storage_url, "--metrics-port", str(ports["trainer_metrics"]),
+                # a group where every sample scored the same still closes the demo's on-policy step;
+                # the trainer publishes the step but leaves the weights untouched (no signal)
+                "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0",
+                "--set", f"temperature={cfg.temperature}",
+                "--set", f"loss={cfg.loss}", "--set", f"correction={cfg.correction}",
+                # the driver's bound, enforced again where the groups are trained (one setting for both).
+                # Groups finish out of order, so one of step k can reach the trainer after step k+1's,
+                # a version later than the bound: it is down-weighted (0.5 per version past S), not
+                # dropped, since a dropped group would leave its step a group short for good.
+                "--set", f"max_staleness={cfg.async_level}", "--set", "stale_mode=downweight",
+                # held-out groups are for evaluation only: the trainer consumes and skips them
+                "--set", f"skip_task_sets={HELDOUT_SET}",
+                # LoRA: each version's adapter is served as <this name>-v<version>, one name per run
+                *(("--set", f"model_name={cfg.run_id or cfg.name}") if cfg.lora else ()),
+                # the experiment's own trainer settings (configure.py checked that none of the above)
+                *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")])
+    if name == "rollout":
+        return ("rollout", "--port", str(ports["rollout"]))
+    raise ValueError(f"no component {name!r} (one of {', '.join(COMPONENTS)})")
+
+
+# Where each served component answers once it is up
+_HEALTH = {"ui": ("ui", "/seq"), "engine": ("engine", "/health"), "node": ("gateway", "/health"),
+           "rollout": ("rollout", "/health")}
+
+
 def start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports: dict[str, int], urls: dict[str, str],
                      model_dir: Path, runtime: str, run_dir: Path, console, only: Sequence[str] = COMPONENTS) -> None:
     """The viewer, engine, gateway node, stream worker, trainer and rollout server (those in ``only``), each
     its own process (adopted instead where a killed driver of this run left it running)."""
+    def start(name: str) -> None:
+        child = procs.start(name, *component_args(name, cfg, settings, ports, urls, model_dir, runtime, run_dir))
+        if name in _HEALTH:
+            url, path = _HEALTH[name]
+            procs.wait_http(child, f"{urls[url]}{path}")
+
     # The viewer before the services: it follows the run's topics from their creation on (with the
     # model's tokenizer, so traces read as text).
     if "ui" in only:
-        ui = procs.start("ui", "ui", "--port", str(ports["ui"]), "--model", str(model_dir))
-        procs.wait_http(ui, f"{urls['ui']}/seq")
+        start("ui")
         console.print(f"viewer: [bold]{urls['ui']}/[/]  (groups, sessions with their chains, traces; live)")
     with console.status(f"starting {', '.join(c for c in COMPONENTS[1:] if c in only)}"):
-        if "engine" in only:
-            engine = procs.start("engine", "engine", "--model", str(model_dir), "--port", str(ports["engine"]),
-                                 "--seed", str(cfg.seed), "--threads", "1",
-                                 *(("--logit-noise", str(cfg.engine_logit_noise)) if cfg.engine_logit_noise else ()),
-                                 *(("--dtype", cfg.engine_dtype) if cfg.engine_dtype != "float32" else ()))
-            procs.wait_http(engine, f"{urls['engine']}/health")
-        if "node" in only:
-            node = procs.start("node", "node", "--engine-url", urls["engine"], "--model", str(model_dir),
-                               "--runtime", runtime, "--site-settings", cfg.site_settings, "--port", str(ports["gateway"]),
-                               "--run-workers", "4",
-                               "--init-workers", "4", "--ready-target", "4", "--postrun-workers", "4",
-                               "--temperature", str(cfg.temperature))  # pinned: the trainer's temperature
-            procs.wait_http(node, f"{urls['gateway']}/health")
-        if "streams" in only:
-            procs.start("streams", "streams", "worker", "--builder", "prefix_merging", "--group-deadline", "120",
-                        "--missing-calls-grace", "10", "--stats-interval", "2",
-                        "--metrics-port", str(ports["streams_metrics"]),
-                        *(() if cfg.std_normalize else ("--advantage", "no_std")),  # Dr. GRPO: r - mean
-                        *[a for k, v in cfg.overlong.items() for a in (f"--overlong-{k.replace('_', '-')}", str(v))])
-        if "trainer" in only:
-            procs.start("trainer", "train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
-                        "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
-                        "--gateway", urls["gateway"], "--run-dir", str(run_dir / "trainer"),
-                        "--storage-url", settings.storage_url, "--metrics-port", str(ports["trainer_metrics"]),
-                        # a group where every sample scored the same still closes the demo's on-policy step;
-                        # the trainer publishes the step but leaves the weights untouched (no signal)
-                        "--set", "skip_zero_variance=false", "--set", "weight_decay=0.0",
-                        "--set", f"temperature={cfg.temperature}",
-                        "--set", f"loss={cfg.loss}", "--set", f"correction={cfg.correction}",
-                        # the driver's bound, enforced again where the groups are trained (one setting for both).
-                        # Groups finish out of order, so one of step k can reach the trainer after step k+1's,
-                        # a version later than the bound: it is down-weighted (0.5 per version past S), not
-                        # dropped, since a dropped group would leave its step a group short for good.
-                        "--set", f"max_staleness={cfg.async_level}", "--set", "stale_mode=downweight",
-                        # held-out groups are for evaluation only: the trainer consumes and skips them
-                        "--set", f"skip_task_sets={HELDOUT_SET}",
-                        # LoRA: each version's adapter is served as <this name>-v<version>, one name per run
-                        *(("--set", f"model_name={cfg.run_id or cfg.name}") if cfg.lora else ()),
-                        # the experiment's own trainer settings (configure.py checked that none of the above)
-                        *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")])
-        if "rollout" in only:
-            rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))
-            procs.wait_http(rollout, f"{urls['rollout']}/health")
+        for name in COMPONENTS[1:]:
+            if name in only:
+                start(name)
 
 
 def serve(cfg: RunConfig, procs: Processes, urls: dict[str, str], console) -> None:
