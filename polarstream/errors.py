@@ -92,15 +92,9 @@ def _validation_error(exc) -> str | None:
     first = errors[0]
     where = ".".join(str(p) for p in first["loc"]) or "(top level)"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    from .driver.experiment import given  # the experiment file's errors name the value the same way
+
     return f"invalid {exc.title}: {where}: {first['msg']}{given(first)}{more}"
-
-
-def given(err: dict) -> str:
-    """`` (got 'x')`` for a pydantic error about a word or number the user typed, so the line names it."""
-    value = err.get("input")
-    if err.get("type") in ("extra_forbidden", "missing") or not isinstance(value, (str, int, float)):
-        return ""  # the key is what is wrong, not its value
-    return f" (got {value!r})" if len(repr(value)) <= 80 else ""
 
 
 def _http_error(exc, httpx) -> str | None:

@@ -119,8 +119,6 @@ class PreparedContainers:
     async def _prepare(self, shape: Hashable) -> None:
         try:
             box = await self._start(shape)
-        except asyncio.CancelledError:
-            raise
         except Exception as e:  # the session that asks next opens its own and reports the error
             log.warning("preparing a container failed: %s", e)
             return

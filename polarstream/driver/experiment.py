@@ -204,12 +204,18 @@ def load_experiment(path: Path | None, **overrides: Any) -> Experiment:
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         field = ".".join(str(p) for p in err["loc"])
-        value = err.get("input")  # a word or number the user wrote: the line names it
-        given = f" (got {value!r})" if isinstance(value, (str, int, float)) and len(repr(value)) <= 80 else ""
-        msg = err["msg"].removeprefix("Value error, ") + ("" if err["type"] in ("extra_forbidden", "missing") else given)
+        msg = err["msg"].removeprefix("Value error, ") + given(err)  # names the word or number the user wrote
         if err["loc"] and isinstance(overrides.get(err["loc"][0]), (str, int, float)):  # a flag's, not the file's
             where = "the command line"
         raise ExperimentError(f"{where}: {field}: {msg}" if field else f"{where}: {msg}") from None
+
+
+def given(err: dict) -> str:
+    """`` (got 'x')`` for a pydantic error about a word or number the user typed, so the line names it."""
+    value = err.get("input")
+    if err.get("type") in ("extra_forbidden", "missing") or not isinstance(value, (str, int, float)):
+        return ""  # the key is what is wrong, not its value
+    return f" (got {value!r})" if len(repr(value)) <= 80 else ""
 
 
 def print_config(exp: Experiment | None = None, where: str = "") -> str:
