@@ -39,6 +39,15 @@ def bring_up(cfg: RunConfig, settings: Settings, console) -> None:
     ensure_topics(settings)
 
 
+def run_settings(base: Settings, run_id: str) -> Settings:
+    """``base`` with the run's own topic prefix and checkpoint folder (where it names none): unique per run,
+    so topics and checkpoints of earlier runs on the same cluster never mix in."""
+    return base.model_copy(update={
+        "topic_prefix": base.topic_prefix or f"{run_id}.",
+        "storage_url": base.storage_url or f"s3://{base.s3_bucket}/{run_id}",
+    })
+
+
 def child_env(settings: Settings, run_dir: Path) -> dict[str, str]:
     """What every component gets in its environment: the run's Kafka, topics, storage and secrets."""
     return {
