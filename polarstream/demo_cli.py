@@ -94,6 +94,12 @@ def register(app: typer.Typer) -> None:
         print_config: Annotated[bool, typer.Option("--print-config", help="print every setting with its meaning, as "
                                                                           "YAML, and exit: the file's (defaults filled "
                                                                           "in), or without one the defaults")] = False,
+        launcher: Annotated[str, typer.Option(help="local: every component here; slurm: an sbatch script of the run "
+                                                   "(with --render DIR, then --submit; docs/deploy.md)")] = "local",
+        render: Annotated[Optional[Path], typer.Option(help="--launcher slurm: write the job's files to this "
+                                                            "directory (the run's too, unless --run-dir)")] = None,
+        submit: Annotated[bool, typer.Option("--submit", help="--launcher slurm: submit the rendered job (sbatch) "
+                                                              "and print its id")] = False,
     ) -> None:
         """Run an RL experiment from one file: every component on this machine, your tasks, bounded asynchrony, evals."""
         import time
@@ -111,6 +117,13 @@ def register(app: typer.Typer) -> None:
             given = experiment is not None or any(v is not None for v in (seed, async_level, max_steps))
             typer.echo(settings_yaml(exp, where) if given else settings_yaml(), nl=False)
             return
+        if launcher != "local":  # the run rendered for a cluster manager, not started here
+            _launch(launcher, exp, where, render, run_dir, submit, driver_only or only is not None)
+            return
+        if render is not None or submit:
+            typer.echo(f"error: --{'render' if render is not None else 'submit'} is for a launcher "
+                       "(--launcher slurm); the local run starts every component here", err=True)
+            raise typer.Exit(1)
         if driver_only and not (exp.rollout_url and exp.engine_url):
             typer.echo(f"error: {where}: --driver-only needs rollout_url and engine_url in the file", err=True)
             raise typer.Exit(1)
@@ -135,6 +148,41 @@ def register(app: typer.Typer) -> None:
         path = _run_to_end("run", exp, cfg, preset)
         if path is not None:
             typer.echo(path)
+
+
+# `polarstream run --launcher NAME`: local, or a cluster manager the run is rendered for (_launch)
+LAUNCHERS = ("slurm",)
+
+
+def _launch(launcher: str, exp, where: str, render: Path | None, run_dir: Path | None, submit: bool,
+            split: bool) -> None:
+    """Render the run for ``launcher`` into ``render`` (and submit it); one line on stderr where it cannot."""
+    from .driver.configure import run_config
+    from .driver.experiment import ExperimentError
+    from .presets import preset_for
+
+    if launcher not in LAUNCHERS:
+        typer.echo(f"error: --launcher {launcher}: expected local or {', '.join(sorted(LAUNCHERS))}", err=True)
+        raise typer.Exit(1)
+    if render is None:
+        typer.echo(f"error: --launcher {launcher} needs --render DIR (where the job's files go)", err=True)
+        raise typer.Exit(1)
+    if split:
+        typer.echo(f"error: --launcher {launcher} places every component itself: no --only or --driver-only", err=True)
+        raise typer.Exit(1)
+    from .driver import slurm as module  # the one launcher so far
+    try:  # checked as a local run is, before anything is written
+        cfg = run_config(exp, (run_dir or render).absolute(), preset=preset_for(exp))
+        script = module.render(exp, cfg, render)
+        typer.echo(script)
+        if submit:
+            typer.echo(f"submitted: job {module.submit(script)}")
+    except ExperimentError as e:
+        typer.echo(f"error: {where}: {e}", err=True)
+        raise typer.Exit(1) from None
+    except OSError as e:  # the job's files could not be written there
+        typer.echo(f"error: --render {render}: {e.strerror or e}", err=True)
+        raise typer.Exit(1) from None
 
 
 def _run_to_end(what: str, exp, cfg, preset) -> Path | None:

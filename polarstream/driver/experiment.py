@@ -57,6 +57,23 @@ class LoraSettings(BaseModel):
                                       "and MLP projection (q, k, v, o, gate, up, down _proj)")
 
 
+class SlurmSettings(BaseModel):
+    """``polarstream run --launcher slurm``: what the sbatch script asks of the cluster (polarstream/driver/slurm.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partition: str = Field("", description="#SBATCH --partition ('' = the cluster's default)")
+    account: str = Field("", description="#SBATCH --account ('' = your default)")
+    time: str = Field("", description="#SBATCH --time, e.g. 4:00:00 ('' = the partition's limit)")
+    nodes: int = Field(1, ge=1, description="#SBATCH --nodes: the engine, gateway node, streams and rollout server "
+                       "run on the first, the trainer on the last")
+    exclusive: bool = Field(True, description="#SBATCH --exclusive: whole nodes (every component's threads on them)")
+    engine_gpus: int = Field(0, ge=0, description="GPUs of the engine's step (srun --gpus; the job asks for them too)")
+    python: str = Field("", description="the Python with polarstream installed on the nodes ('' = the one that "
+                        "renders the script: a venv on a filesystem the nodes share)")
+    sbatch: list[str] = Field(default_factory=list, description="more #SBATCH options, as given to sbatch (e.g. --qos=high)")
+
+
 class Experiment(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -159,6 +176,8 @@ class Experiment(BaseModel):
                              "trainer stamps its policy version on); --driver-only: a LoRA run's (its stamp names the "
                              "adapter's version)")
     storage_url: str = Field("", description="checkpoints (s3://bucket/prefix or file://...); '' = the local S3 server")
+    slurm: SlurmSettings | None = Field(None, description="--launcher slurm: the sbatch script's partition, account, "
+                                        "time, nodes, the engine's GPUs (docs/deploy.md)")
     step_timeout_s: float = Field(300.0, gt=0, description="a step whose groups are not trained within this many seconds "
                                   "(times S+1) stops the run")
 
