@@ -15,7 +15,7 @@ from infra.settings import Settings
 
 from .config import RunConfig
 from .evaluation import HELDOUT_SET
-from .processes import Processes
+from .processes import TORCHRUN, Processes
 
 # What a run starts, in this order; ``polarstream run --only`` starts some of them on one machine
 COMPONENTS = ("ui", "engine", "node", "streams", "trainer", "rollout")
@@ -80,9 +80,12 @@ def pick_runtime(requested: str) -> str:
 
 
 def component_args(name: str, cfg: RunConfig, settings: Settings, ports: dict[str, int], urls: dict[str, str],
-                   model_dir: Path, runtime: str, run_dir: Path) -> tuple[str, ...]:
+                   model_dir: Path, runtime: str, run_dir: Path, node_rank: str | None = None) -> tuple[str, ...]:
     """The ``polarstream`` arguments that start component ``name`` of this run: the one place they are written,
-    for a process here, a container, a Slurm step or a Kubernetes pod alike."""
+    for a process here, a container, a Slurm step or a Kubernetes pod alike. A trainer of several processes
+    (``cfg.trainer_nproc``, ``cfg.trainer_nodes``) is a ``torchrun`` command instead (``command_line``):
+    ``node_rank`` is this machine's among the trainer's (``cfg.node_rank`` if None; a launcher passes what its
+    scheduler expands per node, such as ``$(JOB_COMPLETION_INDEX)``)."""
     if name == "ui":
         return ("ui", "--port", str(ports["ui"]), "--model", str(model_dir))
     if name == "engine":
@@ -103,7 +106,7 @@ def component_args(name: str, cfg: RunConfig, settings: Settings, ports: dict[st
                 *(() if cfg.std_normalize else ("--advantage", "no_std")),  # Dr. GRPO: r - mean
                 *[a for k, v in cfg.overlong.items() for a in (f"--overlong-{k.replace('_', '-')}", str(v))])
     if name == "trainer":
-        return ("train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
+        args = ("train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
                 "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
                 "--gateway", urls["gateway"], "--run-dir", str(run_dir / "trainer"),
                 "--storage-url", settings.storage_url, "--metrics-port", str(ports["trainer_metrics"]),
@@ -123,9 +126,30 @@ def component_args(name: str, cfg: RunConfig, settings: Settings, ports: dict[st
                 *(("--set", f"model_name={cfg.run_id or cfg.name}") if cfg.lora else ()),
                 # the experiment's own trainer settings (configure.py checked that none of the above)
                 *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")])
+        return torchrun(cfg, str(cfg.node_rank) if node_rank is None else node_rank, args)
     if name == "rollout":
         return ("rollout", "--port", str(ports["rollout"]))
     raise ValueError(f"no component {name!r} (one of {', '.join(COMPONENTS)})")
+
+
+def torchrun(cfg: RunConfig, node_rank: str, args: tuple[str, ...]) -> tuple[str, ...]:
+    """``polarstream ARGS`` as one process, or under torchrun as ``cfg.trainer_nproc`` processes on each of
+    ``cfg.trainer_nodes`` machines: FSDP2 (trainer/parallel.py) shards the model over them. One machine: a
+    rendezvous of its own (--standalone). Several: torchrun's static rendezvous at ``cfg.trainer_rendezvous``,
+    hosted by node 0, whose first process is global rank 0 (the one that talks to Kafka and the engines)."""
+    if cfg.trainer_nproc == 1 and cfg.trainer_nodes == 1:
+        return args
+    where = (("--standalone",) if cfg.trainer_nodes == 1 else
+             ("--nnodes", str(cfg.trainer_nodes), "--node-rank", node_rank, "--rdzv-backend", "static",
+              "--rdzv-endpoint", cfg.trainer_rendezvous, "--rdzv-id", cfg.run_id or cfg.name))
+    # a rank that dies ends them all (max-restarts 0): the driver starts the trainer again, from its checkpoint
+    return (TORCHRUN, *where, "--nproc-per-node", str(cfg.trainer_nproc), "--max-restarts", "0",
+            "-m", "polarstream", *args)
+
+
+def command_line(args: tuple[str, ...]) -> tuple[str, ...]:
+    """component_args as the command a container, Slurm step or pod runs (the project's venv on its PATH)."""
+    return args if args[:1] == (TORCHRUN,) else ("polarstream", *args)
 
 
 # Where each served component answers once it is up
