@@ -75,7 +75,9 @@ class Syncer:
         if self.in_memory:
             self.transfer = WeightTransfer(self.engines, cfg.weight_transfer, cfg.weight_transfer_timeout_s,
                                            cfg.weight_transfer_buffer_mb << 20,
-                                           master_address=cfg.weight_transfer_address,
+                                           # where the engines reach this trainer: the machine's advertised
+                                           # host, unless the trainer names one of its own
+                                           master_address=cfg.weight_transfer_address or settings.advertised_host,
                                            verify=cfg.weight_transfer_verify,
                                            throttle_s=cfg.weight_transfer_throttle_s, lora=adapter is not None)
         if cfg.gateway:
