@@ -96,10 +96,8 @@ def broker_properties(settings: Settings, log_dir: Path, member: ClusterMember |
     max_bytes = largest_message_bytes() + 64 * 1024
     props = {
         **_BROKER_DEFAULTS,
-        # clients on other machines (advertised_host): every interface, and the name they reach it by, in the
-        # metadata the broker hands out; the controller stays on loopback
-        "listeners": f"PLAINTEXT://{settings.listen_host}:{port},CONTROLLER://127.0.0.1:{cport}",
-        "advertised.listeners": f"PLAINTEXT://{settings.announced_host}:{port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "controller.quorum.voters": f"1@127.0.0.1:{cport}",
         "log.dirs": str(log_dir),
         "message.max.bytes": str(max_bytes),

@@ -30,7 +30,7 @@ _LOGBACK = """\
 def s3proxy_properties(settings: Settings, objects_dir: Path) -> dict[str, str]:
     """s3proxy's --properties file for our port, credentials and object directory."""
     return {
-        "s3proxy.endpoint": f"http://{settings.listen_host}:{settings.s3_port}",  # every interface: advertised_host
+        "s3proxy.endpoint": f"http://127.0.0.1:{settings.s3_port}",
         "s3proxy.authorization": "aws-v2-or-v4",
         "s3proxy.identity": settings.s3_access_key,
         "s3proxy.credential": settings.s3_secret_key,

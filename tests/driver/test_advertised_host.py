@@ -14,9 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.kafka import broker_properties
 from infra.process import free_port
-from infra.s3 import s3proxy_properties
 from infra.settings import Settings
 from polarstream.driver.components import COMPONENTS, addresses, child_env, component_args
 from polarstream.driver.config import RunConfig
@@ -39,9 +37,6 @@ def test_one_machine_stays_on_loopback(tmp_path):
     assert all(url == f"http://127.0.0.1:{ports[name]}" for name, url in urls.items())
     assert not any("--host" in a for a in args.values())  # each server's own default: loopback
     assert "POLAR_ADVERTISED_HOST" not in child_env(settings, tmp_path)
-    props = broker_properties(settings, tmp_path)
-    assert props["advertised.listeners"] == f"PLAINTEXT://127.0.0.1:{settings.kafka_port}"
-    assert props["listeners"].startswith(f"PLAINTEXT://127.0.0.1:{settings.kafka_port},")
 
 
 def test_an_advertised_host_is_in_every_announced_url_and_servers_listen_beyond_loopback(tmp_path):
@@ -57,11 +52,6 @@ def test_an_advertised_host_is_in_every_announced_url_and_servers_listen_beyond_
     assert not any("127.0.0.1" in a for a in args.values() for a in a)
     # every component gets it (the trainer's weight-transfer rendezvous is announced at it: trainer/sync/syncer.py)
     assert child_env(settings, tmp_path)["POLAR_ADVERTISED_HOST"] == "trainer-box.lab"
-    # Kafka brought up here hands out the advertised name in its metadata; s3proxy listens everywhere
-    props = broker_properties(settings, tmp_path)
-    assert props["advertised.listeners"] == f"PLAINTEXT://trainer-box.lab:{settings.kafka_port}"
-    assert props["listeners"].startswith(f"PLAINTEXT://0.0.0.0:{settings.kafka_port},CONTROLLER://127.0.0.1:")
-    assert s3proxy_properties(settings, tmp_path)["s3proxy.endpoint"] == f"http://0.0.0.0:{settings.s3_port}"
 
 
 def _this_machines_address() -> str | None:
