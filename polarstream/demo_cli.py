@@ -91,6 +91,9 @@ def register(app: typer.Typer) -> None:
         only: Annotated[Optional[str], typer.Option("--only", help="start these components here (comma separated: ui, "
                                                      "engine, node, streams, trainer, rollout) and drive nothing: "
                                                      "one file, a run spread over machines")] = None,
+        node_rank: Annotated[int, typer.Option("--node-rank", help="with --only trainer on one of several trainer "
+                                               "machines (the file's trainer: nodes): which one this is, 0 hosting "
+                                               "the rendezvous")] = 0,
         print_config: Annotated[bool, typer.Option("--print-config", help="print every setting with its meaning, as "
                                                                           "YAML, and exit: the file's (defaults filled "
                                                                           "in), or without one the defaults")] = False,
@@ -141,7 +144,7 @@ def register(app: typer.Typer) -> None:
 
         preset = preset_for(exp)  # train: builtin:arith is the demo's family; a file or directory, the file's own tasks
         try:  # the model, the tasks, the harness and the runtime: checked before anything starts
-            cfg = run_config(exp, out, driver_only, components, preset)
+            cfg = run_config(exp, out, driver_only, components, preset, node_rank)
         except ExperimentError as e:
             typer.echo(f"error: {where}: {e}", err=True)
             raise typer.Exit(1) from None

@@ -54,7 +54,7 @@ def run(cfg: RunConfig, settings: Settings | None = None, on_step: Callable[[int
     # A named run keeps its components' pids and ports, so a driver started again adopts those still running.
     procs = Processes(run_dir / "logs", env,
                       registry=run_dir / "components.json" if cfg.run_id and (cfg.only or not cfg.attach) else None)
-    ports, urls = addresses(cfg, procs)
+    ports, urls = addresses(cfg, procs, settings)
     metrics = {"gateway": f"{urls['gateway']}/metrics", "rollout": f"{urls['rollout']}/metrics",
                "streams": f"{urls['streams_metrics']}/metrics", "trainer": f"{urls['trainer_metrics']}/metrics"}
     runtime = pick_runtime(cfg.runtime)
