@@ -97,12 +97,14 @@ def register(app: typer.Typer) -> None:
         print_config: Annotated[bool, typer.Option("--print-config", help="print every setting with its meaning, as "
                                                                           "YAML, and exit: the file's (defaults filled "
                                                                           "in), or without one the defaults")] = False,
-        launcher: Annotated[str, typer.Option(help="local: every component here; slurm: an sbatch script of the run "
-                                                   "(with --render DIR, then --submit; docs/deploy.md)")] = "local",
-        render: Annotated[Optional[Path], typer.Option(help="--launcher slurm: write the job's files to this "
-                                                            "directory (the run's too, unless --run-dir)")] = None,
+        launcher: Annotated[str, typer.Option(help="local: every component here; slurm: an sbatch script of the run; "
+                                                   "k8s: Kubernetes manifests (with --render DIR, then --submit; "
+                                                   "docs/deploy.md)")] = "local",
+        render: Annotated[Optional[Path], typer.Option(help="--launcher slurm|k8s: write the job's files (the "
+                                                            "manifests) to this directory (slurm: the run's too, "
+                                                            "unless --run-dir)")] = None,
         submit: Annotated[bool, typer.Option("--submit", help="--launcher slurm: submit the rendered job (sbatch) "
-                                                              "and print its id")] = False,
+                                                              "and print its id; k8s: kubectl apply it")] = False,
     ) -> None:
         """Run an RL experiment from one file: every component on this machine, your tasks, bounded asynchrony, evals."""
         import time
@@ -125,7 +127,7 @@ def register(app: typer.Typer) -> None:
             return
         if render is not None or submit:
             typer.echo(f"error: --{'render' if render is not None else 'submit'} is for a launcher "
-                       "(--launcher slurm); the local run starts every component here", err=True)
+                       "(--launcher slurm or k8s); the local run starts every component here", err=True)
             raise typer.Exit(1)
         if driver_only and not (exp.rollout_url and exp.engine_url):
             typer.echo(f"error: {where}: --driver-only needs rollout_url and engine_url in the file", err=True)
@@ -153,8 +155,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(path)
 
 
-# `polarstream run --launcher NAME`: local, or a cluster manager the run is rendered for (_launch)
-LAUNCHERS = ("slurm",)
+# `polarstream run --launcher NAME`: local, or a cluster manager the run is rendered for (_launch): each one a
+# module of polarstream/driver by that name, with render(exp, cfg, DIR) -> path and submit(path) -> what to print
+LAUNCHERS = ("slurm", "k8s")
 
 
 def _launch(launcher: str, exp, where: str, render: Path | None, run_dir: Path | None, submit: bool,
@@ -173,13 +176,15 @@ def _launch(launcher: str, exp, where: str, render: Path | None, run_dir: Path |
     if split:
         typer.echo(f"error: --launcher {launcher} places every component itself: no --only or --driver-only", err=True)
         raise typer.Exit(1)
-    from .driver import slurm as module  # the one launcher so far
+    from .driver import k8s, slurm
+
+    module = {"slurm": slurm, "k8s": k8s}[launcher]
     try:  # checked as a local run is, before anything is written
         cfg = run_config(exp, (run_dir or render).absolute(), preset=preset_for(exp))
         script = module.render(exp, cfg, render)
         typer.echo(script)
         if submit:
-            typer.echo(f"submitted: job {module.submit(script)}")
+            typer.echo(f"submitted: {'job ' if launcher == 'slurm' else ''}{module.submit(script)}")
     except ExperimentError as e:
         typer.echo(f"error: {where}: {e}", err=True)
         raise typer.Exit(1) from None

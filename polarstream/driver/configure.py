@@ -277,7 +277,7 @@ def only_checked(exp: Experiment, only: frozenset[str]) -> frozenset[str]:
 
 # Where the components are, and where the figures also go, is not what the run is: the same run, driven
 # from elsewhere or with W&B turned on, keeps its id.
-NOT_IDENTITY = {"run_id", "rollout_url", "engine_url", "gateway_url", "wandb", "slurm"}
+NOT_IDENTITY = {"run_id", "rollout_url", "engine_url", "gateway_url", "wandb", "slurm", "kubernetes"}
 
 
 def run_id(exp: Experiment, run_dir: Path) -> str:
