@@ -202,7 +202,19 @@ async def advance(rt: Runtime, state: GroupState, now: float) -> None:
             rt.count("groups.awaiting_replayed_member")
             _schedule(rt, state)  # due at once: retried at every tick until the bytes are back
             return  # a member's bytes are still being replayed after a restart
-        group = build_group(gid, members, rt.config)
+        masked_reasons: dict[str, str] = {}
+        if rt.judge is not None:  # verdicts in (recorded, or asked for and recorded): rewards combined
+            judged = await rt.judge.judge_members(members)
+            members, masked_reasons = judged.members, judged.masked
+            usable = sum(t.usable for t in members)
+            if usable < max(1, state.min_valid):
+                reason = sorted(set(masked_reasons.values()))[0].split(" ")[0].replace(":", "_") if masked_reasons else "judge"
+                rt.count("groups.dropped_judge")
+                log.warning("group %s dropped: %d usable after judging (min_valid %d): %s",
+                            gid, usable, state.min_valid, masked_reasons)
+                _close(rt, state, f"dropped:{reason}", now)
+                return
+        group = build_group(gid, members, rt.config, masked_reasons)
         if group is None:
             rt.count("groups.dropped_zero_variance")
             _close(rt, state, "dropped:zero_variance", now)
