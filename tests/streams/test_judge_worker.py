@@ -1,0 +1,106 @@
+"""The judge stage in a real worker on the real broker, against a real HTTP judge that fails 20% of its
+requests (timeouts, 429s, garbage, 500s; polarstream/tools/rule_judge.py): no failure becomes a reward,
+each is masked with its class, every verdict is recorded once, and the judge's own log of arrivals never
+shows more requests in a window than the limit."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import yaml
+
+from polarstream.tools.rule_judge import RuleJudge
+from schemas import JudgeVerdict, TaskRequest, TrainingGroup, decode
+from streams.judge import JudgeConfig, combine
+from streams.synthetic import record_group
+from tests.streams.helpers import dedupe, publish, read_topic
+from tests.streams.test_judge import max_in_window
+
+WORKER_ARGS = ["--group-deadline", "60", "--missing-calls-grace", "2", "--missing-calls-timeout", "3",
+               "--tick-interval", "0.5", "--stats-interval", "1"]
+GROUPS, SAMPLES, RPW, WINDOW = 8, 4, 10, 2.0
+
+
+@pytest.fixture
+def rule_judge(tmp_path):
+    server = RuleJudge(0, tmp_path / "judge.jsonl", fail_rate=0.2, stall_s=2.0, seed=1)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def judge_yaml(tmp_path, server, tiny_model_dir, **kw) -> tuple[str, JudgeConfig]:
+    doc = {"base_url": f"http://127.0.0.1:{server.server_address[1]}/v1", "model": "rule", "rubric": "Rule: shortest",
+           "tokenizer": str(tiny_model_dir / "tokenizer.json"), "timeout_s": 1.0, "max_attempts": 1,
+           "concurrency": 4, "requests_per_window": RPW, "window_s": WINDOW, **kw}
+    path = tmp_path / "judge.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path), JudgeConfig(**doc)
+
+
+def test_judge_failures_are_masked_with_their_class_never_scored(polar_settings, streams_worker, rule_judge,
+                                                                tiny_model_dir, tmp_path):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    tokenize = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
+    records, outcome = [], {}
+    for g in range(GROUPS):
+        gid = f"jg{g}"
+        records.append(TaskRequest(task_id=gid, instruction="fix the tests", num_samples=SAMPLES, min_valid=2,
+                                   metadata={"rubric": "Shorter is better."}))
+        rewards = [1.0, 0.0, 1.0, 0.0]
+        for s in record_group(gid, rewards, seed=g, tokenize=tokenize, min_valid=2, turns=2 + g % 3):
+            records += s.records
+            outcome[s.finished.session_id] = s.finished.reward
+    publish(polar_settings, records)
+    path, cfg = judge_yaml(tmp_path, rule_judge, tiny_model_dir)
+    worker = streams_worker("--judge", path, *WORKER_ARGS)
+
+    def verdicts_in(msgs) -> int:
+        return len({decode(m.value, JudgeVerdict).trajectory_id for m in msgs})
+
+    judged = read_topic(polar_settings, "judgements", until=lambda m: verdicts_in(m) >= GROUPS * SAMPLES, timeout=180)
+    assert verdicts_in(judged) == GROUPS * SAMPLES, worker.log_text()[-3000:]
+    verdicts, duplicates = dedupe(judged, JudgeVerdict)
+    verdicts = {v.session_id: v for v in (decode(b, JudgeVerdict) for b in verdicts.values())}
+    assert duplicates == 0 and len(verdicts) == GROUPS * SAMPLES  # one verdict per trajectory, recorded once
+    failed = {s: v.failure for s, v in verdicts.items() if v.failure}
+    assert {"timeout", "rate_limited", "unparseable", "http_error"} >= set(failed.values()) and failed
+
+    stats = lambda: worker.stats()  # noqa: E731
+    closed = lambda: stats().get("groups.sent", 0) + stats().get("groups.dropped_judge", 0)  # noqa: E731
+    import time
+
+    deadline = time.monotonic() + 60
+    while closed() < GROUPS:
+        assert time.monotonic() < deadline and worker.alive(), worker.log_text()[-3000:]
+        time.sleep(0.5)
+    groups, _ = dedupe(read_topic(polar_settings, "groups", until=lambda m: len(m) >= stats()["groups.sent"],
+                                  timeout=30), TrainingGroup)
+    groups = [decode(b, TrainingGroup) for b in groups.values()]
+    trained = {t.session_id: t for g in groups for t in g.trajectories}
+    # No failure is a reward: a failed member is masked with its class, never in a group's trajectories.
+    assert not set(trained) & set(failed)
+    for g in groups:
+        for session in g.masked:
+            assert g.masked_reasons[session] == f"judge:{failed[session]}"
+    masked = {s for g in groups for s in g.masked}
+    assert masked, "no emitted group shows a masked failure: pick another seed"
+    dropped = {s for s in failed if s not in masked}  # their groups were dropped: fewer than min_valid left
+    assert stats().get("groups.dropped_judge", 0) == len({s.rsplit("-", 1)[0] for s in dropped})
+    # Every trained member's reward is its outcome combined with its own verdict's score.
+    for session, t in trained.items():
+        v = verdicts[session]
+        assert t.metrics["judge_score"] == v.score and t.metrics["outcome_reward"] == outcome[session]
+        assert t.reward == combine(outcome[session], v.score, cfg)
+    assert stats()["judge.asked"] == GROUPS * SAMPLES and stats()["judge.scored"] == GROUPS * SAMPLES - len(failed)
+    for kind in set(failed.values()):
+        assert stats()[f"judge.{kind}"] == sum(f == kind for f in failed.values())
+    # The rate limit, as the judge saw it.
+    log = [json.loads(line) for line in (tmp_path / "judge.jsonl").read_text().splitlines()]
+    assert len(log) == GROUPS * SAMPLES  # max_attempts 1: each trajectory asked once
+    assert max_in_window([e["t"] for e in log], WINDOW) <= RPW
