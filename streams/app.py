@@ -122,9 +122,9 @@ def create_app(
     rt = Runtime(app, topo, config, stores, topics, stats_path, source=SourceLog(settings), changelog=Changelog(tables),
                  packed=settings.packed)
     if config.judge is not None:
-        from .judge_stage import JudgeStage  # loads the tokenizer the judge's transcripts are decoded with
+        from .judge_stage import JudgeStage, faust_recorder  # loads the tokenizer the transcripts are decoded with
 
-        rt.judge = JudgeStage(settings, config.judge, topics["judgements"], rt.count)
+        rt.judge = JudgeStage(settings, config.judge, faust_recorder(topics["judgements"], settings.packed), rt.count)
     for table in tables.values():
         table.on_recover(rt.recovered)  # in-memory deadlines are rebuilt from the recovered tables
     session_agent.register(rt)

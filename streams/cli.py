@@ -85,8 +85,12 @@ def load_judge(path: Path, settings) -> "JudgeConfig":  # noqa: F821 - imported 
 
     try:
         doc = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise typer.BadParameter(f"--judge {path}: {e}") from None
+    except OSError as e:
+        raise typer.BadParameter(f"--judge {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise typer.BadParameter(f"--judge {path}: not YAML ({getattr(e, 'problem', None) or 'malformed'}{where})") from None
     if not isinstance(doc, dict):
         raise typer.BadParameter(f"--judge {path}: expected a mapping of JudgeConfig fields")
     defaults = {"base_url": settings.judge_base_url, "model": settings.judge_model,

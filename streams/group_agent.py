@@ -32,6 +32,7 @@ from schemas import Trajectory, decode, join_parts
 from . import metrics
 from .deadlines import Wakeups
 from .groups import GroupState, add_member, build_group, decide, due, new_group
+from .judge import drop_reason
 from .runtime import Runtime
 from .source_log import Recent, ref, reference
 
@@ -206,12 +207,11 @@ async def advance(rt: Runtime, state: GroupState, now: float) -> None:
         if rt.judge is not None:  # verdicts in (recorded, or asked for and recorded): rewards combined
             judged = await rt.judge.judge_members(members)
             members, masked_reasons = judged.members, judged.masked
-            usable = sum(t.usable for t in members)
-            if usable < max(1, state.min_valid):
-                reason = sorted(set(masked_reasons.values()))[0].split(" ")[0].replace(":", "_") if masked_reasons else "judge"
+            reason = drop_reason(judged, state.min_valid)
+            if reason:
                 rt.count("groups.dropped_judge")
-                log.warning("group %s dropped: %d usable after judging (min_valid %d): %s",
-                            gid, usable, state.min_valid, masked_reasons)
+                log.warning("group %s dropped (%s): too few usable after judging (min_valid %d): %s",
+                            gid, reason, state.min_valid, masked_reasons)
                 _close(rt, state, f"dropped:{reason}", now)
                 return
         group = build_group(gid, members, rt.config, masked_reasons)

@@ -207,3 +207,12 @@ def apply_verdicts(members: Sequence[Trajectory], verdicts: dict[str, JudgeVerdi
                 masked[t.session_id] = f"{first} (group)"
         out = [t.model_copy(update={"usable": False}) if t.usable else t for t in out]
     return Judged(out, masked)
+
+
+def drop_reason(judged: Judged, min_valid: int) -> str:
+    """'' when the judged group still has ``min_valid`` usable members (at least one), else the reason it is
+    dropped: ``judge_<class>`` of its failures (the first by name), as the live stage and a replay both say."""
+    if sum(t.usable for t in judged.members) >= max(1, min_valid):
+        return ""
+    classes = sorted({r.split(" ")[0].removeprefix("judge:") for r in judged.masked.values()})
+    return f"judge_{classes[0]}" if classes else "judge_too_few_usable"

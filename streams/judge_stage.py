@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from infra.settings import Settings
@@ -81,20 +81,26 @@ class TopicTail:
 
 
 class JudgeStage:
-    """One worker's judge: its client (and limits), the recorded verdicts and the tasks' rubrics."""
+    """One worker's judge: its client (and limits), the recorded verdicts and the tasks' rubrics.
 
-    def __init__(self, settings: Settings, config: JudgeConfig, topic: Any, count: Callable[[str, int], None]):
+    ``record(verdict)`` records a new verdict (awaits the broker's ack). ``sources``: the namespaces whose
+    polar.judgements hold verdicts to reuse, in order of precedence (the worker: its own; a replay: its
+    target's, then the run's). ``retry_failed``: ask again where the verdict recorded is a failure (a
+    replay's --judge-failed-only); the new one then counts."""
+
+    def __init__(self, settings: Settings, config: JudgeConfig, record: Callable[[JudgeVerdict], Awaitable[None]],
+                 count: Callable[[str, int], None], *, sources: Sequence[Settings] = (), retry_failed: bool = False):
         from tokenizers import Tokenizer
 
-        self.config, self.topic, self.count = config, topic, count
-        self.packed = settings.packed
+        self.config, self.record, self.count, self.retry_failed = config, record, count, retry_failed
         tok = Tokenizer.from_file(config.tokenizer)
         self.client = JudgeClient(config, lambda ids: tok.decode(ids, skip_special_tokens=False),
                                   lambda text: len(tok.encode(text, add_special_tokens=False).ids))
         self.verdicts: dict[str, JudgeVerdict] = {}  # event id -> the first one recorded
         self.tasks: dict[str, tuple[str, str]] = {}  # task id -> (rubric, instruction)
-        self.recorded = TopicTail(settings, settings.topic("judgements"), self._on_verdict)
-        self.task_log = TopicTail(settings, settings.topic("tasks"), self._on_task)
+        self.recorded = [TopicTail(s, s.topic("judgements"), self._on_verdict) for s in (sources or [settings])]
+        run = (sources or [settings])[-1]  # the namespace the tasks were submitted in
+        self.task_log = TopicTail(run, run.topic("tasks"), self._on_task)
 
     def _on_verdict(self, value: bytes) -> None:
         try:
@@ -114,18 +120,19 @@ class JudgeStage:
 
     async def judge_members(self, members: Sequence[Trajectory]) -> Judged:
         """The members with their rewards combined with their verdicts (asked for where none is recorded)."""
-        await asyncio.to_thread(self.recorded.catch_up)
+        for tail in self.recorded:
+            await asyncio.to_thread(tail.catch_up)
         fp = self.client.fingerprint
-        need = [t for t in members if t.usable and verdict_id(t.event_id, fp) not in self.verdicts]
+        need = [t for t in members if t.usable and self._ask(verdict_id(t.event_id, fp))]
         self.count("judge.reused", sum(t.usable for t in members) - len(need))
         if need:
             if any(t.task_id not in self.tasks for t in need):
                 await asyncio.to_thread(self.task_log.catch_up)
             asked = await asyncio.gather(*(self.client.judge(t, *self.tasks.get(t.task_id, ("", ""))) for t in need))
-            acks = [await self.topic.send(key=v.key().encode(), value=encode(v, packed=self.packed)) for v in asked]
-            await asyncio.gather(*acks)  # recorded before any group is built from them
+            await asyncio.gather(*(self.record(v) for v in asked))  # recorded before any group is built from them
             for v in asked:
-                self.verdicts.setdefault(v.event_id, v)
+                if self._ask(v.event_id):  # none yet, or (failed-only) a failure this one replaces
+                    self.verdicts[v.event_id] = v
                 self.count("judge.asked", 1)
                 self.count(f"judge.{v.failure or 'scored'}", 1)
                 self.count("judge.attempts", v.attempts)
@@ -134,7 +141,20 @@ class JudgeStage:
         verdicts = {t.event_id: self.verdicts[verdict_id(t.event_id, fp)] for t in members if t.usable}
         return apply_verdicts(members, verdicts, self.config)
 
+    def _ask(self, event_id: str) -> bool:
+        held = self.verdicts.get(event_id)
+        return held is None or (self.retry_failed and held.failure is not None)
+
     async def close(self) -> None:
         await self.client.close()
-        self.recorded.close()
-        self.task_log.close()
+        for tail in [*self.recorded, self.task_log]:
+            tail.close()
+
+
+def faust_recorder(topic, packed: bool) -> Callable[[JudgeVerdict], Awaitable[None]]:
+    """Record verdicts on a Faust topic (the worker's producer), returning once the broker has each."""
+
+    async def record(v: JudgeVerdict) -> None:
+        await (await topic.send(key=v.key().encode(), value=encode(v, packed=packed)))
+
+    return record
