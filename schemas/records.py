@@ -348,6 +348,9 @@ class Trace(_Model):
     policy_versions: list[int] = Field(default_factory=list)  # one per call in call_indices
     break_reason: str = ""  # why this trace did not continue an earlier one
     side_call: bool = False
+    # Per-token advantages where a stage gave them (a judge's process scores, streams/judge.py), aligned with
+    # token_ids; empty: every trained token takes its trajectory's advantage (TrainingGroup.advantages).
+    token_advantages: list[float] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _aligned(self) -> "Trace":
@@ -356,6 +359,8 @@ class Trace(_Model):
             raise ValueError(
                 f"loss_mask/logprobs: lengths {len(self.loss_mask)}/{len(self.logprobs)} differ from token_ids ({n})"
             )
+        if self.token_advantages and len(self.token_advantages) != n:
+            raise ValueError(f"token_advantages: {len(self.token_advantages)} values for {n} token ids")
         return self
 
 
@@ -433,8 +438,10 @@ class TrainingGroup(Record):
 
     @property
     def no_signal(self) -> bool:
-        """Every advantage is 0: the group moves no weight (the trainer's and the driver's one test)."""
-        return all(a == 0 for a in self.advantages)
+        """Every advantage is 0 (per-token ones too): the group moves no weight (the trainer's and the
+        driver's one test)."""
+        return all(a == 0 for a in self.advantages) and not any(
+            a for t in self.trajectories for tr in t.traces for a in tr.token_advantages)
 
     def key(self) -> str:
         return self.group_id
@@ -460,6 +467,8 @@ class JudgeVerdict(Record):
     model: str = ""
     score: float | None = Field(None, ge=-5, le=5)  # the verdict, on Polar's [-5, 5] scale; None on failure
     chunk_scores: list[float] = Field(default_factory=list)  # one per chunk of the transcript shown
+    # Process scores ([-5, 5]), one per call shown (a run of sampled tokens, in trace order), when asked for
+    call_scores: list[Annotated[float, Field(ge=-5, le=5)]] = Field(default_factory=list)
     failure: JudgeFailure | None = None
     detail: str = ""  # the judge's reason, or what went wrong (an HTTP status, the unparseable reply's start)
     attempts: int = Field(1, ge=1)

@@ -32,7 +32,7 @@ from schemas import Trajectory, decode, join_parts
 from . import metrics
 from .deadlines import Wakeups
 from .groups import GroupState, add_member, build_group, decide, due, new_group
-from .judge import drop_reason
+from .judge import drop_reason, process_advantages
 from .runtime import Runtime
 from .source_log import Recent, ref, reference
 
@@ -215,6 +215,8 @@ async def advance(rt: Runtime, state: GroupState, now: float) -> None:
                 _close(rt, state, f"dropped:{reason}", now)
                 return
         group = build_group(gid, members, rt.config, masked_reasons)
+        if group is not None and rt.judge is not None and judged.call_scores:
+            group = process_advantages(group, judged.call_scores, rt.config.judge.process_weight)
         if group is None:
             rt.count("groups.dropped_zero_variance")
             _close(rt, state, "dropped:zero_variance", now)

@@ -97,15 +97,16 @@ class JudgeClient:
     async def judge(self, traj: Trajectory, rubric: str, instruction: str = "") -> JudgeVerdict:
         """The verdict on one trajectory (every chunk judged; the first failing chunk fails it)."""
         system = system_prompt(self.config, rubric, instruction)
-        chunks = transcript_chunks(traj, self.decode, self.config.chunk_tokens)
-        scores, reasons, attempts, usage = [], [], 0, [0, 0]
+        process = self.config.process
+        chunks = transcript_chunks(traj, self.decode, self.config.chunk_tokens, headed=process)
+        scores, reasons, call_scores, attempts, usage = [], [], [], 0, [0, 0]
         fields = dict(event_id=verdict_id(traj.event_id, self.fingerprint), group_id=traj.group_id,
                       session_id=traj.session_id, sample_index=traj.sample_index, trajectory_id=traj.event_id,
                       judge=self.fingerprint, model=self.config.model)
-        for k, text in enumerate(chunks):
+        for k, (text, calls) in enumerate(chunks):
             head = f"Transcript part {k + 1} of {len(chunks)}:\n\n" if len(chunks) > 1 else "Transcript:\n\n"
             messages = [{"role": "system", "content": system}, {"role": "user", "content": head + text}]
-            outcome, tries, used = await self._ask(messages)
+            outcome, tries, used = await self._ask(messages, calls if process else None)
             attempts += tries
             usage = [usage[0] + used[0], usage[1] + used[1]]
             if isinstance(outcome, VerdictError):
@@ -113,10 +114,13 @@ class JudgeClient:
                                     prompt_tokens=usage[0], completion_tokens=usage[1])
             scores.append(outcome[0])
             reasons.append(outcome[1])
-        return JudgeVerdict(**fields, score=chunk_score(scores), chunk_scores=scores, detail=" | ".join(reasons)[:300],
-                            attempts=attempts, prompt_tokens=usage[0], completion_tokens=usage[1])
+            call_scores += outcome[2]
+        return JudgeVerdict(**fields, score=chunk_score(scores), chunk_scores=scores, call_scores=call_scores,
+                            detail=" | ".join(reasons)[:300], attempts=attempts, prompt_tokens=usage[0],
+                            completion_tokens=usage[1])
 
-    async def _ask(self, messages: list[dict]) -> tuple[tuple[float, str] | VerdictError, int, tuple[int, int]]:
+    async def _ask(self, messages: list[dict], calls: int | None) -> tuple[tuple[float, str, list[float]] | VerdictError,
+                                                                         int, tuple[int, int]]:
         """(verdict or the last failure, attempts made, (prompt, completion) tokens the server reported)."""
         body = {"model": self.config.model, "messages": messages, "max_tokens": self.config.max_tokens,
                 "temperature": self.config.temperature}
@@ -147,7 +151,7 @@ class JudgeClient:
                             usage = (reply.get("usage") or {}) if isinstance(reply, dict) else {}
                             used = (int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
                             try:
-                                return parse_verdict(reply), attempt, used
+                                return parse_verdict(reply, calls), attempt, used
                             except VerdictError as e:
                                 failure = e
                 finally:

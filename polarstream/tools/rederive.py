@@ -36,7 +36,7 @@ from streams import sessions as session_fns
 from streams.assembly import CallTokens
 from streams.config import StreamsConfig
 from streams.groups import GroupState, build_group
-from streams.judge import Judged, drop_reason
+from streams.judge import Judged, drop_reason, process_advantages
 from streams.runtime import split_counted
 from streams.sessions import SessionState
 from streams.trajectory import build_trajectory
@@ -228,6 +228,8 @@ class Rederiver:
                     state.emitted, state.closed_at = f"dropped:{reason}", self.clock
                     return out
             group = build_group(gid, members, self.config, masked_reasons)
+            if group is not None and self.judge is not None and judged.call_scores:
+                group = process_advantages(group, judged.call_scores, self.config.judge.process_weight)
             if group is None:
                 self.counters["groups.dropped_zero_variance"] += 1
                 state.emitted = "dropped:zero_variance"

@@ -9,6 +9,9 @@ shortest``) and scores the transcript in the user message:
 - ``shortest``: 5 - (the transcript's length / 200), clipped to [-5, 5]: a second rubric whose scores
   differ from the first's, for re-judging.
 
+Asked for process scores (the system message asks for ``"calls"``), it applies the rule to each call
+under its ``### Call k`` heading as well.
+
 With ``--fail-rate`` it fails that share of requests, chosen by a hash of the request and how often it was
 asked (so a retry can succeed, and a run is reproducible): in turn a timeout (no answer for
 ``--stall-s``), a 429 with Retry-After, a 200 whose content is not a verdict, and a 500. Every request's
@@ -30,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 _RULE = re.compile(r"^Rule:\s*(answer=(?P<answer>.*?)|(?P<shortest>shortest))\s*$", re.M)
+_CALL = re.compile(r"^### Call \d+\n", re.M)
 _CONTENT = re.compile(r'"content"\s*:\s*"((?:[^"\\]|\\.)*)"')
 FAILURES = ("timeout", "rate_limited", "garbage", "server_error")
 
@@ -122,7 +126,10 @@ class _Handler(BaseHTTPRequestHandler):
         if failure == "server_error":
             return self._send(500, {"error": {"message": "injected failure", "type": "server_error"}})
         s, reason = score(system, user)
-        content = "The score is probably fine." if failure == "garbage" else json.dumps({"score": s, "reason": reason})
+        verdict = {"score": s, "reason": reason}
+        if '"calls"' in system:  # process scores asked for: the rule applied to each call on its own
+            verdict["calls"] = [score(system, call)[0] for call in _CALL.split(user)[1:]]
+        content = "The score is probably fine." if failure == "garbage" else json.dumps(verdict)
         self._send(200, {
             "id": f"chatcmpl-{key}", "object": "chat.completion", "created": int(arrived), "model": body.get("model", "rule"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],

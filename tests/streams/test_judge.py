@@ -25,8 +25,13 @@ def config(**kw) -> JudgeConfig:
 
 
 def test_a_verdict_is_exactly_a_score_and_a_reason():
-    assert parse_verdict(reply('{"score": 3, "reason": "ok"}')) == (3.0, "ok")
-    assert parse_verdict(reply(' {"score": -5, "reason": ""}\n')) == (-5.0, "")
+    assert parse_verdict(reply('{"score": 3, "reason": "ok"}')) == (3.0, "ok", [])
+    assert parse_verdict(reply(' {"score": -5, "reason": ""}\n')) == (-5.0, "", [])
+    assert parse_verdict(reply('{"score": 1, "calls": [2, -5], "reason": "r"}'), calls=2) == (1.0, "r", [2.0, -5.0])
+    for content in ('{"score": 1, "reason": "r"}', '{"score": 1, "calls": [2], "reason": "r"}',
+                    '{"score": 1, "calls": [2, 9], "reason": "r"}', '{"score": 1, "calls": [2, 1.5], "reason": "r"}'):
+        with pytest.raises(VerdictError):
+            parse_verdict(reply(content), calls=2)
     for content in ('Score: 4', '```json\n{"score": 4, "reason": "x"}\n```', '{"score": 6, "reason": "x"}',
                     '{"score": 2.5, "reason": "x"}', '{"score": true, "reason": "x"}', '{"score": 2}',
                     '{"score": 2, "reason": "x", "extra": 1}', '[2]', None):
@@ -79,10 +84,54 @@ def test_a_failed_verdict_masks_its_member_with_the_reason_never_a_zero():
 
 def test_chunks_stay_under_the_budget_and_end_at_calls():
     t = _traj("a", 1.0)
-    text = lambda ids: ",".join(map(str, ids))  # noqa: E731
-    assert transcript_chunks(t, text, 100) == ["1,2,3,4,5,6,7"]
-    assert transcript_chunks(t, text, 3) == ["1,2,3", "4,5,6", "7"]  # the first call ends at 3, the second at 6
-    assert transcript_chunks(t, text, 4) == ["1,2,3", "4,5,6,7"]
+    text = lambda ids: ",".join(map(str, ids)) + ";"  # noqa: E731
+    assert transcript_chunks(t, text, 100) == [("1,2,3;4,5,6,7;", 0)]  # the trailing 7: the last call's
+    assert transcript_chunks(t, text, 4) == [("1,2,3;", 0), ("4,5,6,7;", 0)]
+    assert transcript_chunks(t, text, 3) == [("1,2,3;", 0), ("4,5,6;", 0), ("7;", 0)]  # the second call cut
+    assert transcript_chunks(t, text, 3, headed=True) == [  # a cut call counts (is headed) where it ends
+        ("### Call 1\n1,2,3;\n", 1), ("4,5,6;", 0), ("### Call 2\n7;\n", 1)]
+    context = t.model_copy(update={"traces": [Trace(call_indices=[0], token_ids=[8, 9], loss_mask=[0, 0], logprobs=[0.0, 0.0])]})
+    assert transcript_chunks(context, text, 100, headed=True) == [("8,9;", 0)]  # shown, but no call of its own
+
+
+def _merged() -> Trajectory:
+    """A prefix-merged trace of four calls: the second resampled (replaced: its reply is context only),
+    the last two with nothing between their replies (one run: one call here)."""
+    #         sys  r1 r1 tool  r2(replaced) tool  r3 r3 r3  r4  tail
+    mask = [0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0]
+    trace = Trace(call_indices=[0, 1, 2, 3], token_ids=list(range(10, 10 + len(mask))), loss_mask=mask,
+                  logprobs=[-0.5 * m for m in mask])
+    side = Trace(call_indices=[4], token_ids=[100, 101, 102], loss_mask=[0, 1, 1], logprobs=[0.0, -0.1, -0.1], side_call=True)
+    return Trajectory(event_id="tm", session_id="m", group_id="g", reward=1.0, traces=[side, trace])
+
+
+def test_a_call_score_lands_on_exactly_that_calls_tokens():
+    from schemas import TrainingGroup
+    from streams.judge import call_pieces, process_advantages
+
+    t = _merged()
+    merged, side = t.traces[1], t.traces[0]
+    assert call_pieces(merged) == [(0, 2, 4), (4, 8, 12)]
+    group = TrainingGroup(group_id="g", trajectories=[t, _traj("b", 0.0)], advantages=[0.5, -0.5])
+    # calls in trace order (the merged trace starts at call 0, the side call's at 4): merged's two, then the side's
+    out = process_advantages(group, {"tm": [5.0, -5.0, 2.5]}, weight=0.2)
+    got = {tr.call_indices[0]: tr.token_advantages for tr in out.trajectories[0].traces}
+    assert got[0] == [0.0, 0.0, 0.7, 0.7, 0.0, 0.0, 0.0, 0.0, 0.3, 0.3, 0.3, 0.3, 0.0]
+    assert got[4] == [0.0, 0.6, 0.6]
+    for tr in out.trajectories[0].traces:  # every trained token has one, nothing else moves
+        assert [a != 0 for a in tr.token_advantages] == [m == 1 for m in tr.loss_mask]
+    assert out.trajectories[1].traces[0].token_advantages == [] and out.advantages == group.advantages
+    with pytest.raises(ValueError, match="2 process scores for 3 calls"):
+        process_advantages(group, {"tm": [5.0, -5.0]}, weight=0.2)
+    # and the trainer trains each of those tokens with its own advantage
+    from trainer.packing import pack, samples_from_group
+
+    samples, _ = samples_from_group(out, max_len=0)
+    by_trace = {s.input_ids[0]: s for s in samples}
+    assert by_trace[10].token_advantages == (0.7, 0.7, 0.3, 0.3, 0.3, 0.3)
+    assert by_trace[100].token_advantages == (0.6, 0.6) and by_trace[1].token_advantages is None  # member b: its own
+    got = sorted(a for mb in pack(samples, budget=64) for a in mb.advantages.tolist())
+    assert got == pytest.approx(sorted([0.7, 0.7, 0.3, 0.3, 0.3, 0.3, 0.6, 0.6] + [-0.5] * 3))
 
 
 def test_the_window_limiter_holds_a_request_from_its_start_to_a_window_after_its_end():

@@ -168,3 +168,20 @@ def test_replay_reuses_recorded_verdicts_and_rejudges_on_request(polar_settings,
     assert len(asked) >= GROUPS * SAMPLES  # every trajectory judged anew (and the failures' retries, if any)
     changed = [gid for gid, g in groups.items() if gid in live and g.advantages != live[gid].advantages]
     assert changed, "a second rubric must change some advantages"
+
+    # Process scores on the prefix-merged traces: each call's score on exactly its sampled tokens.
+    process = tmp_path / "process.yaml"
+    process.write_text(Path(run.judge_yaml).read_text() + "process: true\nprocess_weight: 0.5\n")
+    _, groups, asked = replay("proc", "--rejudge", str(process))
+    scored = {json.loads(json.dumps(e)).get("key") for e in asked}  # noqa: F841 - the judge saw them
+    with_process = 0
+    for g in groups.values():
+        for t, adv in zip(g.trajectories, g.advantages):
+            for tr in t.traces:
+                if not tr.token_advantages:
+                    continue
+                with_process += 1
+                assert all((a == 0) == (m == 0) or (m == 1 and a == 0) for a, m in zip(tr.token_advantages, tr.loss_mask))
+                # every trained token's advantage is the member's plus 0.5 * (a call's score) / 5, a score in [-5, 5]
+                assert all(abs(a - adv) <= 0.5 + 1e-9 for a, m in zip(tr.token_advantages, tr.loss_mask) if m)
+    assert with_process, "no trace got per-token advantages"
