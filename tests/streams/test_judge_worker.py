@@ -16,7 +16,7 @@ import yaml
 
 from polarstream.tools.rule_judge import RuleJudge
 from schemas import JudgeVerdict, TaskRequest, TrainingGroup, decode
-from streams.judge import JudgeConfig, combine
+from streams.judge import JudgeConfig, call_pieces, combine
 from streams.synthetic import record_group
 from tests.streams.helpers import dedupe, publish, read_topic
 from tests.streams.test_judge import max_in_window
@@ -173,7 +173,7 @@ def test_replay_reuses_recorded_verdicts_and_rejudges_on_request(polar_settings,
     process = tmp_path / "process.yaml"
     process.write_text(Path(run.judge_yaml).read_text() + "process: true\nprocess_weight: 0.5\n")
     _, groups, asked = replay("proc", "--rejudge", str(process))
-    scored = {json.loads(json.dumps(e)).get("key") for e in asked}  # noqa: F841 - the judge saw them
+    assert len(asked) >= GROUPS * SAMPLES
     with_process = 0
     for g in groups.values():
         for t, adv in zip(g.trajectories, g.advantages):
@@ -181,7 +181,7 @@ def test_replay_reuses_recorded_verdicts_and_rejudges_on_request(polar_settings,
                 if not tr.token_advantages:
                     continue
                 with_process += 1
-                assert all((a == 0) == (m == 0) or (m == 1 and a == 0) for a, m in zip(tr.token_advantages, tr.loss_mask))
-                # every trained token's advantage is the member's plus 0.5 * (a call's score) / 5, a score in [-5, 5]
-                assert all(abs(a - adv) <= 0.5 + 1e-9 for a, m in zip(tr.token_advantages, tr.loss_mask) if m)
+                assert all(a == 0 for a, m in zip(tr.token_advantages, tr.loss_mask) if not m)  # never trained
+                for _, a, b in call_pieces(tr):  # one call's tokens: its member's advantage + 0.5 * its score / 5
+                    assert len(set(tr.token_advantages[a:b])) == 1 and abs(tr.token_advantages[a] - adv) <= 0.5 + 1e-9
     assert with_process, "no trace got per-token advantages"
