@@ -6,6 +6,8 @@ shortest``) and scores the transcript in the user message:
 
 - ``answer=<text>``: +5 when the transcript's last write of a file's ``content`` is exactly <text>,
   -5 when it wrote something else, -3 when it wrote nothing (a tool call in the model's markup or JSON);
+- ``arith``: the same with <text> the sum the task asks for ("Compute a + b", the demo's family), and -5
+  when nothing was written: judge-only, (score + 5) / 10 is then the test command's 1 or 0;
 - ``shortest``: 5 - (the transcript's length / 200), clipped to [-5, 5]: a second rubric whose scores
   differ from the first's, for re-judging.
 
@@ -32,9 +34,11 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-_RULE = re.compile(r"^Rule:\s*(answer=(?P<answer>.*?)|(?P<shortest>shortest))\s*$", re.M)
+_RULE = re.compile(r"^Rule:\s*(answer=(?P<answer>.*?)|(?P<shortest>shortest)|(?P<arith>arith))\s*$", re.M)
+_SUM = re.compile(r"Compute (\d+) \+ (\d+)")  # the arith family's instruction (polarstream/demo/arith.py)
 _CALL = re.compile(r"^### Call \d+\n", re.M)
 _CONTENT = re.compile(r'"content"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_ESCAPED_CONTENT = re.compile(r'\\"content\\"\s*:\s*\\"(.*?)\\"')  # inside arguments sent as a JSON string
 FAILURES = ("timeout", "rate_limited", "garbage", "server_error")
 
 
@@ -45,11 +49,18 @@ def score(system: str, transcript: str) -> tuple[int, str]:
         return 0, "no rule in the rubric"
     if rule.group("shortest"):
         return max(-5, min(5, 5 - len(transcript) // 200)), f"{len(transcript)} characters"
-    expected = rule.group("answer").strip()
-    writes = _CONTENT.findall(transcript)
+    if rule.group("arith"):
+        task = _SUM.search(system)
+        if task is None:
+            return 0, "no sum in the task"
+        expected, missing = str(int(task.group(1)) + int(task.group(2))), -5  # judge-only: the outcome's 0 and 1
+    else:
+        expected, missing = rule.group("answer").strip(), -3
+    writes = [(m.start(), json.loads(f'"{m.group(1)}"')) for m in _CONTENT.finditer(transcript)]
+    writes += [(m.start(), m.group(1)) for m in _ESCAPED_CONTENT.finditer(transcript)]
     if not writes:
-        return -3, "no answer written"
-    got = json.loads(f'"{writes[-1]}"').strip()
+        return missing, "no answer written"
+    got = max(writes)[1].strip()  # the last write
     return (5, "correct answer") if got == expected else (-5, f"wrote {got[:40]!r}, expected {expected!r}")
 
 

@@ -232,3 +232,27 @@ def test_each_failure_class_is_named(rule_judge):
 
     failures = {v.failure for v in asyncio.run(run())}
     assert failures == {"timeout", "rate_limited", "unparseable", "http_error"}
+
+
+def test_the_rule_judges_rules():
+    task = "## Task\nCompute 3 + 4 and write only the result to answer.txt using the write_file tool.\n"
+    call = '<tool_call>\n{"name": "write_file", "arguments": {"path": "answer.txt", "content": "%s"}}\n</tool_call>'
+    assert score(task + "Rule: arith", call % "7")[0] == 5
+    assert score(task + "Rule: arith", (call % "7") + (call % "8"))[0] == -5  # the last write counts
+    assert score(task + "Rule: arith", "I think it is 7.")[0] == -5
+    escaped = '{"name": "write_file", "arguments": "{\\"path\\": \\"answer.txt\\", \\"content\\": \\"7\\"}"}'
+    assert score(task + "Rule: arith", escaped)[0] == 5
+    assert score("Rule: answer=42", call % "42")[0] == 5 and score("Rule: answer=42", "")[0] == -3
+    assert score("Rule: shortest", "x" * 400)[0] == 3 and score("Rule: shortest", "x" * 4000)[0] == -5
+    assert score("no rule here", "x")[0] == 0
+
+
+def test_an_experiment_names_its_judge_in_one_line(tmp_path):
+    from polarstream.driver.experiment import ExperimentError, load_experiment
+
+    exp = load_experiment(__import__("pathlib").Path(__file__).parents[2] / "examples" / "judge_arith.yaml")
+    assert exp.judge["preset"] == "judge_only" and exp.judge["rubric"] == "Rule: arith"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("judge:\n  base_url: http://x/v1\n  preset: judge-only\n")
+    with pytest.raises(ExperimentError, match="judge.preset: Input should be 'outcome_plus' or 'judge_only'"):
+        load_experiment(bad)
