@@ -54,6 +54,7 @@ class LiveRun:
     groups: dict[str, bytes]  # event id -> the live worker's TrainingGroup bytes
     stats: dict
     log: Path  # the judge's JSON lines
+    worker: object
 
 
 def live_run(settings, streams_worker, server, tiny_model_dir, tmp_path) -> LiveRun:
@@ -89,7 +90,7 @@ def live_run(settings, streams_worker, server, tiny_model_dir, tmp_path) -> Live
         time.sleep(0.5)
     stats = worker.stats()
     groups, _ = dedupe(read_topic(settings, "groups", until=lambda m: len(m) >= stats["groups.sent"], timeout=30), TrainingGroup)
-    return LiveRun(cfg, path, outcome, verdicts, groups, stats, tmp_path / "judge.jsonl")
+    return LiveRun(cfg, path, outcome, verdicts, groups, stats, tmp_path / "judge.jsonl", worker)
 
 
 def judge_log(path: Path) -> list[dict]:
@@ -185,3 +186,41 @@ def test_replay_reuses_recorded_verdicts_and_rejudges_on_request(polar_settings,
                 for _, a, b in call_pieces(tr):  # one call's tokens: its member's advantage + 0.5 * its score / 5
                     assert len(set(tr.token_advantages[a:b])) == 1 and abs(tr.token_advantages[a] - adv) <= 0.5 + 1e-9
     assert with_process, "no trace got per-token advantages"
+
+
+def test_a_worker_that_lost_its_state_reads_the_recorded_verdicts_instead_of_asking(
+        polar_settings, streams_worker, rule_judge, tiny_model_dir, tmp_path):
+    """The worker's tables and offsets deleted after a judged run: a new worker re-derives every group from
+    the topics, asks the judge nothing (every verdict, failures too, is read back from polar.judgements)
+    and re-emits each group byte for byte."""
+    from confluent_kafka.admin import AdminClient
+
+    from streams.topology import app_id_for
+
+    run = live_run(polar_settings, streams_worker, rule_judge, tiny_model_dir, tmp_path)
+    assert run.worker.stop() == 0
+    asked = len(judge_log(run.log))
+    admin, app_id = AdminClient(polar_settings.kafka_config()), app_id_for(polar_settings)
+    internal = [t for t in admin.list_topics(timeout=10).topics if t.startswith(app_id)]
+    for fut in [*admin.delete_topics(internal, operation_timeout=30).values(),
+                *admin.delete_consumer_groups([app_id], request_timeout=30).values()]:
+        fut.result()
+    deadline = time.monotonic() + 30
+    while any(t.startswith(app_id) for t in admin.list_topics(timeout=10).topics):
+        assert time.monotonic() < deadline, "the worker's internal topics were not deleted"
+        time.sleep(0.5)
+
+    (polar_settings.data_dir / "streams" / f"{app_id}.stats.json").unlink()  # the first worker's counters
+    again = streams_worker("--judge", run.judge_yaml, *WORKER_ARGS)
+    closed = lambda: sum(again.stats().get(k, 0) for k in ("groups.sent", "groups.dropped_judge"))  # noqa: E731
+    deadline = time.monotonic() + 120
+    while closed() < GROUPS:
+        assert time.monotonic() < deadline and again.alive(), again.log_text()[-3000:]
+        time.sleep(0.5)
+    stats = again.stats()
+    assert len(judge_log(run.log)) == asked and not stats.get("judge.asked")
+    assert stats["judge.reused"] == GROUPS * SAMPLES
+    assert stats["groups.sent"] == run.stats["groups.sent"]
+    msgs = read_topic(polar_settings, "groups", until=lambda m: len(m) >= 2 * run.stats["groups.sent"], timeout=30)
+    groups, duplicates = dedupe(msgs, TrainingGroup)  # a re-emission with other bytes fails here
+    assert groups == run.groups and duplicates == run.stats["groups.sent"]
