@@ -256,3 +256,24 @@ def test_an_experiment_names_its_judge_in_one_line(tmp_path):
     bad.write_text("judge:\n  base_url: http://x/v1\n  preset: judge-only\n")
     with pytest.raises(ExperimentError, match="judge.preset: Input should be 'outcome_plus' or 'judge_only'"):
         load_experiment(bad)
+
+
+def test_the_runs_judge_reaches_its_streams_worker_as_a_file_it_loads(tmp_path):
+    """configure.py carries the experiment's judge: to RunConfig; components.judge_file writes the worker's
+    --judge YAML with the policy's tokenizer, which the worker's loader reads back, endpoint and key from
+    the settings where the file names none."""
+    import yaml
+
+    from infra.settings import Settings
+    from polarstream.driver.components import judge_file
+    from polarstream.driver.config import RunConfig
+    from streams.cli import load_judge
+
+    cfg = RunConfig(run_dir=tmp_path, judge={"rubric": "Rule: arith", "preset": "judge_only"})
+    path = judge_file(cfg, tmp_path / "model")
+    assert yaml.safe_load(path.read_text()) == {"tokenizer": str(tmp_path / "model" / "tokenizer.json"),
+                                                "rubric": "Rule: arith", "preset": "judge_only"}
+    settings = Settings(judge_base_url="http://judge:1/v1", judge_model="m", judge_api_key="sk-secret")
+    loaded = load_judge(path, settings)
+    assert (loaded.base_url, loaded.model, loaded.api_key.get_secret_value()) == ("http://judge:1/v1", "m", "sk-secret")
+    assert "sk-secret" not in repr(loaded) and "sk-secret" not in loaded.fingerprint()
