@@ -178,6 +178,9 @@ class Experiment(BaseModel):
         if self.judge is not None:
             from pydantic import ValidationError
 
+            if "api_key" in self.judge:  # the run's config is copied into its summary and report
+                raise ValueError("judge.api_key: give the key as POLAR_JUDGE_API_KEY (settings), not in the experiment file")
+
             from streams.judge import JudgeConfig
 
             try:  # the endpoint may come from the settings (judge_base_url, judge_model), the tokenizer from the model

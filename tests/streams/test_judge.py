@@ -256,6 +256,19 @@ def test_an_experiment_names_its_judge_in_one_line(tmp_path):
     bad.write_text("judge:\n  base_url: http://x/v1\n  preset: judge-only\n")
     with pytest.raises(ExperimentError, match="judge.preset: Input should be 'outcome_plus' or 'judge_only'"):
         load_experiment(bad)
+    bad.write_text("judge:\n  base_url: http://x/v1\n  api_key: sk-1\n")
+    with pytest.raises(ExperimentError, match="judge.api_key: give the key as POLAR_JUDGE_API_KEY"):
+        load_experiment(bad)
+
+
+def test_a_steps_result_counts_its_members_masked_by_reason():
+    from polarstream.driver.results import step_result
+    from schemas import TrainingGroup
+
+    groups = [TrainingGroup(group_id=g, trajectories=[_traj("a", 1.0)], advantages=[0.0], masked=list(reasons),
+                            masked_reasons=reasons)
+              for g, reasons in (("g1", {"b": "judge:timeout", "c": "judge:refusal"}), ("g2", {"d": "judge:timeout"}))]
+    assert step_result(0, groups, 1.0, 1).masked_reasons == {"judge:refusal": 1, "judge:timeout": 2}
 
 
 def test_the_runs_judge_reaches_its_streams_worker_as_a_file_it_loads(tmp_path):
