@@ -50,7 +50,7 @@ def score(system: str, transcript: str) -> tuple[int, str]:
     if rule.group("shortest"):
         return max(-5, min(5, 5 - len(transcript) // 200)), f"{len(transcript)} characters"
     if rule.group("arith"):
-        task = _SUM.search(system)
+        task = _SUM.search(system) or _SUM.search(transcript)  # the task as the judge is told it, or as the agent was
         if task is None:
             return 0, "no sum in the task"
         expected, missing = str(int(task.group(1)) + int(task.group(2))), -5  # judge-only: the outcome's 0 and 1

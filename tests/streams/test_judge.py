@@ -240,6 +240,7 @@ def test_the_rule_judges_rules():
     assert score(task + "Rule: arith", call % "7")[0] == 5
     assert score(task + "Rule: arith", (call % "7") + (call % "8"))[0] == -5  # the last write counts
     assert score(task + "Rule: arith", "I think it is 7.")[0] == -5
+    assert score("Rule: arith", "user: Compute 3 + 4 and write ...\n" + call % "7")[0] == 5  # the task in the transcript
     escaped = '{"name": "write_file", "arguments": "{\\"path\\": \\"answer.txt\\", \\"content\\": \\"7\\"}"}'
     assert score(task + "Rule: arith", escaped)[0] == 5
     assert score("Rule: answer=42", call % "42")[0] == 5 and score("Rule: answer=42", "")[0] == -3
