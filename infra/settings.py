@@ -22,7 +22,7 @@ from .errors import InfraError
 CACHE_DIR = Path(os.environ.get("POLAR_CACHE_DIR", Path.home() / ".cache" / "polarstream"))
 
 # Logical topic names from the blueprint; a prefix lets several runs share one cluster.
-TOPICS = ("tasks", "sessions", "calls", "session-events", "trajectories", "groups", "policy")
+TOPICS = ("tasks", "sessions", "calls", "session-events", "trajectories", "groups", "policy", "judgements")
 
 
 class _YamlSource(PydanticBaseSettingsSource):
@@ -101,6 +101,11 @@ class Settings(BaseSettings):
     admin_token: str = Field(DEV_ADMIN_TOKEN, repr=False)
     session_secret: str = Field(DEV_SESSION_SECRET, repr=False)
     session_key_ttl_s: float = Field(7 * 24 * 3600, gt=0, description="how long a minted session key is valid")
+
+    # The reward judge's endpoint (streams/judge.py), unless the judge's own YAML names one
+    judge_base_url: str = Field("", description="OpenAI-compatible base URL of the reward judge, e.g. http://host:8000/v1")
+    judge_model: str = Field("", description="the judge's model name")
+    judge_api_key: SecretStr = Field(SecretStr(""), description="the judge's API key (never logged or recorded)")
 
     # A deployment starts its parts in any order (infra/reach.py)
     wait_for_s: float = Field(60.0, ge=0, description="how long a long-running component (node, gateway, trainer, "

@@ -54,12 +54,17 @@ def replay_command(
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
     prefix: Annotated[Optional[str], typer.Option(help=_PREFIX_HELP)] = None,
     config: Annotated[Optional[Path], typer.Option(help=_CONFIG_HELP)] = None,
+    judge: Annotated[Optional[Path], typer.Option("--judge", "--rejudge", help="judge YAML (docs/rewards.md): its verdicts "
+                                                  "recorded in the run are reused (the run's own judge: the same rewards, bit for bit), "
+                                                  "others asked for and recorded under --to-prefix; another rubric or judge re-judges")] = None,
+    judge_failed_only: Annotated[bool, typer.Option(help="with --judge: ask again only where the recorded verdict is a failure")] = False,
 ) -> None:
     """Re-derive trajectories and groups from polar.calls + polar.session-events into a new namespace."""
     from pydantic import ValidationError
 
     from infra.errors import InfraError
     from infra.reach import require_kafka
+    from streams.cli import load_judge
     from streams.config import StreamsConfig
 
     from producers.kafka_read import ReadError, plan_spans
@@ -68,15 +73,24 @@ def replay_command(
 
     if from_time is not None and from_offsets is not None:
         raise _fail("--from-time and --from-offsets: give one of them, not both", 2)
+    if judge_failed_only and judge is None:
+        raise _fail("--judge-failed-only: name the judge with --judge (the run's judge YAML)", 2)
+    source = _settings(config, prefix)
+    try:
+        judge_cfg = load_judge(judge, source) if judge else None
+    except typer.BadParameter as e:
+        raise _fail(str(e), 2) from None
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        raise _fail(f"--judge {judge}: {'.'.join(map(str, err['loc']))}: {err['msg']}", 2) from None
     try:
         cfg = StreamsConfig(builder=builder, advantage=advantage, side_calls=side_calls, zero_variance=zero_variance,
                             epsilon=epsilon, timeout_reward=timeout_reward, group_deadline_s=group_deadline,
                             missing_calls_grace_s=missing_calls_grace, missing_calls_timeout_s=missing_calls_timeout,
-                            tick_interval_s=tick_interval)
+                            tick_interval_s=tick_interval, judge=judge_cfg)
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         raise _fail(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}", 2) from None
-    source = _settings(config, prefix)
     try:
         target = target_settings(source, to_prefix)
         offsets = load_offsets(from_offsets, SOURCES) if from_offsets else None
@@ -89,8 +103,9 @@ def replay_command(
     except ReadError as e:
         raise _fail(str(e)) from None
     try:
-        prepare_target(target, allow_existing)
-        result = _run_with_progress(lambda tick: replay(source, target, spans, cfg, drain=drain, on_message=tick),
+        prepare_target(target, allow_existing, judged=judge_cfg is not None)
+        result = _run_with_progress(lambda tick: replay(source, target, spans, cfg, drain=drain, on_message=tick,
+                                                        judge_failed_only=judge_failed_only),
                                     sum(s.size for s in spans), quiet)
     except (ReplayError, ReadError, InfraError) as e:
         raise _fail(str(e)) from None

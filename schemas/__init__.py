@@ -15,6 +15,7 @@ from .records import (
     EnvironmentSpec,
     EvaluatorSpec,
     HarnessSpec,
+    JudgeVerdict,
     PolicyVersion,
     PromptDelta,
     Record,
@@ -36,7 +37,7 @@ from .records import (
 )
 
 __all__ = [
-    "CallOutput", "CallRecorded", "ChainInfo", "DeltaError", "EngineSampling", "EnvironmentSpec", "EvaluatorSpec", "HarnessSpec",
+    "CallOutput", "CallRecorded", "ChainInfo", "DeltaError", "EngineSampling", "EnvironmentSpec", "EvaluatorSpec", "HarnessSpec", "JudgeVerdict",
     "Parts", "PolicyVersion", "PromptDelta", "RECORD_BY_TOPIC", "RECORD_TYPES", "Record", "RecordDecodeError",
     "RecordTooLarge", "SCHEMA_VERSION", "SessionAssigned", "SessionEvent", "TaskRequest", "Timeouts",
     "Timings", "ToolCallOut", "Trace", "TrainingGroup", "Trajectory", "Usage", "VerifierFault", "WorkspaceSpec", "decode",

@@ -33,9 +33,9 @@ _START = len(MAGIC) + _LENGTH.size
 ARRAYS: dict[type, dict[str, str]] = {
     CallRecorded: {"prompt_ids": "<i4", "completion_ids": "<i4", "completion_logprobs": "<f4"},
     PromptDelta: {"suffix_ids": "<i4"},
-    Trace: {"token_ids": "<i4", "loss_mask": "|u1", "logprobs": "<f4"},
+    Trace: {"token_ids": "<i4", "loss_mask": "|u1", "logprobs": "<f4", "token_advantages": "<f4"},
 }
-# The dtype each packed field is written in, by field name (a logprob field also takes "<f8").
+# The dtype each packed field is written in, by field name (a float field also takes "<f8": exact values).
 FIELD_DTYPES: dict[str, str] = {name: dtype for fields in ARRAYS.values() for name, dtype in fields.items()}
 PACKED_FIELDS = frozenset(FIELD_DTYPES)
 # The fields through which records nest the models above.

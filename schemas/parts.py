@@ -28,7 +28,7 @@ P = TypeVar("P", Trajectory, TrainingGroup)
 
 # What a part takes a share of (the first list is the one split; the others are aligned with it), and
 # what only the first part lists.
-_SHARED = {Trajectory: (("traces",), ()), TrainingGroup: (("trajectories", "advantages"), ("masked",))}
+_SHARED = {Trajectory: (("traces",), ()), TrainingGroup: (("trajectories", "advantages"), ("masked", "masked_reasons"))}
 # Bytes an item adds to a part beyond its own encoding: a group member's advantage (a float, at most 24
 # characters as JSON) and the commas.
 _PER_ITEM = 32
@@ -50,7 +50,7 @@ def split_record(record: P, max_bytes: int, encoded: Iterable[tuple[Record, byte
         return [(record, data)]
     lists, first_only = _SHARED[type(record)]
     # The most a part's own fields take: the record's, without its lists, with the largest part numbers.
-    shell = len(encode(record.model_copy(update={**{f: [] for f in (*lists, *first_only)}, "part": 10**6,
+    shell = len(encode(record.model_copy(update={**{f: type(getattr(record, f))() for f in (*lists, *first_only)}, "part": 10**6,
                                                  "parts": 10**6 + 1, "part_of": record.event_id})))
     shell += _PER_ITEM if packed else 0  # the container's framing
     items = [[getattr(record, f)[i] for f in lists] for i in range(len(getattr(record, lists[0])))]
@@ -75,7 +75,7 @@ def split_record(record: P, max_bytes: int, encoded: Iterable[tuple[Record, byte
     out = []
     for k, idx in enumerate(batches):
         update = {f: [items[i][j] for i in idx] for j, f in enumerate(lists)}
-        update.update({f: getattr(record, f) if k == 0 else [] for f in first_only})
+        update.update({f: getattr(record, f) if k == 0 else type(getattr(record, f))() for f in first_only})
         part = record.model_copy(update={**update, "event_id": derived_event_id("part", record.event_id, k, n),
                                          "part": k, "parts": n, "part_of": record.event_id})
         out.append((part, encode(part, packed=packed)))

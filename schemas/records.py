@@ -348,6 +348,9 @@ class Trace(_Model):
     policy_versions: list[int] = Field(default_factory=list)  # one per call in call_indices
     break_reason: str = ""  # why this trace did not continue an earlier one
     side_call: bool = False
+    # Per-token advantages where a stage gave them (a judge's process scores, streams/judge.py), aligned with
+    # token_ids; empty: every trained token takes its trajectory's advantage (TrainingGroup.advantages).
+    token_advantages: list[float] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _aligned(self) -> "Trace":
@@ -356,6 +359,8 @@ class Trace(_Model):
             raise ValueError(
                 f"loss_mask/logprobs: lengths {len(self.loss_mask)}/{len(self.logprobs)} differ from token_ids ({n})"
             )
+        if self.token_advantages and len(self.token_advantages) != n:
+            raise ValueError(f"token_advantages: {len(self.token_advantages)} values for {n} token ids")
         return self
 
 
@@ -407,6 +412,9 @@ class TrainingGroup(Record):
     trajectories: list[Trajectory]  # usable members only, sorted by sample_index
     advantages: list[float]  # aligned with trajectories
     masked: list[str] = Field(default_factory=list)  # session ids left out of the group
+    # session id -> why it is masked, where a stage knows more than "unusable" (a judge failure's class:
+    # "judge:timeout", ...); absent from groups built without one
+    masked_reasons: dict[str, str] = Field(default_factory=dict)
     baseline: Literal["mean", "leave_one_out"] = "mean"
     std_normalized: bool = True
     zero_variance: bool = False
@@ -430,8 +438,48 @@ class TrainingGroup(Record):
 
     @property
     def no_signal(self) -> bool:
-        """Every advantage is 0: the group moves no weight (the trainer's and the driver's one test)."""
-        return all(a == 0 for a in self.advantages)
+        """Every advantage is 0 (per-token ones too): the group moves no weight (the trainer's and the
+        driver's one test)."""
+        return all(a == 0 for a in self.advantages) and not any(
+            a for t in self.trajectories for tr in t.traces for a in tr.token_advantages)
+
+    def key(self) -> str:
+        return self.group_id
+
+
+JudgeFailure = Literal["timeout", "refusal", "unparseable", "rate_limited", "http_error"]
+
+
+class JudgeVerdict(Record):
+    """A judge's verdict on one trajectory, or why there is none (streams/judge.py, docs/rewards.md).
+
+    The event id is derived from the trajectory's and the judge's (endpoint, model, rubrics, preset), so
+    the first verdict recorded for a pair is *the* verdict: a restarted worker reads it back instead of
+    asking again, and a replay with the recorded verdicts rebuilds the same rewards. A failure is a
+    class, never a score: its trajectory is masked with the reason."""
+
+    TOPIC: ClassVar[str] = "judgements"
+    group_id: str
+    session_id: str
+    sample_index: int = 0
+    trajectory_id: str = Field(min_length=1)  # the judged Trajectory's event id
+    judge: str = Field(min_length=1)  # the judge's fingerprint (streams/judge.py JudgeConfig.fingerprint)
+    model: str = ""
+    score: float | None = Field(None, ge=-5, le=5)  # the verdict, on Polar's [-5, 5] scale; None on failure
+    chunk_scores: list[float] = Field(default_factory=list)  # one per chunk of the transcript shown
+    # Process scores ([-5, 5]), one per call shown (a run of sampled tokens, in trace order), when asked for
+    call_scores: list[Annotated[float, Field(ge=-5, le=5)]] = Field(default_factory=list)
+    failure: JudgeFailure | None = None
+    detail: str = ""  # the judge's reason, or what went wrong (an HTTP status, the unparseable reply's start)
+    attempts: int = Field(1, ge=1)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> "JudgeVerdict":
+        if (self.score is None) == (self.failure is None):
+            raise ValueError("score: exactly one of score and failure must be set")
+        return self
 
     def key(self) -> str:
         return self.group_id
@@ -456,6 +504,7 @@ class PolicyVersion(Record):
 
 RECORD_TYPES: dict[str, type[Record]] = {
     cls.__name__: cls
-    for cls in (TaskRequest, SessionAssigned, CallRecorded, SessionEvent, Trajectory, TrainingGroup, PolicyVersion)
+    for cls in (TaskRequest, SessionAssigned, CallRecorded, SessionEvent, Trajectory, TrainingGroup, PolicyVersion,
+                JudgeVerdict)
 }
 RECORD_BY_TOPIC: dict[str, type[Record]] = {cls.TOPIC: cls for cls in RECORD_TYPES.values()}

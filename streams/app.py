@@ -114,11 +114,17 @@ def create_app(
         topo.session_ticks: app.topic(topo.session_ticks, **send),
         topo.group_ticks: app.topic(topo.group_ticks, **send),
     }
+    if config.judge is not None:
+        topics["judgements"] = app.topic(settings.topic("judgements"), **send)
     stats_path = settings.data_dir / "streams" / f"{topo.app_id}.stats.json"
     # The stages write the tables' stores, and their changelog goes out compacted at each commit.
     stores = {name: table.data for name, table in tables.items()}
     rt = Runtime(app, topo, config, stores, topics, stats_path, source=SourceLog(settings), changelog=Changelog(tables),
                  packed=settings.packed)
+    if config.judge is not None:
+        from .judge_stage import JudgeStage, faust_recorder  # loads the tokenizer the transcripts are decoded with
+
+        rt.judge = JudgeStage(settings, config.judge, faust_recorder(topics["judgements"], settings.packed), rt.count)
     for table in tables.values():
         table.on_recover(rt.recovered)  # in-memory deadlines are rebuilt from the recovered tables
     session_agent.register(rt)

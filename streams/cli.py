@@ -30,6 +30,9 @@ def worker(
     metrics_port: int = typer.Option(0, help="serve Prometheus /metrics on this port (0: off; docs/operations.md)"),
     loglevel: str = typer.Option("info"),
     config: Optional[Path] = typer.Option(None, help="settings YAML (else POLAR_* environment)"),
+    judge: Optional[Path] = typer.Option(None, help="judge YAML (streams/judge.py JudgeConfig; docs/rewards.md): "
+                                         "score trajectories before the advantages; endpoint, model and key default "
+                                         "to the settings' judge_*"),
 ) -> None:
     """Run one worker; start several (same POLAR_TOPIC_PREFIX) to split the partitions."""
     from pydantic import ValidationError
@@ -41,19 +44,20 @@ def worker(
     from .config import StreamsConfig
     from .topology import TopologyError
 
+    settings = Settings(config=str(config)) if config else Settings()
     try:
+        judge_cfg = load_judge(judge, settings) if judge else None
         cfg = StreamsConfig(
             builder=builder, advantage=advantage, side_calls=side_calls, zero_variance=zero_variance,
             epsilon=epsilon, timeout_reward=timeout_reward, group_deadline_s=group_deadline,
             overlong_max_tokens=overlong_max_tokens, overlong_buffer=overlong_buffer, overlong_penalty=overlong_penalty,
             missing_calls_grace_s=missing_calls_grace, missing_calls_timeout_s=missing_calls_timeout,
-            tick_interval_s=tick_interval,
+            tick_interval_s=tick_interval, judge=judge_cfg,
         )
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         where = f"{err['loc'][0]}: " if err["loc"] else ""
         raise typer.BadParameter(f"{where}{err['msg'].removeprefix('Value error, ')}") from None
-    settings = Settings(config=str(config)) if config else Settings()
     require_kafka(settings, wait_s=settings.wait_for_s)  # before Faust, which would retry a dead broker and log every attempt
     if metrics_port:
         from infra.metrics import serve
@@ -71,6 +75,27 @@ def worker(
         raise typer.Exit(2) from None
     freeze_startup_heap()  # see infra/heap.py
     Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+
+
+def load_judge(path: Path, settings) -> "JudgeConfig":  # noqa: F821 - imported inside
+    """A judge's YAML, its endpoint, model and key from the settings where it names none."""
+    import yaml
+
+    from .judge import JudgeConfig
+
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except OSError as e:
+        raise typer.BadParameter(f"--judge {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise typer.BadParameter(f"--judge {path}: not YAML ({getattr(e, 'problem', None) or 'malformed'}{where})") from None
+    if not isinstance(doc, dict):
+        raise typer.BadParameter(f"--judge {path}: expected a mapping of JudgeConfig fields")
+    defaults = {"base_url": settings.judge_base_url, "model": settings.judge_model,
+                "api_key": settings.judge_api_key.get_secret_value()}
+    return JudgeConfig(**{**{k: v for k, v in defaults.items() if v}, **doc})
 
 
 def register(app: typer.Typer) -> None:

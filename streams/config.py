@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .judge import JudgeConfig
+
 Builder = Literal["per_request", "prefix_merging"]
 Advantage = Literal["grpo", "loo", "no_std"]
 
@@ -58,6 +60,8 @@ class StreamsConfig(BaseModel):
     # (streams/source_log.py).
     call_cache_bytes: int = Field(1024 * 1024 * 1024, ge=0)  # as decoded: ~40 bytes per token id
     member_cache_bytes: int = Field(16 * 1024 * 1024, ge=0)  # decoded, a member takes ~5x its bytes
+    # A judge between the outcome rewards and the advantages (streams/judge_stage.py); None: outcome only.
+    judge: JudgeConfig | None = None
 
     @model_validator(mode="after")
     def _overlong(self) -> "StreamsConfig":
@@ -81,4 +85,5 @@ class StreamsConfig(BaseModel):
         """The knobs that change a TrainingGroup's bytes (its members carry the trajectory ones)."""
         overlong = (f"|overlong={self.overlong_max_tokens},{self.overlong_buffer},{self.overlong_penalty!r}"
                     if self.overlong_max_tokens else "")  # off: the ids of every existing group are unchanged
-        return f"{self.advantage}|eps={self.epsilon!r}|zv={self.zero_variance}{overlong}"
+        judged = f"|judge={self.judge.fingerprint()}" if self.judge is not None else ""  # as overlong: off, unchanged
+        return f"{self.advantage}|eps={self.epsilon!r}|zv={self.zero_variance}{overlong}{judged}"

@@ -32,6 +32,7 @@ from schemas import Trajectory, decode, join_parts
 from . import metrics
 from .deadlines import Wakeups
 from .groups import GroupState, add_member, build_group, decide, due, new_group
+from .judge import drop_reason, process_advantages
 from .runtime import Runtime
 from .source_log import Recent, ref, reference
 
@@ -202,7 +203,20 @@ async def advance(rt: Runtime, state: GroupState, now: float) -> None:
             rt.count("groups.awaiting_replayed_member")
             _schedule(rt, state)  # due at once: retried at every tick until the bytes are back
             return  # a member's bytes are still being replayed after a restart
-        group = build_group(gid, members, rt.config)
+        masked_reasons: dict[str, str] = {}
+        if rt.judge is not None:  # verdicts in (recorded, or asked for and recorded): rewards combined
+            judged = await rt.judge.judge_members(members)
+            members, masked_reasons = judged.members, judged.masked
+            reason = drop_reason(judged, state.min_valid)
+            if reason:
+                rt.count("groups.dropped_judge")
+                log.warning("group %s dropped (%s): too few usable after judging (min_valid %d): %s",
+                            gid, reason, state.min_valid, masked_reasons)
+                _close(rt, state, f"dropped:{reason}", now)
+                return
+        group = build_group(gid, members, rt.config, masked_reasons)
+        if group is not None and rt.judge is not None and judged.call_scores:
+            group = process_advantages(group, judged.call_scores, rt.config.judge.process_weight)
         if group is None:
             rt.count("groups.dropped_zero_variance")
             _close(rt, state, "dropped:zero_variance", now)

@@ -107,10 +107,12 @@ def group_id_for(group_id: str, members: Sequence[Trajectory], config: StreamsCo
     return derived_event_id("group", group_id, *(t.event_id for t in ordered), config.group_fingerprint())
 
 
-def build_group(group_id: str, members: Sequence[Trajectory], config: StreamsConfig) -> TrainingGroup | None:
+def build_group(group_id: str, members: Sequence[Trajectory], config: StreamsConfig,
+                masked_reasons: dict[str, str] | None = None) -> TrainingGroup | None:
     """The TrainingGroup of these members, or None when config drops a zero-variance group.
 
-    Unusable members are listed in ``masked`` and kept out of the baseline and std.
+    Unusable members are listed in ``masked`` and kept out of the baseline and std; ``masked_reasons``
+    says why, where the caller knows (a judge failure's class).
     """
     ordered = sorted(members, key=lambda t: t.sample_index)
     usable = [t for t in ordered if t.usable]
@@ -130,6 +132,7 @@ def build_group(group_id: str, members: Sequence[Trajectory], config: StreamsCon
         trajectories=usable,
         advantages=adv.values,
         masked=[t.session_id for t in ordered if not t.usable],
+        masked_reasons=dict(sorted((masked_reasons or {}).items())),
         baseline=config.baseline,
         std_normalized=config.std_normalized,
         zero_variance=adv.zero_variance,

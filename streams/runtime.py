@@ -105,6 +105,8 @@ class Runtime:
     # table writes belong to (as Faust's own Table.partition_for_key says).
     changelog: Any = None
     partition: int = 0
+    # The judge stage (streams/judge_stage.py) when the config names a judge; None: outcome rewards only.
+    judge: Any = None
 
     async def recovered(self) -> None:
         """Tables are recovered (Faust calls this after each rebalance, before any event is handled)."""

@@ -54,7 +54,8 @@ def has_signal(samples: Sequence[Sample]) -> bool:
     Without one the policy-gradient term is exactly zero. A KL-to-reference term alone does not count
     as signal: a step with nothing to learn should not move the policy at all.
     """
-    return any(s.advantage != 0 and s.weight != 0 and s.trained for s in samples)
+    return any(s.weight != 0 and s.trained and (any(s.token_advantages) if s.token_advantages else s.advantage != 0)
+               for s in samples)
 
 
 def saturation_scale(reward_mean: float, knee: float, floor: float) -> float:

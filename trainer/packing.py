@@ -47,6 +47,9 @@ class Sample:
     rollout_logprobs: tuple[float, ...]  # (N,) behaviour logprob of each trained target
     advantage: float
     group_weight: float = 1.0  # staleness down-weighting
+    # (N,) per trained target, where the trace carries per-token advantages (Trace.token_advantages);
+    # None: ``advantage`` for every one
+    token_advantages: tuple[float, ...] | None = None
     weight: float = 0.0  # filled by assign_weights
     group_id: str = ""
     trajectory_id: str = ""  # the trajectory the trace belongs to (seq_mean normalizes per trajectory)
@@ -65,6 +68,7 @@ def sample_from_trace(
     group_weight: float = 1.0,
     group_id: str = "",
     trajectory_id: str = "",
+    token_advantages: Sequence[float] = (),
 ) -> Sample | None:
     """Shift one trace for training; None when it has no trainable token after position 0.
 
@@ -88,6 +92,8 @@ def sample_from_trace(
         group_weight=group_weight,
         group_id=group_id,
         trajectory_id=trajectory_id,
+        # the advantage of the token each trained position predicts, as its rollout logprob
+        token_advantages=tuple(float(token_advantages[p + 1]) for p in trained) if token_advantages else None,
     )
 
 
@@ -105,7 +111,7 @@ def samples_from_group(group: TrainingGroup, max_len: int, group_weight: float =
         for trace in traj.traces:
             s = sample_from_trace(
                 trace.token_ids, trace.loss_mask, trace.logprobs, adv, max_len, group_weight, group.group_id,
-                trajectory_id,
+                trajectory_id, trace.token_advantages,
             )
             n_sampled = sum(1 for i, m in enumerate(trace.loss_mask) if m and i > 0)
             cut += n_sampled - (len(s.trained) if s else 0)
@@ -335,7 +341,8 @@ def _build(samples: Sequence[Sample], rows: list[list[_Unit]], mask: bool, traj:
         positions=torch.tensor(flat, dtype=torch.long),
         targets=torch.tensor([s.targets[p] for s in seqs for p in s.trained], dtype=torch.long),
         rollout_logprobs=torch.tensor([lp for s in seqs for lp in s.rollout_logprobs], dtype=torch.float32),
-        advantages=torch.tensor([s.advantage for s in seqs for _ in s.trained], dtype=torch.float32),
+        advantages=torch.tensor([a for s in seqs for a in s.token_advantages or (s.advantage,) * len(s.trained)],
+                                dtype=torch.float32),
         weights=torch.tensor([s.weight for s in seqs for _ in s.trained], dtype=torch.float32),
         num_sequences=len(seqs),
         num_real_tokens=int(attn.sum()),

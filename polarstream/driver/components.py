@@ -125,7 +125,8 @@ def _args(name: str, cfg: RunConfig, settings: Settings, ports: dict[str, int], 
                 "--missing-calls-grace", "10", "--stats-interval", "2",
                 "--metrics-port", str(ports["streams_metrics"]),
                 *(() if cfg.std_normalize else ("--advantage", "no_std")),  # Dr. GRPO: r - mean
-                *[a for k, v in cfg.overlong.items() for a in (f"--overlong-{k.replace('_', '-')}", str(v))])
+                *[a for k, v in cfg.overlong.items() for a in (f"--overlong-{k.replace('_', '-')}", str(v))],
+                *(("--judge", str(judge_file(cfg, model_dir))) if cfg.judge else ()))
     if name == "trainer":
         args = ("train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
                 "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
@@ -209,3 +210,13 @@ def serve(cfg: RunConfig, procs: Processes, urls: dict[str, str], console) -> No
         for name in procs.check_all(finished_ok=frozenset({"trainer"}), restart=frozenset({"trainer"})):
             console.print(f"{name} exited; started it again (it resumes from its newest checkpoint)")
         time.sleep(1.0)
+
+
+def judge_file(cfg: RunConfig, model_dir: Path) -> Path:
+    """The experiment's judge as the streams worker's --judge YAML, in the run's folder; its transcripts are
+    decoded with the policy's tokenizer unless the experiment names one."""
+    import yaml
+
+    path = cfg.run_dir / "judge.yaml"
+    path.write_text(yaml.safe_dump({"tokenizer": str(Path(model_dir) / "tokenizer.json"), **cfg.judge}))
+    return path

@@ -60,6 +60,7 @@ class RunConfig:
     correction: str = "none"
     std_normalize: bool = True  # false: the streams compute r - mean (--advantage no_std)
     overlong: dict = field(default_factory=dict)  # {max_tokens, buffer, penalty}: the streams' overlong shaping
+    judge: dict = field(default_factory=dict)  # the experiment's judge (streams/judge.py JudgeConfig fields); {}: none
     engine_logit_noise: float = 0.0  # the engine's --logit-noise
     engine_dtype: str = "float32"  # the engine's --dtype (bfloat16: a reduced-precision mismatch)
     lora: dict = field(default_factory=dict)  # the experiment's lora: {rank, alpha, dropout, target_modules}; {}: full weights

@@ -40,6 +40,7 @@ def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: 
                      early_stop_at=exp.early_stop_at, zero_signal=exp.zero_signal, replace_cap=exp.replace_cap,
                      retire=exp.retire, retire_after=exp.retire_after, loss=exp.loss, correction=exp.correction,
                      std_normalize=exp.std_normalize, overlong=exp.overlong.model_dump() if exp.overlong else {},
+                     judge=dict(exp.judge or {}),
                      engine_logit_noise=exp.engine_logit_noise, engine_dtype=exp.engine_dtype)
     cfg.trainer_settings = trainer_settings(exp)
     cfg.trainer_nproc, cfg.trainer_nodes, cfg.trainer_rendezvous = trainer_launch(exp)

@@ -193,6 +193,10 @@ class Experiment(BaseModel):
                                       "LoRA wants a larger lr than full fine-tuning (the demo's --lora: 16, 32, lr 1.5e-3)")
     wandb: WandbSettings | None = Field(None, description="also log each step's reward and each eval to Weights & "
                                        "Biases (needs pip install wandb); TensorBoard always gets them, in RUN_DIR/tb")
+    judge: dict[str, Any] | None = Field(None, description="a reward judge between the outcome and the advantages "
+                                         "(streams/judge.py JudgeConfig: base_url, model, rubric, preset outcome_plus|"
+                                         "judge_only, ...; docs/rewards.md); the key comes from POLAR_JUDGE_API_KEY, the "
+                                         "tokenizer defaults to the model's")
     run_id: str = Field("", pattern=r"^[A-Za-z0-9._-]{0,120}$", description="the run's id on Kafka and in storage; "
                         "'' = the name and a digest of this file and --run-dir (the same command continues a killed run)")
     rollout_url: str = Field("", description="--driver-only: the rollout server of components that run elsewhere")
@@ -218,6 +222,19 @@ class Experiment(BaseModel):
                 raise ValueError(f"{field}: {source!r}: no such file or directory")
             if source.startswith("builtin:") and source not in BUILTIN_SOURCES:
                 raise ValueError(f"{field}: {source!r}: the built-in sources are {', '.join(BUILTIN_SOURCES)}")
+        if self.judge is not None:
+            from pydantic import ValidationError
+
+            if "api_key" in self.judge:  # the run's config is copied into its summary and report
+                raise ValueError("judge.api_key: give the key as POLAR_JUDGE_API_KEY (settings), not in the experiment file")
+
+            from streams.judge import JudgeConfig
+
+            try:  # the endpoint may come from the settings (judge_base_url, judge_model), the tokenizer from the model
+                JudgeConfig(**{"base_url": "-", "model": "-", "tokenizer": "-", **self.judge})
+            except ValidationError as e:
+                err = e.errors(include_url=False)[0]
+                raise ValueError(f"judge.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
         if self.train.startswith("builtin:arith") != self.model.startswith("builtin:arith") and self.model.startswith("builtin:"):
             raise ValueError(f"model: {self.model!r} is the arith family's warm start; train on builtin:arith")
         return self

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -160,6 +161,8 @@ def write_report(run_dir: Path, cfg: "RunConfig", results: list["StepResult"], p
         # groups without signal, by kind (masked: they move no weight; or dropped and replaced)
         "zero_signal_groups": {"all_correct": sum(r.all_correct for r in results), "all_wrong": sum(r.all_wrong for r in results),
                                "replaced": sum(r.replaced for r in results), "groups": sum(r.groups for r in results)},
+        # members masked with a reason (a judge failure's class; docs/rewards.md), over the run
+        "masked_reasons": dict(sorted(sum((Counter(r.masked_reasons) for r in results), Counter()).items())),
         "heldout_per_eval": heldout,  # every eval: before, "step N" (eval_every), after
         **(extra or {}),  # the training loop's span, steps per hour, the engine's idle fraction
         # a user's run names its tasks by count: the templates themselves are in their source

@@ -5,6 +5,7 @@ share, the machine's busy cores: bench/driver.py compares async levels on them).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,8 @@ class StepResult:
     all_correct: int = 0  # every sample scored 1: too easy now
     all_wrong: int = 0  # every sample scored 0: too hard now
     replaced: int = 0  # zero_signal replace: groups without signal dropped (counted above) and replaced
+    # members the streams masked with a reason (a judge failure's class: "judge:timeout", ...) -> how many
+    masked_reasons: dict[str, int] = field(default_factory=dict)
     # the weight sync that put this step's weights into the engines (the trainer's train.jsonl, when the
     # trainer runs here): seconds in all, how (broadcast, storage, or mixed: some engines each way), and the
     # longest an engine held new requests for it (what rollouts lost)
@@ -83,6 +86,7 @@ def step_result(step: int, groups: list[TrainingGroup], wall_s: float, version: 
         all_correct=sum(outcome([t.reward for t in g.trajectories]) == "solved" for g in flat),
         all_wrong=sum(outcome([t.reward for t in g.trajectories]) == "unsolved" for g in flat),
         replaced=len(dropped),
+        masked_reasons=dict(sorted(Counter(r for g in flat for r in g.masked_reasons.values()).items())),
     )
 
 

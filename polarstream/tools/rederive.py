@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from streams import sessions as session_fns
 from streams.assembly import CallTokens
 from streams.config import StreamsConfig
 from streams.groups import GroupState, build_group
+from streams.judge import Judged, drop_reason, process_advantages
 from streams.runtime import split_counted
 from streams.sessions import SessionState
 from streams.trajectory import build_trajectory
@@ -54,8 +56,10 @@ class Rederiver:
     """Feed it calls and session events in order; it returns the Trajectories and TrainingGroups the
     live stream processors would have emitted at that point."""
 
-    def __init__(self, config: StreamsConfig, limits: Limits, *, packed: bool = True):
+    def __init__(self, config: StreamsConfig, limits: Limits, *, packed: bool = True,
+                 judge: Callable[[list[Trajectory]], Judged] | None = None):
         self.config, self.limits = config, limits
+        self.judge = judge  # members -> their judged rewards (a replay's judge stage); None: outcome rewards
         self.packed = packed  # the encoding the outputs are written in (Settings.record_format): parts split by it
         self.counters: Counter = Counter()
         self.sessions: dict[str, SessionState] = {}
@@ -215,7 +219,17 @@ class Rederiver:
         out: list[Record] = []
         if action == "emit":
             members = [decode(stored[i], Trajectory) for i in sorted(state.members)]
-            group = build_group(gid, members, self.config)
+            masked_reasons: dict[str, str] = {}
+            if self.judge is not None:  # as the live group stage (group_agent.advance)
+                judged = self.judge(members)
+                members, masked_reasons = judged.members, judged.masked
+                if reason := drop_reason(judged, state.min_valid):
+                    self.counters["groups.dropped_judge"] += 1
+                    state.emitted, state.closed_at = f"dropped:{reason}", self.clock
+                    return out
+            group = build_group(gid, members, self.config, masked_reasons)
+            if group is not None and self.judge is not None and judged.call_scores:
+                group = process_advantages(group, judged.call_scores, self.config.judge.process_weight)
             if group is None:
                 self.counters["groups.dropped_zero_variance"] += 1
                 state.emitted = "dropped:zero_variance"

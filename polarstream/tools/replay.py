@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from infra.settings import Settings
@@ -43,15 +44,16 @@ def target_settings(source: Settings, name: str) -> Settings:
     return source.model_copy(update={"topic_prefix": f"{name}.{source.topic_prefix}"})
 
 
-def prepare_target(target: Settings, allow_existing: bool = False, timeout: float = 15.0) -> list[str]:
-    """Create the namespace's output topics (as topics.yaml declares them); refuse to mix a new replay
-    into topics that already hold records unless ``allow_existing``. Returns the topics created."""
+def prepare_target(target: Settings, allow_existing: bool = False, timeout: float = 15.0, judged: bool = False) -> list[str]:
+    """Create the namespace's output topics (as topics.yaml declares them; ``judged``: its polar.judgements
+    too); refuse to mix a new replay into topics that already hold records unless ``allow_existing``.
+    Returns the topics created."""
     from confluent_kafka import Consumer
 
     from infra.topics import ensure_topics, load_specs
 
     specs = load_specs()
-    report = ensure_topics(target, {n: specs[n] for n in OUTPUTS}, timeout=timeout)
+    report = ensure_topics(target, {n: specs[n] for n in (*OUTPUTS, *(("judgements",) if judged else ()))}, timeout=timeout)
     if allow_existing:
         return report.created
     c = Consumer(target.kafka_config(**{"group.id": fresh_group("check")}))
@@ -138,8 +140,13 @@ def derive_records(messages, stages: Rederiver, drain: bool = True, on_message: 
 
 
 def replay(source: Settings, target: Settings, spans: list[Span], config: StreamsConfig, *, drain: bool = True,
-           on_message: Callable[[RawMessage], None] | None = None) -> ReplayResult:
-    """Read ``spans`` of the source, re-derive, publish to the target namespace; wait for every ack."""
+           on_message: Callable[[RawMessage], None] | None = None, judge_failed_only: bool = False) -> ReplayResult:
+    """Read ``spans`` of the source, re-derive, publish to the target namespace; wait for every ack.
+
+    With ``config.judge``, each group's members are judged before its advantages, as the live stage does:
+    a verdict of that judge recorded in the target namespace or the run's is reused (so the run's own
+    judge gives back its rewards bit for bit), any other is asked for and recorded in the target's
+    polar.judgements; ``judge_failed_only`` asks again where the recorded verdict is a failure."""
     from producers.publisher import Publisher, PublishError
 
     if target.topic_prefix == source.topic_prefix:
@@ -156,7 +163,8 @@ def replay(source: Settings, target: Settings, spans: list[Span], config: Stream
     packed = target.packed
     stages = Rederiver(config, output_limits(), packed=packed)
     stream = merged(source, spans, fresh_group("replay"))
-    with Publisher(target, client_id="polarstream-replay") as pub:
+    with Publisher(target, client_id="polarstream-replay") as pub, _judging(source, target, config, pub, stages,
+                                                                             judge_failed_only, result.written):
         try:
             for record in derive_records(stream, stages, drain, count_read):
                 digest.update(encode(record, packed=packed))  # the bytes the publisher writes
@@ -172,3 +180,33 @@ def replay(source: Settings, target: Settings, spans: list[Span], config: Stream
     result.counters, result.pending = stages.counters, stages.pending()
     result.digest = digest.hexdigest()
     return result
+
+
+@contextmanager
+def _judging(source: Settings, target: Settings, config: StreamsConfig, pub, stages: Rederiver, failed_only: bool,
+             written: Counter) -> Iterator[None]:
+    """Give ``stages`` the replay's judge stage (config.judge) for the block: verdicts recorded with ``pub``."""
+    if config.judge is None:
+        if failed_only:
+            raise ReplayError("--judge-failed-only: name the judge with --judge (the run's judge YAML)")
+        yield
+        return
+    import asyncio
+
+    from streams.judge_stage import JudgeStage
+
+    loop = asyncio.new_event_loop()
+
+    async def record(verdict) -> None:
+        fut = pub.submit(verdict)
+        await asyncio.to_thread(fut.result, pub.delivery_timeout_s + 5)
+        written["judgements"] += 1
+
+    stage = JudgeStage(target, config.judge, record, lambda name, n: stages.counters.update({name: n}),
+                       sources=[target, source], retry_failed=failed_only)
+    stages.judge = lambda members: loop.run_until_complete(stage.judge_members(members))
+    try:
+        yield
+    finally:
+        loop.run_until_complete(stage.close())
+        loop.close()

@@ -141,13 +141,17 @@ class RunIndex:
         return sorted(first, key=lambda g: (first[g], g))
 
     def masked_reason(self, session_id: str) -> str:
-        """Why a session was left out of its group, from its trajectory, else its finished event."""
+        """Why a session was left out of its group: the group's own reason where it gives one (a judge
+        failure's class), else from its trajectory, else its finished event."""
         t = self.trajectories.get(session_id)
+        s = self.sessions.get(session_id)
+        g = self.groups.get(t.group_id if t is not None else s.group_id if s is not None else "")
+        if g is not None and session_id in g.masked_reasons:
+            return g.masked_reasons[session_id]
         if t is not None:
             why = [k.removeprefix("masked.") for k in t.metrics if k.startswith("masked.")]
             detail = ", ".join(sorted(why)) or ("unusable" if not t.usable else "")
             return f"status {t.status}" + (f": {detail}" if detail else "")
-        s = self.sessions.get(session_id)
         done = s.finished if s else None
         if done is not None:
             return f"status {done.status}" + (f": {done.detail}" if done.detail else "")

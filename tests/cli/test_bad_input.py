@@ -30,6 +30,7 @@ from polarstream.cli import app
 # The bad values each argument gets, by argument name; URL arguments are recognised by name below.
 KINDS = {
     "config": ("missing", "malformed_yaml"),
+    "judge": ("missing", "malformed_yaml"),
     "experiment": ("missing", "malformed_yaml"),
     "model": ("missing", "no_model"),
     "port": ("busy_port",),

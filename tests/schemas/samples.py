@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from schemas import (
-    CallOutput, CallRecorded, ChainInfo, PolicyVersion, PromptDelta, Record, SessionAssigned, SessionEvent,
+    CallOutput, CallRecorded, ChainInfo, JudgeVerdict, PolicyVersion, PromptDelta, Record, SessionAssigned, SessionEvent,
     TaskRequest, Timings, ToolCallOut, Trace, TrainingGroup, Trajectory, Usage, WorkspaceSpec,
 )
 
@@ -36,8 +36,16 @@ def trajectory(session_id: str = "s-1", reward: float = 1.0) -> Trajectory:
                       traces=[trace], stats={"calls": 1.0, "traces": 1.0}, metrics={"tests_passed": 1.0})
 
 
+def process_scored(session_id: str) -> Trajectory:
+    """A trajectory whose trace carries per-token advantages (a judge's process scores; exact float64 ones too)."""
+    t = trajectory(session_id, 1.0)
+    trace = t.traces[0].model_copy(update={"token_advantages": [0.0, 0.0, 0.0, 1.04, 0.1 + 0.2]})
+    return t.model_copy(update={"traces": [trace]})
+
+
 def sample_records() -> list[Record]:
-    """TaskRequest, SessionAssigned, CallRecorded (plain and delta), SessionEvent, Trajectory, TrainingGroup, PolicyVersion."""
+    """TaskRequest, SessionAssigned, CallRecorded (plain and delta), SessionEvent, Trajectory, TrainingGroup, PolicyVersion,
+    JudgeVerdict."""
     t = task()
     return [
         t,
@@ -49,5 +57,9 @@ def sample_records() -> list[Record]:
         trajectory("s-1", 1.0),
         TrainingGroup(group_id="task-1", task_id="task-1", trajectories=[trajectory("s-1", 1.0), trajectory("s-2", 0.0)],
                       advantages=[1.0, -1.0], reward_mean=0.5, reward_std=0.5, policy_versions=[3]),
+        TrainingGroup(group_id="task-2", task_id="task-2", trajectories=[process_scored("s-3"), trajectory("s-4", 0.0)],
+                      advantages=[1.0, -1.0], masked=["s-5"], masked_reasons={"s-5": "judge:timeout"}),
         PolicyVersion(model="polar-tiny", version=4, checkpoint_url="s3://polarstream/ckpt/step-4", step=4, metrics={"loss": 0.1}),
+        JudgeVerdict(group_id="task-1", session_id="s-1", trajectory_id="t-1", judge="j-1", model="rule", score=3.0,
+                     chunk_scores=[3.0], detail="correct", attempts=2, prompt_tokens=40, completion_tokens=9),
     ]

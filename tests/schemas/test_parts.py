@@ -36,6 +36,7 @@ def group(samples: int = 6, seed: int = 0, **kw) -> TrainingGroup:
     rng = random.Random(seed)
     return TrainingGroup(group_id="g", task_id="t", trajectories=[trajectory(i, rng=rng, **kw) for i in range(samples)],
                          advantages=[(-1.0) ** i * 0.123456789 for i in range(samples)], masked=["s-failed"],
+                         masked_reasons={"s-failed": "judge:timeout"},
                          reward_mean=0.5, reward_std=0.5, policy_versions=[2])
 
 
@@ -72,6 +73,7 @@ def test_group_parts_share_its_trajectories(limit_over_largest, packed):
     members = [(t.sample_index, a) for p, _ in parts for t, a in zip(p.trajectories, p.advantages)]
     assert members == [(t.sample_index, a) for t, a in zip(g.trajectories, g.advantages)]  # once each, in order
     assert [p.masked for p, _ in parts] == [g.masked] + [[]] * (len(parts) - 1)
+    assert [p.masked_reasons for p, _ in parts] == [g.masked_reasons] + [{}] * (len(parts) - 1)
 
 
 @both

@@ -52,6 +52,18 @@ def test_masked_member_says_why_from_its_trajectory_or_its_finished_event():
     assert idx.masked_reason("never-seen") == "no trajectory or finished event read"
 
 
+def test_a_member_masked_by_its_judge_says_the_failures_class():
+    recs = record_group("j", [1.0, 0.0, 1.0])
+    cfg, idx, trajs = StreamsConfig(), RunIndex("p."), []
+    for r in recs:
+        idx.feed("session-events", encode(r.finished))
+        trajs.append(build_trajectory(r.finished, [CallTokens.from_record(c) for c in r.calls], cfg))
+        idx.feed("trajectories", encode(trajs[-1]))
+    trajs[1] = trajs[1].model_copy(update={"usable": False})  # as the judge stage masks it
+    idx.feed("groups", encode(build_group("j", trajs, cfg, {"j-s1": "judge:timeout"})))
+    assert idx.masked_reason("j-s1") == "judge:timeout" and idx.masked_reason("j-s0").startswith("status ok")
+
+
 def test_lanes_follow_assembly_side_calls_and_breaks_start_their_own_lane():
     r = record_session(SessionSpec("s", "g", turns=4, side_call_at=1, compaction_at=3))
     lanes = session_lanes(reversed(r.calls))  # any order in, call order out
