@@ -124,7 +124,8 @@ def _script(slurm: SlurmSettings, cfg: RunConfig, env: dict[str, str], commands:
     head = [f"#SBATCH --job-name={cfg.run_id}", f"#SBATCH --nodes={slurm.nodes}", f"#SBATCH --output={out}/slurm-%j.out"]
     head += [f"#SBATCH --{key}={value}" for key, value in (("partition", slurm.partition), ("account", slurm.account),
                                                           ("time", slurm.time)) if value]
-    head += ["#SBATCH --exclusive"] * slurm.exclusive + ([f"#SBATCH --gpus-per-node={_gpus(slurm, cfg)}"] if _gpus(slurm, cfg) else [])
+    gpus = _gpus(slurm, cfg)
+    head += ["#SBATCH --exclusive"] * slurm.exclusive + ([f"#SBATCH --gpus-per-node={gpus}"] if gpus else [])
     head += [f"#SBATCH {option}" for option in slurm.sbatch]
     t = cfg.trainer_nodes
     lines = [

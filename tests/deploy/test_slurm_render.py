@@ -123,6 +123,13 @@ def test_what_cannot_be_a_slurm_job_is_one_line(experiment, tmp_path):
     for flags, words in runs.items():
         r = CliRunner().invoke(app, ["run", str(experiment), *flags])
         assert r.exit_code == 1 and words in r.stderr and len(r.stderr.splitlines()) == 1, (flags, r.stderr)
+    # --submit where no Slurm client is installed: rendered, then one line saying so
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    r = CliRunner().invoke(app, ["run", str(experiment), "--launcher", "slurm", "--render", str(tmp_path / "job"), "--submit"],
+                           env={"PATH": str(bare)})
+    assert r.exit_code == 1 and "--submit: sbatch is not installed here" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and (tmp_path / "job" / "run.sbatch").exists()
     (tmp_path / "a-file").write_text("")
     r = CliRunner().invoke(app, ["run", str(experiment), "--launcher", "slurm", "--render", str(tmp_path / "a-file" / "job")])
     assert r.exit_code == 1 and r.stderr.startswith("error: --render ") and len(r.stderr.splitlines()) == 1, r.stderr

@@ -1,8 +1,9 @@
 """Issue 76: a run as one Slurm job on a real (one-node) Slurm cluster, submitted with sbatch by
 ``polarstream run --launcher slurm --render DIR --submit``: run to completion; then the same tasks and seed
 with a trainer of two processes (torchrun in its step), that step cancelled mid-run (``scancel JOB.STEP``)
-and resumed by the job from its checkpoint to the same end: every step trains the tasks the uninterrupted
-run trained, every group once, and no process outlives either job.
+and started again by the job, then the whole job cancelled and its script submitted again: the run resumes
+from the topics and the checkpoint to the same end: every step trains the tasks the uninterrupted run
+trained, every group once, and no process outlives any of the jobs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ..demo.test_run_resume import _env, _tail
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-STEPS, GROUPS, SAMPLES = 3, 2, 2
+STEPS, GROUPS, SAMPLES = 4, 2, 2
 
 
 def _experiment(tmp_path: Path, name: str, **more) -> Path:
@@ -152,9 +153,21 @@ def test_a_run_submitted_with_sbatch_completes_and_resumes_after_its_trainer_ste
     steps = dict(line.split() for line in slurm.run("squeue", "-h", "-s", "-j", job, "-o", "%i %j").stdout.splitlines())
     trainer = next(step for step, name in steps.items() if name == "trainer")
     slurm.run("scancel", trainer)
-    _wait_done(slurm, job, second)
-    assert not _alive(str(second).encode()), "a process of the finished job is still running"
+    # then the whole job, once the trainer started again has trained a step: the same script submitted again
+    # continues the run (the driver reads where it stands from the topics, the trainer from its checkpoint)
+    while len(_trained(second)) < 2:
+        assert _state(slurm, job) in ("PENDING", "RUNNING", "CONFIGURING"), _logs(second, job)
+        assert time.monotonic() < deadline, f"no second step trained in 600s:\n{_logs(second, job)}"
+        time.sleep(0.5)
     assert "trainer step ended (attempt 0); starting it again" in (second / f"slurm-{job}.out").read_text()
+    slurm.run("scancel", job)
+    while _state(slurm, job) in ("RUNNING", "COMPLETING"):
+        time.sleep(0.5)
+    assert _state(slurm, job) == "CANCELLED"
+    job = slurm.run("sbatch", "--parsable", str(second / "run.sbatch")).stdout.strip()
+    _wait_done(slurm, job, second)
+    assert "resuming " in (second / f"slurm-{job}.out").read_text()
+    assert not _alive(str(second).encode()), "a process of the finished job is still running"
     assert len(json.loads((second / "run-summary.json").read_text())["reward_per_step"]) == STEPS
     # the same end: every step trained the uninterrupted run's tasks, each group once
     assert _tasks_per_step(infra, ranks, second) == uninterrupted
