@@ -22,7 +22,7 @@ from .errors import InfraError
 CACHE_DIR = Path(os.environ.get("POLAR_CACHE_DIR", Path.home() / ".cache" / "polarstream"))
 
 # Logical topic names from the blueprint; a prefix lets several runs share one cluster.
-TOPICS = ("tasks", "sessions", "calls", "session-events", "trajectories", "groups", "policy")
+TOPICS = ("tasks", "sessions", "calls", "session-events", "trajectories", "groups", "policy", "teacher")
 
 
 class _YamlSource(PydanticBaseSettingsSource):

@@ -50,6 +50,13 @@ class Sample:
     weight: float = 0.0  # filled by assign_weights
     group_id: str = ""
     trajectory_id: str = ""  # the trajectory the trace belongs to (seq_mean normalizes per trajectory)
+    token_advantages: tuple[float, ...] = ()  # (N,) per trained token, replacing ``advantage`` when set
+    # (on-policy distillation's per-token signal: trainer/distill.py)
+
+    @property
+    def advantages(self) -> tuple[float, ...]:
+        """(N,) the advantage of each trained token."""
+        return self.token_advantages or (self.advantage,) * len(self.trained)
 
     @property
     def length(self) -> int:
@@ -335,7 +342,7 @@ def _build(samples: Sequence[Sample], rows: list[list[_Unit]], mask: bool, traj:
         positions=torch.tensor(flat, dtype=torch.long),
         targets=torch.tensor([s.targets[p] for s in seqs for p in s.trained], dtype=torch.long),
         rollout_logprobs=torch.tensor([lp for s in seqs for lp in s.rollout_logprobs], dtype=torch.float32),
-        advantages=torch.tensor([s.advantage for s in seqs for _ in s.trained], dtype=torch.float32),
+        advantages=torch.tensor([a for s in seqs for a in s.advantages], dtype=torch.float32),
         weights=torch.tensor([s.weight for s in seqs for _ in s.trained], dtype=torch.float32),
         num_sequences=len(seqs),
         num_real_tokens=int(attn.sum()),

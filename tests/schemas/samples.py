@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from schemas import (
     CallOutput, CallRecorded, ChainInfo, PolicyVersion, PromptDelta, Record, SessionAssigned, SessionEvent,
-    TaskRequest, Timings, ToolCallOut, Trace, TrainingGroup, Trajectory, Usage, WorkspaceSpec,
+    TaskRequest, TeacherScores, Timings, ToolCallOut, Trace, TrainingGroup, Trajectory, Usage, WorkspaceSpec,
 )
 
 
@@ -37,7 +37,7 @@ def trajectory(session_id: str = "s-1", reward: float = 1.0) -> Trajectory:
 
 
 def sample_records() -> list[Record]:
-    """TaskRequest, SessionAssigned, CallRecorded (plain and delta), SessionEvent, Trajectory, TrainingGroup, PolicyVersion."""
+    """TaskRequest, SessionAssigned, CallRecorded (plain and delta), SessionEvent, Trajectory, TrainingGroup, PolicyVersion, TeacherScores."""
     t = task()
     return [
         t,
@@ -50,4 +50,6 @@ def sample_records() -> list[Record]:
         TrainingGroup(group_id="task-1", task_id="task-1", trajectories=[trajectory("s-1", 1.0), trajectory("s-2", 0.0)],
                       advantages=[1.0, -1.0], reward_mean=0.5, reward_std=0.5, policy_versions=[3]),
         PolicyVersion(model="polar-tiny", version=4, checkpoint_url="s3://polarstream/ckpt/step-4", step=4, metrics={"loss": 0.1}),
+        TeacherScores(group_id="task-1", group_event_id="g-ev", trajectory_id="t-ev", trace_index=0,
+                      teacher="http://127.0.0.1:8001#teacher", step=5, positions=[4, 5], logprobs=[-0.25, -1.5]),
     ]
