@@ -109,6 +109,13 @@ def start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports
                         "--metrics-port", str(ports["streams_metrics"]),
                         *(() if cfg.std_normalize else ("--advantage", "no_std")),  # Dr. GRPO: r - mean
                         *[a for k, v in cfg.overlong.items() for a in (f"--overlong-{k.replace('_', '-')}", str(v))])
+        teacher = []  # distill with a local teacher: its own engine, which the trainer asks (trainer/distill.py)
+        if "trainer" in only and cfg.teacher_dir:
+            port = procs.port("teacher")
+            served = procs.start("teacher", "engine", "--model", cfg.teacher_dir, "--port", str(port), "--threads", "1",
+                                 "--served-model-name", "teacher")
+            procs.wait_http(served, f"http://127.0.0.1:{port}/health")
+            teacher = ["--set", f"distill_url=http://127.0.0.1:{port}", "--set", "distill_model=teacher"]
         if "trainer" in only:
             procs.start("trainer", "train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
                         "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
@@ -129,7 +136,7 @@ def start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports
                         # LoRA: each version's adapter is served as <this name>-v<version>, one name per run
                         *(("--set", f"model_name={cfg.run_id or cfg.name}") if cfg.lora else ()),
                         # the experiment's own trainer settings (configure.py checked that none of the above)
-                        *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")])
+                        *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")], *teacher)
         if "rollout" in only:
             rollout = procs.start("rollout", "rollout", "--port", str(ports["rollout"]))
             procs.wait_http(rollout, f"{urls['rollout']}/health")
