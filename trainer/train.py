@@ -174,7 +174,10 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             # share, lr x saturation, forward/backward, clip, AdamW. A step without signal (every advantage 0,
             # e.g. all-zero-variance groups) leaves the weights bit-identical; it still counts as a step and
             # publishes a new policy version (same weights), so on-policy rollouts waiting for step+1 go on.
-            out = train_step(model, optimizer, samples, cfg, reward_mean=reward_mean, step=step, placement=placement,
+            # distillation alone (reward_weight 0): the task reward is off, so it does not slow the lr either
+            # (optim.saturation_scale reads it)
+            lr_reward = 0.0 if cfg.distill_url and cfg.reward_weight == 0 else reward_mean
+            out = train_step(model, optimizer, samples, cfg, reward_mean=lr_reward, step=step, placement=placement,
                              ref_model=ref_model)
             step += 1
             version += 1
