@@ -70,7 +70,7 @@ def test_trainer_learns_from_the_teacher_without_a_reward_and_records_its_scores
     groups = [_group(f"d{i}", comps, 1.0, rollout) for i in range(2)]
     publish_groups(polar_settings, groups, 0)
     cfg = TrainConfig.from_overrides({
-        "model": str(tiny_model_dir), "groups_per_step": 1, "token_budget": 256, "lr": 1e-3, "idle_timeout_s": 3.0,
+        "model": str(tiny_model_dir), "groups_per_step": 1, "token_budget": 256, "lr": 1e-4, "idle_timeout_s": 3.0,
         "poll_timeout_s": 0.2, "run_dir": str(tmp_path / "run"), "progress": False, "tensorboard": False,
         "sync_every": 0, "distill_url": engine_server.url, "reward_weight": 0.0})
     summary = train(cfg, polar_settings)
