@@ -99,3 +99,53 @@ def test_trainer_learns_from_the_teacher_without_a_reward_and_records_its_scores
                                 polar_settings)
     after = [_reference_logprobs(local, PROMPT + c)[3:] for c in comps]
     assert sum(after[0]) > sum(ref[0]) and sum(after[1]) < sum(ref[1])
+
+
+def test_sigkill_mid_distillation_then_restart_trains_each_group_once(polar_settings, engine_server, tiny_model_dir,
+                                                                      tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from collections import Counter
+    from pathlib import Path
+
+    from tests.plugins.trainer import settings_env
+    from trainer.metrics import effective_steps
+
+    comps = [[42, 7], [9, 11, 13]]
+    ref = [_reference_logprobs(tiny_model_dir, PROMPT + c)[3:] for c in comps]
+    rollout = [[q - 0.1 for q in ref[0]], [q + 0.1 for q in ref[1]]]
+    groups = [_group(f"k{i}", comps, 1.0, rollout) for i in range(8)]
+    publish_groups(polar_settings, groups, 0)
+    env = {**os.environ, **settings_env(polar_settings)}
+    run_dir, log_path = tmp_path / "run", tmp_path / "run" / "train.jsonl"
+    cmd = [str(Path(sys.executable).with_name("polarstream")), "train", "--model", str(tiny_model_dir),
+           "--groups-per-step", "1", "--idle-timeout", "2", "--sync-every", "0", "--run-dir", str(run_dir),
+           "--lr", "1e-4", "--token-budget", "256", "--set", "poll_timeout_s=0.2", "--set", "progress=false",
+           "--set", "tensorboard=false", "--set", f"distill_url={engine_server.url}", "--set", "reward_weight=0",
+           "--set", "max_staleness=1000"]  # all sampled by version 0
+
+    def start(name):
+        with open(tmp_path / name, "w") as out:
+            return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def steps():
+        return sum(1 for r in read_log(log_path) if r.get("event") == "step") if log_path.exists() else 0
+
+    first = start("first.out")
+    deadline = time.monotonic() + 180
+    while steps() < 2 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert first.poll() is None, (tmp_path / "first.out").read_text()  # the kill lands mid-run
+    first.send_signal(signal.SIGKILL)
+    first.wait(30)
+    second = start("second.out")
+    assert second.wait(300) == 0, (tmp_path / "second.out").read_text()
+
+    records = read_log(log_path)
+    trained = Counter(g for s in effective_steps(records) for g in s["groups"])
+    assert trained == Counter(g.event_id for g in groups)  # each group once, none missing, tied rewards and all
+    assert all("distill_reverse_kl" in s["metrics"] for s in effective_steps(records))
+    assert [r["step"] > 0 for r in records if r.get("event") == "start"] == [False, True]
