@@ -149,3 +149,13 @@ def test_sigkill_mid_distillation_then_restart_trains_each_group_once(polar_sett
     assert trained == Counter(g.event_id for g in groups)  # each group once, none missing, tied rewards and all
     assert all("distill_reverse_kl" in s["metrics"] for s in effective_steps(records))
     assert [r["step"] > 0 for r in records if r.get("event") == "start"] == [False, True]
+
+
+def test_a_merged_multi_turn_trace_is_scored_whole_each_call_in_its_context():
+    # two calls of a chain: prompt, call 0's tokens, a tool result (context), call 1's tokens
+    ids = [1, 2, 3, 10, 11, 4, 5, 20, 21, 22]
+    mask = [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
+    s = sample_from_trace(ids, mask, [0.0 if not m else -0.5 for m in mask], 0.0, 0)
+    assert sequence_of(s) == ids  # one prompt for the teacher: the whole chain, tool result included
+    scores = [None] + [-float(i) for i in range(1, len(ids))]  # the teacher's logprob of token i given ids[:i]
+    assert teacher_logprobs(s, scores) == [-3.0, -4.0, -7.0, -8.0, -9.0]  # every sampled token, in context

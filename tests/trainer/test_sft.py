@@ -147,3 +147,14 @@ def test_bad_input_is_one_line_before_anything_is_read(trainer_model_dir, tmp_pa
     for args, want in cases:
         got = CliRunner().invoke(app, ["sft", "--model", str(trainer_model_dir), *args])
         assert got.exit_code == 2 and want in " ".join(got.output.split()), (args, got.output)
+
+
+def test_sft_trains_a_lora_adapter(polar_settings, trainer_model_dir, tmp_path):
+    _publish(polar_settings, [_traj(f"l{i}", 0, 1.0, [50, 51, 52, 53]) for i in range(4)])
+    cfg = _cfg(trainer_model_dir, tmp_path / "run", lora_rank=4, lora_alpha=8)
+    summary = sft(cfg, polar_settings, SftSpec(rows_per_step=2, checkpoint_url=f"{polar_settings.checkpoint_url}/lora"))
+    assert summary["step"] == 2
+    info = checkpoint.latest(f"{polar_settings.checkpoint_url}/lora", polar_settings)
+    assert "adapter_config.json" in info.manifest["files"]  # the adapter (PEFT's layout), not the weights
+    nll = [r["metrics"]["nll"] for r in read_log(tmp_path / "run" / "sft.jsonl") if r["event"] == "step"]
+    assert nll[-1] < nll[0], nll
