@@ -109,6 +109,7 @@ def sft(cfg: TrainConfig, settings: Settings, spec: SftSpec) -> dict[str, Any]:
                            spec.start_from, spec.follow)
         log = RunLog(run_dir / "sft.jsonl")
         log.write({"event": "start", "step": step, "checkpoint": info.url if info else None, "time": time.time(),
+                   "world_size": placement.world, "strategy": placement.strategy,
                    "topic": source.topic, "rule": vars(spec.rule), "config": cfg.to_dict(),
                    "pending": len((state.get("source") or {}).get("pending", []))})
         config_record = {"sft": cfg.to_dict(), "rule": vars(spec.rule),

@@ -158,3 +158,19 @@ def test_sft_trains_a_lora_adapter(polar_settings, trainer_model_dir, tmp_path):
     assert "adapter_config.json" in info.manifest["files"]  # the adapter (PEFT's layout), not the weights
     nll = [r["metrics"]["nll"] for r in read_log(tmp_path / "run" / "sft.jsonl") if r["event"] == "step"]
     assert nll[-1] < nll[0], nll
+
+
+def test_sft_under_torchrun_shards_the_model_with_fsdp2(polar_settings, trainer_model_dir, tmp_path):
+    digests = _publish(polar_settings, [_traj(f"f{i}", 0, 1.0, [50, 51, 52]) for i in range(4)])
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "polarstream", "sft", "--model", str(trainer_model_dir),
+           "--rows-per-step", "2", "--run-dir", str(tmp_path / "run"), "--lr", "1e-3", "--token-budget", "256",
+           "--set", "poll_timeout_s=0.2", "--set", "progress=false", "--set", "tensorboard=false"]
+    env = {**os.environ, **settings_env(polar_settings), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = read_log(tmp_path / "run" / "sft.jsonl")
+    assert [d for r in records if r["event"] == "step" for d in r["rows"]] == digests
+    assert (records[0]["world_size"], records[0]["strategy"]) == (2, "fsdp")  # rank 0 read Kafka, both trained
+    info = checkpoint.latest(f"{polar_settings.checkpoint_url}/sft", polar_settings)
+    assert info.step == 2 and any(f.startswith("train_state/") for f in info.manifest["files"])
