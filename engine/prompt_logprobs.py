@@ -14,16 +14,25 @@ import torch
 Entry = list[tuple[int, float, int]]  # (token id, logprob, rank), the prompt token first
 
 
+CHUNK = 1024  # positions converted to float32 at a time: a long prompt's (L, V) logits are not copied whole
+
+
 def prompt_logprobs(logits: torch.Tensor, prompt: list[int], k: int) -> list[Entry | None]:
     """logits (L, V) of a full prefill over ``prompt`` (L tokens) -> one entry per prompt position."""
-    logp = logits[:-1].float().log_softmax(dim=-1)  # (L-1, V): position i predicts prompt[i + 1]
-    target = torch.tensor(prompt[1:], device=logp.device)
-    own = logp.gather(-1, target[:, None]).squeeze(-1)  # (L-1,)
+    out: list[Entry | None] = [None]
+    for start in range(0, len(prompt) - 1, CHUNK):
+        out += _chunk(logits[start:min(start + CHUNK, len(prompt) - 1)], prompt[start + 1:start + 1 + CHUNK], k)
+    return out
+
+
+def _chunk(logits: torch.Tensor, targets: list[int], k: int) -> list[Entry]:
+    logp = logits.float().log_softmax(dim=-1)  # (n, V): row i predicts targets[i]
+    own = logp.gather(-1, torch.tensor(targets, device=logp.device)[:, None]).squeeze(-1)  # (n,)
     ranks = (logp > own[:, None]).sum(-1) + 1  # vLLM's rank: 1 + tokens strictly more likely
     width = logp.shape[-1] if k < 0 else min(k, logp.shape[-1])
     top_v, top_i = logp.topk(width, dim=-1) if width else (None, None)
-    out: list[Entry | None] = [None]
-    for i, tok in enumerate(prompt[1:]):
+    out = []
+    for i, tok in enumerate(targets):
         entry = [(tok, float(own[i]), int(ranks[i]))]
         if width:
             for r, (t, v) in enumerate(zip(top_i[i].tolist(), top_v[i].tolist()), start=1):

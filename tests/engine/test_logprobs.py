@@ -126,3 +126,14 @@ def test_prompt_logprobs_score_given_tokens_as_vllm_shapes_them(client, referenc
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_logprobs"
     chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 0})
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "prompt_logprobs"  # not served on chat
+
+
+def test_prompt_logprobs_in_chunks_equal_them_whole(monkeypatch):
+    from engine import prompt_logprobs as P
+
+    torch.manual_seed(0)
+    logits, prompt = torch.randn(11, 50), torch.randint(0, 50, (11,)).tolist()
+    whole = P.prompt_logprobs(logits, prompt, 2)
+    monkeypatch.setattr(P, "CHUNK", 3)  # 10 scored positions in chunks of 3, 3, 3, 1
+    assert P.prompt_logprobs(logits, prompt, 2) == whole and len(whole) == 11 and whole[0] is None
+    assert all(len(e) in (2, 3) and e[0][0] == t for e, t in zip(whole[1:], prompt[1:]))  # the token first
