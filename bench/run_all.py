@@ -30,7 +30,7 @@ Which files are benchmarks: every ``bench/*.py`` except this file, ``render.py``
 ``trainer.py``). EXPECTED names the benchmarks the issues ask for, so a missing one shows up as missing.
 OPT_IN ones run only when their flag is given (``--cluster``: broker_loss and chaos; ``--harnesses``:
 harness_sessions; ``--driver``: driver; ``--fsdp``: fsdp; ``--weight-sync``: weight_sync; ``--image-tasks``:
-image_tasks; ``--lora``: lora) or with ``--only NAME``.
+image_tasks; ``--lora``: lora; ``--distill``: distill) or with ``--only NAME``.
 
 The convention a benchmark script follows (the first two are required, the rest optional):
 
@@ -89,7 +89,7 @@ BUDGET_S = {"broker_loss": (90, 180), "publisher": (35, 120), "engine": (30, 90)
             "trainer": (70, 330), "rollout": (60, 220), "mirror": (40, 150), "script_window": (50, 150),
             "fuzz": (30, 150), "harness_sessions": (240, 480), "chaos": (240, 1200), "driver": (420, 1800),
             "fsdp": (300, 900), "weight_sync": (150, 420),
-            "image_tasks": (420, 1500), "lora": (150, 400)}
+            "image_tasks": (420, 1500), "lora": (150, 400), "distill": (1500, 5400)}
 DEFAULT_BUDGET_S = (30, 60)  # a new benchmark must claim its time in BUDGET_S
 # Extra arguments in a full run. fuzz's default 10,000 requests per API is a 22-minute soak (docs/fuzzing.md),
 # a correctness run of its own, not a speed figure: inside make bench it runs a shape-keeping 600.
@@ -106,7 +106,7 @@ FULL_ARGS = {"fuzz": ["--per-api", "600"]}
 # lora trains the 54M-parameter model with a LoRA adapter and with full weights in rounds (issue 64), 1-3 minutes.
 OPT_IN = {"broker_loss": "--cluster", "harness_sessions": "--harnesses", "chaos": "--cluster", "driver": "--driver",
           "fsdp": "--fsdp", "weight_sync": "--weight-sync", "image_tasks": "--image-tasks",
-          "lora": "--lora"}
+          "lora": "--lora", "distill": "--distill"}
 # CPU-bound figures (a /-path into the benchmark's JSON) also given per unit of host speed: the figure divided
 # by the mean of the host index measured just before and just after the benchmark (bench/_host.py).
 HOST_SCALED = {
@@ -321,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run weight_sync (in-memory broadcast against storage to engine processes, in interleaved rounds)")
     ap.add_argument("--image-tasks", action="store_true",
                     help="also run image_tasks (arith runs on image tasks in podman containers against the bwrap demo, in interleaved rounds)")
+    ap.add_argument("--distill", action="store_true",
+                    help="also run distill (issue 78: the RL demo, distillation from its policy without a reward, and "
+                         "SFT on its log: whole demo runs, interleaved)")
     ap.add_argument("--lora", action="store_true",
                     help="also run lora (the 54M-parameter model: a LoRA adapter against full fine-tuning, in interleaved rounds)")
     args = ap.parse_args(argv)

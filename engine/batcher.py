@@ -35,6 +35,7 @@ import torch
 
 from .kv import BatchKV, cache_of, layers_of
 from .lora import Adapter, Adapters
+from .prompt_logprobs import prompt_logprobs
 from .prefix_cache import PrefixCache
 from .sampling import LOGPROBS_MODES, SamplingParams, draw, perturb, process, top_logprobs
 
@@ -78,6 +79,8 @@ class Job:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     policy_version: int = -1  # weights that generated it, set at admission
     adapter: Adapter | None = None  # the LoRA adapter it runs with (None: the base model)
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: score every prompt token (prompt_logprobs.py)
+    prompt_scores: list | None = None  # set at prefill when prompt_logprobs is asked for
     cancelled: bool = False
     _left: int = 0
 
@@ -263,7 +266,7 @@ class Batcher:
             if job.cancelled:
                 for s in job.seqs:
                     self._finish(s, "abort", None)
-            elif self.script_window > 0 and all(s.forced for s in job.seqs):
+            elif self.script_window > 0 and all(s.forced for s in job.seqs) and job.prompt_logprobs is None:
                 self._score_scripted(job)
             else:
                 self._prefill(job)
@@ -276,14 +279,17 @@ class Batcher:
 
     def _prefill(self, job: Job) -> None:
         prompt = job.prompt_ids
-        m, past = self.prefix.lookup(prompt, job.adapter) if self.prefix is not None else (0, None)
+        scored = job.prompt_logprobs is not None  # every position's logits: no cached prefix (vLLM skips it too)
+        m, past = self.prefix.lookup(prompt, job.adapter) if self.prefix is not None and not scored else (0, None)
         ids = torch.tensor([prompt[m:]], device=self.device)
         with self.adapters.rows([job.adapter]):
             if m:  # only the new suffix is computed, on top of the cached KV of the first m tokens
                 pos = torch.arange(m, len(prompt), device=self.device)[None]
                 out = self.model(input_ids=ids, position_ids=pos, past_key_values=cache_of(past), use_cache=True, logits_to_keep=1)
             else:
-                out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+                out = self.model(input_ids=ids, use_cache=True, logits_to_keep=0 if scored else 1)
+        if scored:
+            job.prompt_scores = prompt_logprobs(out.logits[0], prompt, job.prompt_logprobs)
         layers = layers_of(out.past_key_values)
         st = self.stats
         st["prefills"] += 1

@@ -2,7 +2,7 @@
 
 Field names, defaults and error messages follow vLLM 0.33 (see shared/docs/vllm-api.md). Unknown
 fields are accepted and logged as ignored, as vLLM does. Parameters vLLM knows but this engine does not
-implement (penalties, logit_bias, min_p, guided decoding, echo, prompt_logprobs) are refused with a 400
+implement (penalties, logit_bias, min_p, guided decoding, echo; prompt_logprobs on chat) are refused with a 400
 when set to a non-default value: silently ignoring them would change the distribution we claim to
 report logprobs for.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -91,6 +91,8 @@ class _Sampling(BaseModel):
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
 
+    SCORES_PROMPTS: ClassVar[bool] = False  # whether prompt_logprobs is served (/v1/completions only)
+
     def refuse_unsupported(self) -> None:
         unsupported = {
             "presence_penalty": self.presence_penalty not in (None, 0.0),
@@ -98,7 +100,7 @@ class _Sampling(BaseModel):
             "repetition_penalty": self.repetition_penalty not in (None, 1.0),
             "logit_bias": bool(self.logit_bias),
             "min_p": self.min_p not in (None, 0.0),
-            "prompt_logprobs": self.prompt_logprobs is not None,
+            "prompt_logprobs": self.prompt_logprobs is not None and not self.SCORES_PROMPTS,
             "response_format": self.response_format is not None and self.response_format.get("type") != "text",
             "structured_outputs": self.structured_outputs is not None,
         }
@@ -160,8 +162,14 @@ class CompletionRequest(_Sampling):
             return [list(p)]
         return list(p)
 
+    SCORES_PROMPTS: ClassVar[bool] = True
+
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
+        k = self.prompt_logprobs
+        if k is not None and (k < -1 or k > MAX_LOGPROBS):
+            raise bad_param("prompt_logprobs", k, f"Requested prompt logprobs of {k}, which is greater than max allowed: "
+                                                  f"{MAX_LOGPROBS}" if k > 0 else f"prompt_logprobs must be -1 or >= 0, got {k}.")
         if self.echo:
             raise bad_param("echo", True, "echo is not supported by this engine")
         if self.suffix is not None:

@@ -58,12 +58,21 @@ def completion_logprobs(seq: Sequence, text_of: TokenText) -> dict[str, Any]:
     return {"text_offset": offsets, "token_logprobs": [_lp(x) for x in seq.logprobs], "tokens": tokens, "top_logprobs": top}
 
 
-def completion_body(request_id: str, model: str, results: list[tuple[list[int], list[Sequence]]], *,
+def prompt_logprobs_body(scores: list | None, text_of: TokenText) -> list | None:
+    """``choices[].prompt_logprobs``: ``[null, {"<id>": {logprob, rank, decoded_token}}, ...]`` (vLLM's)."""
+    if scores is None:
+        return None
+    return [None if e is None else {str(t): {"logprob": _lp(v), "rank": r, "decoded_token": text_of(t)} for t, v, r in e}
+            for e in scores]
+
+
+def completion_body(request_id: str, model: str, results: list[tuple[list[int], list[Sequence], list | None]], *,
                     logprobs: bool, return_token_ids: bool, return_weight_versions: bool, text_of: TokenText,
                     policy_version: int) -> dict[str, Any]:
-    """The /v1/completions body; ``results`` holds (prompt ids, its n sequences) per prompt."""
+    """The /v1/completions body; ``results`` holds (prompt ids, its n sequences, its prompt scores or None) per
+    prompt."""
     choices, n_prompt, n_out = [], 0, 0
-    for prompt_ids, seqs in results:
+    for prompt_ids, seqs, scores in results:
         n_prompt += len(prompt_ids)
         for seq in seqs:
             n_out += len(seq.token_ids)
@@ -71,7 +80,8 @@ def completion_body(request_id: str, model: str, results: list[tuple[list[int], 
                 "index": len(choices), "text": seq.text,
                 "logprobs": completion_logprobs(seq, text_of) if logprobs else None,
                 "finish_reason": seq.finish_reason, "stop_reason": seq.stop_reason,
-                "token_ids": list(seq.token_ids) if return_token_ids else None, "prompt_logprobs": None,
+                "token_ids": list(seq.token_ids) if return_token_ids else None,
+                "prompt_logprobs": prompt_logprobs_body(scores, text_of),
                 "prompt_token_ids": list(prompt_ids) if return_token_ids else None, "routed_experts": None,
                 "weight_versions": weight_versions(seq, policy_version) if return_weight_versions else None,
             })

@@ -264,9 +264,10 @@ class Engine:
             self.check_ids(ids)
             room = self.room(ids, isinstance(p, str), max_tokens, "max_tokens")
             jobs.append(self.make_job(ids, replace(base, max_tokens=room), req.n, adapter))
+            jobs[-1].prompt_logprobs = req.prompt_logprobs
         done = await self.run(jobs)
         version = max(j.policy_version for j in done)
-        body = completion_body(request_id or secrets.token_hex(8), model, [(j.prompt_ids, j.seqs) for j in done],
+        body = completion_body(request_id or secrets.token_hex(8), model, [(j.prompt_ids, j.seqs, j.prompt_scores) for j in done],
                                logprobs=req.logprobs is not None, return_token_ids=req.return_token_ids,
                                return_weight_versions=req.return_weight_versions,
                                text_of=TokenText(self.tokenizer, req.return_tokens_as_token_ids), policy_version=version)

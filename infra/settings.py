@@ -22,7 +22,8 @@ from .errors import InfraError
 CACHE_DIR = Path(os.environ.get("POLAR_CACHE_DIR", Path.home() / ".cache" / "polarstream"))
 
 # Logical topic names from the blueprint; a prefix lets several runs share one cluster.
-TOPICS = ("tasks", "sessions", "calls", "session-events", "trajectories", "groups", "policy", "judgements")
+TOPICS = ("tasks", "sessions", "calls", "session-events", "trajectories", "groups", "policy", "judgements",
+          "teacher")
 
 
 class _YamlSource(PydanticBaseSettingsSource):

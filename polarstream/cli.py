@@ -21,7 +21,7 @@ from typer.core import TyperGroup
 
 # The order of --help: how a user meets the commands. Commands not listed follow, as registered.
 ORDER = ("demo", "run", "infra", "engine", "models", "gateway", "gateway-key", "node", "harness", "rollout", "tasks", "images", "submit",
-         "status", "cancel", "streams", "train", "replay", "eval", "export", "cat", "forget", "ui")
+         "status", "cancel", "streams", "train", "sft", "replay", "eval", "export", "cat", "forget", "ui")
 
 
 class RootCommand(TyperGroup):
@@ -61,6 +61,7 @@ _COMPONENTS = (
     "gateway.node.cli",
     "streams.cli",
     "trainer.cli",
+    "trainer.sft_cli",
     "producers.cli",
     "polarstream.tools_cli",
     "polarstream.images_cli",

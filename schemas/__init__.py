@@ -22,6 +22,7 @@ from .records import (
     SessionAssigned,
     SessionEvent,
     TaskRequest,
+    TeacherScores,
     Timeouts,
     Timings,
     ToolCallOut,
@@ -39,7 +40,7 @@ from .records import (
 __all__ = [
     "CallOutput", "CallRecorded", "ChainInfo", "DeltaError", "EngineSampling", "EnvironmentSpec", "EvaluatorSpec", "HarnessSpec", "JudgeVerdict",
     "Parts", "PolicyVersion", "PromptDelta", "RECORD_BY_TOPIC", "RECORD_TYPES", "Record", "RecordDecodeError",
-    "RecordTooLarge", "SCHEMA_VERSION", "SessionAssigned", "SessionEvent", "TaskRequest", "Timeouts",
+    "RecordTooLarge", "SCHEMA_VERSION", "SessionAssigned", "SessionEvent", "TaskRequest", "TeacherScores", "Timeouts",
     "Timings", "ToolCallOut", "Trace", "TrainingGroup", "Trajectory", "Usage", "VerifierFault", "WorkspaceSpec", "decode",
     "derived_event_id", "document", "encode", "encode_prompt", "float32_digits", "full_sequence", "is_packed", "join_parts", "new_event_id",
     "resolve_prompt", "split_record",

@@ -502,9 +502,35 @@ class PolicyVersion(Record):
         return self.model
 
 
+class TeacherScores(Record):
+    """A distillation teacher's answer for one trace of a trained group (written by the trainer, which asks
+    the teacher: trainer/distill.py). ``logprobs`` is the teacher's logprob of each sampled token of the
+    trace, in its context, aligned with ``positions`` (indices into the trace's token ids)."""
+
+    TOPIC: ClassVar[str] = "teacher"
+    group_id: str
+    group_event_id: str  # the TrainingGroup (part) the trace was trained in
+    trajectory_id: str  # the trajectory's event id (a part's whole one)
+    trace_index: int = Field(0, ge=0)
+    teacher: str  # the teacher's URL and served model, "URL#model"
+    step: int = 0  # the trainer step that used it
+    positions: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    latency_ms: float = 0.0  # of the teacher call the trace was in
+
+    @model_validator(mode="after")
+    def _aligned(self) -> "TeacherScores":
+        if len(self.positions) != len(self.logprobs):
+            raise ValueError(f"logprobs: {len(self.logprobs)} values for {len(self.positions)} positions")
+        return self
+
+    def key(self) -> str:
+        return self.group_id
+
+
 RECORD_TYPES: dict[str, type[Record]] = {
     cls.__name__: cls
     for cls in (TaskRequest, SessionAssigned, CallRecorded, SessionEvent, Trajectory, TrainingGroup, PolicyVersion,
-                JudgeVerdict)
+                JudgeVerdict, TeacherScores)
 }
 RECORD_BY_TOPIC: dict[str, type[Record]] = {cls.TOPIC: cls for cls in RECORD_TYPES.values()}

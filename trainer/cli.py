@@ -68,6 +68,7 @@ def train_command(
     from confluent_kafka import KafkaException
 
     from .checkpoint import CheckpointError
+    from .distill import TeacherError
     from .train import train
     from .sync.storage import WeightSyncError
 
@@ -76,7 +77,7 @@ def train_command(
     except ConfigError as e:
         raise typer.BadParameter(str(e)) from None
     # unreachable broker, missing topic, unreadable storage, engines that keep refusing new weights
-    except (KafkaException, CheckpointError, WeightSyncError) as e:
+    except (KafkaException, CheckpointError, WeightSyncError, TeacherError) as e:
         typer.echo(f"polarstream train: {e}", err=True)
         raise typer.Exit(1) from None
     typer.echo(json.dumps(summary, sort_keys=True))
@@ -92,6 +93,8 @@ def _require_services(cfg, settings) -> None:
         require_free_port(cfg.metrics_port)  # 0: off
     for spec in cfg.engines:
         require_url(spec.partition("=")[2], "the engine", ENGINE_HINT, wait_s=settings.wait_for_s)
+    if cfg.distill_url:
+        require_url(cfg.distill_url, "the teacher engine", ENGINE_HINT, wait_s=settings.wait_for_s)
     if cfg.gateway:
         require_url(cfg.gateway, "the gateway", "is it running? `polarstream gateway` or `polarstream node` starts one",
                     wait_s=settings.wait_for_s)

@@ -51,6 +51,13 @@ class TrainConfig:
     skip_zero_variance: bool = True  # a group whose advantages are all 0 carries no gradient: skip it (False: train it
     # masked, closing its step, unless its task asks for a drop: TaskRequest.zero_signal)
     skip_task_sets: list[str] = field(default_factory=list)  # task sets that never train (held-out evaluation)
+    # -- on-policy distillation (trainer/distill.py): per-token advantage reward_weight * A_group +
+    # distill_weight * (teacher logprob - rollout logprob) of each sampled token, the negated reverse KL --
+    distill_url: str = ""  # the teacher engine's base URL (vLLM or ours: /v1/completions with prompt_logprobs); '' off
+    distill_model: str = ""  # the teacher's served model name ('' : the engine's only one)
+    distill_weight: float = 1.0
+    reward_weight: float = 1.0  # the task reward's share (0: distillation alone, no reward needed)
+    distill_timeout_s: float = 300.0  # one teacher call (a step's traces)
     poll_timeout_s: float = 1.0  # one broker poll
     idle_timeout_s: float = 0.0  # stop after this long without a new group (0: wait forever)
     start_from: Literal["earliest", "latest"] = "earliest"  # where a run without a checkpoint starts reading
@@ -182,6 +189,10 @@ class TrainConfig:
             (self.cispo_clip_high >= 0, "cispo_clip_high", "must be >= 0"),
             (self.mismatch_warn_kl >= 0, "mismatch_warn_kl", "must be >= 0 (0: no warning)"),
             (self.kl_coef >= 0, "kl_coef", "must be >= 0"),
+            (not self.distill_url or self.distill_url.startswith(("http://", "https://")), "distill_url",
+             "must be an http(s) URL of the teacher engine"),
+            (self.distill_weight >= 0 and self.reward_weight >= 0, "distill_weight", "and reward_weight must be >= 0"),
+            (self.distill_timeout_s > 0, "distill_timeout_s", "must be > 0"),
             (self.dual_clip == 0 or self.dual_clip > 1, "dual_clip", "must be 0 (off) or > 1"),
             (self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1"),
             (self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1"),

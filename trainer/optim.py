@@ -54,8 +54,7 @@ def has_signal(samples: Sequence[Sample]) -> bool:
     Without one the policy-gradient term is exactly zero. A KL-to-reference term alone does not count
     as signal: a step with nothing to learn should not move the policy at all.
     """
-    return any(s.weight != 0 and s.trained and (any(s.token_advantages) if s.token_advantages else s.advantage != 0)
-               for s in samples)
+    return any(s.weight != 0 and any(a != 0 for a in s.advantages) for s in samples)
 
 
 def saturation_scale(reward_mean: float, knee: float, floor: float) -> float:

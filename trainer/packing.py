@@ -47,12 +47,17 @@ class Sample:
     rollout_logprobs: tuple[float, ...]  # (N,) behaviour logprob of each trained target
     advantage: float
     group_weight: float = 1.0  # staleness down-weighting
-    # (N,) per trained target, where the trace carries per-token advantages (Trace.token_advantages);
-    # None: ``advantage`` for every one
-    token_advantages: tuple[float, ...] | None = None
     weight: float = 0.0  # filled by assign_weights
     group_id: str = ""
     trajectory_id: str = ""  # the trajectory the trace belongs to (seq_mean normalizes per trajectory)
+    # (N,) per trained token, replacing ``advantage`` when set: a judge's per-call (process) scores
+    # (Trace.token_advantages) or on-policy distillation's signal (trainer/distill.py)
+    token_advantages: tuple[float, ...] = ()
+
+    @property
+    def advantages(self) -> tuple[float, ...]:
+        """(N,) the advantage of each trained token."""
+        return self.token_advantages or (self.advantage,) * len(self.trained)
 
     @property
     def length(self) -> int:
@@ -93,7 +98,7 @@ def sample_from_trace(
         group_id=group_id,
         trajectory_id=trajectory_id,
         # the advantage of the token each trained position predicts, as its rollout logprob
-        token_advantages=tuple(float(token_advantages[p + 1]) for p in trained) if token_advantages else None,
+        token_advantages=tuple(float(token_advantages[p + 1]) for p in trained) if token_advantages else (),
     )
 
 
@@ -341,8 +346,7 @@ def _build(samples: Sequence[Sample], rows: list[list[_Unit]], mask: bool, traj:
         positions=torch.tensor(flat, dtype=torch.long),
         targets=torch.tensor([s.targets[p] for s in seqs for p in s.trained], dtype=torch.long),
         rollout_logprobs=torch.tensor([lp for s in seqs for lp in s.rollout_logprobs], dtype=torch.float32),
-        advantages=torch.tensor([a for s in seqs for a in s.token_advantages or (s.advantage,) * len(s.trained)],
-                                dtype=torch.float32),
+        advantages=torch.tensor([a for s in seqs for a in s.advantages], dtype=torch.float32),
         weights=torch.tensor([s.weight for s in seqs for _ in s.trained], dtype=torch.float32),
         num_sequences=len(seqs),
         num_real_tokens=int(attn.sum()),

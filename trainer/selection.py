@@ -111,7 +111,9 @@ def plan_step(polled: Sequence[Polled], seen: SeenIds, served_version: int, cfg:
             plan.skipped.append({**info, "reason": "empty"})
         elif cfg.skip_task_sets and any(t.task_set in cfg.skip_task_sets for t in g.trajectories):
             plan.skipped.append({**info, "reason": "eval_only"})  # a held-out set: evaluated, never trained on
-        elif g.no_signal and (cfg.skip_zero_variance or any(t.zero_signal == "drop" for t in g.trajectories)):
+        elif g.no_signal and not cfg.distill_url and (
+                cfg.skip_zero_variance or any(t.zero_signal == "drop" for t in g.trajectories)):
+            # (with a teacher, a group whose rewards tie still has its per-token signal: trainer/distill.py)
             # skipped trainer-wide, or by its task's wish (the driver replaces it: polarstream/driver/schedule.py)
             plan.skipped.append({**info, "reason": "zero_variance"})
         else:

@@ -98,8 +98,13 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
 
     # -- rank 0: the group source, the run log; every rank: the Syncer (rank 0 alone talks to the engines) --
     stop = _StopFlag()
-    source = log = sinks = None
+    source = log = sinks = teacher = None
+    distill_kl = None
     if master:
+        if cfg.distill_url:
+            from .distill_step import StepTeacher
+
+            teacher = StepTeacher(cfg, settings)
         seen = SeenIds(state.get("seen", []))
         source = GroupSource(settings, cfg.consumer_group, offsets_from_json(state.get("offsets", {})), cfg.start_from)
         log = RunLog(run_dir / "train.jsonl")
@@ -151,6 +156,9 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 wait_s = time.perf_counter() - t_wait
                 if consumed:
                     batch = (*_samples(plan, cfg, log), _mean([t.reward for c in plan.chosen for t in c.group.trajectories]))
+                    if teacher is not None and batch[0]:  # per-token advantages from the teacher (distill.py)
+                        distilled, distill_kl = teacher.apply(batch[0], step + 1)
+                        batch = (distilled, *batch[1:])
             batch = _broadcast_step(batch, distributed)
             if batch is None:
                 break
@@ -166,7 +174,10 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             # share, lr x saturation, forward/backward, clip, AdamW. A step without signal (every advantage 0,
             # e.g. all-zero-variance groups) leaves the weights bit-identical; it still counts as a step and
             # publishes a new policy version (same weights), so on-policy rollouts waiting for step+1 go on.
-            out = train_step(model, optimizer, samples, cfg, reward_mean=reward_mean, step=step, placement=placement,
+            # distillation alone (reward_weight 0): the task reward is off, so it does not slow the lr either
+            # (optim.saturation_scale reads it)
+            lr_reward = 0.0 if cfg.distill_url and cfg.reward_weight == 0 else reward_mean
+            out = train_step(model, optimizer, samples, cfg, reward_mean=lr_reward, step=step, placement=placement,
                              ref_model=ref_model)
             step += 1
             version += 1
@@ -182,6 +193,8 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
                 metrics = {**_step_metrics(out, plan, len(samples), cut, reward_mean), "policy_version": version,
                            "engine_version": syncer.synced, "step_time_s": dt, "wait_s": wait_s,
                            "tokens_per_s": out.sums["tokens_fed"] / dt}
+                if distill_kl is not None:
+                    metrics["distill_reverse_kl"] = distill_kl
                 log.write({"event": "step", "step": step, "policy_version": version, "metrics": metrics,
                            "groups": [c.group.event_id for c in plan.chosen], "weights": [c.weight for c in plan.chosen],
                            "skipped": plan.skipped, "time": time.time()})
@@ -216,6 +229,8 @@ def train(cfg: TrainConfig, settings: Settings) -> dict[str, Any]:
             sinks.close()
             log.close()
             source.close()
+            if teacher is not None:
+                teacher.close()
         stop.restore()
     if distributed:
         dist.barrier()

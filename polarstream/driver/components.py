@@ -147,10 +147,14 @@ def _args(name: str, cfg: RunConfig, settings: Settings, ports: dict[str, int], 
                 # LoRA: each version's adapter is served as <this name>-v<version>, one name per run
                 *(("--set", f"model_name={cfg.run_id or cfg.name}") if cfg.lora else ()),
                 # the experiment's own trainer settings (configure.py checked that none of the above)
-                *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")])
+                *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")],
+                *(("--set", f"distill_url={_teacher_url(urls)}", "--set", "distill_model=teacher") if cfg.teacher_dir else ()))
         return torchrun(cfg, str(cfg.node_rank) if node_rank is None else node_rank, args)
     if name == "rollout":
         return ("rollout", "--port", str(ports["rollout"]))
+    if name == "teacher":  # distillation with a local teacher: its own engine, which the trainer asks
+        return ("engine", "--model", str(cfg.teacher_dir), "--port", str(ports["teacher"]), "--threads", "1",
+                "--served-model-name", "teacher")
     raise ValueError(f"no component {name!r} (one of {', '.join(COMPONENTS)})")
 
 
@@ -174,15 +178,26 @@ def command_line(args: tuple[str, ...]) -> tuple[str, ...]:
     return args if args[:1] == (TORCHRUN,) else ("polarstream", *args)
 
 
+def _teacher_url(urls: dict[str, str]) -> str:
+    if "teacher" not in urls:  # the launchers run no local teacher (trainer/distill.py asks one at a URL)
+        raise ValueError("distill.teacher as a model directory runs only with `polarstream run` on one machine; "
+                         "serve the teacher and give distill.teacher its URL")
+    return urls["teacher"]
+
+
 # Where each served component answers once it is up
 _HEALTH = {"ui": ("ui", "/seq"), "engine": ("engine", "/health"), "node": ("gateway", "/health"),
-           "rollout": ("rollout", "/health")}
+           "rollout": ("rollout", "/health"), "teacher": ("teacher", "/health")}
 
 
 def start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports: dict[str, int], urls: dict[str, str],
                      model_dir: Path, runtime: str, run_dir: Path, console, only: Sequence[str] = COMPONENTS) -> None:
     """The viewer, engine, gateway node, stream worker, trainer and rollout server (those in ``only``), each
     its own process (adopted instead where a killed driver of this run left it running)."""
+    if cfg.teacher_dir and "trainer" in only:  # a local teacher listens on this machine only
+        ports = {**ports, "teacher": procs.port("teacher")}
+        urls = {**urls, "teacher": f"http://127.0.0.1:{ports['teacher']}"}
+
     def start(name: str) -> None:
         child = procs.start(name, *component_args(name, cfg, settings, ports, urls, model_dir, runtime, run_dir))
         if name in _HEALTH:
@@ -196,6 +211,8 @@ def start_components(cfg: RunConfig, settings: Settings, procs: Processes, ports
         console.print(f"viewer: [bold]{urls['ui']}/[/]  (groups, sessions with their chains, traces; live)")
     with console.status(f"starting {', '.join(c for c in COMPONENTS[1:] if c in only)}"):
         for name in COMPONENTS[1:]:
+            if name == "trainer" and name in only and cfg.teacher_dir:  # the teacher it asks, beside it
+                start("teacher")
             if name in only:
                 start(name)
 

@@ -64,6 +64,7 @@ class RunConfig:
     engine_logit_noise: float = 0.0  # the engine's --logit-noise
     engine_dtype: str = "float32"  # the engine's --dtype (bfloat16: a reduced-precision mismatch)
     lora: dict = field(default_factory=dict)  # the experiment's lora: {rank, alpha, dropout, target_modules}; {}: full weights
+    teacher_dir: str = ""  # distill: the local teacher model an engine of the run serves ('' : none, or one at a URL)
     min_completion: float = 0.5  # a group counts once this fraction of its samples is usable
     early_stop_at: float = 0.0  # > 0: cancel a group's stragglers once this fraction is usable
     zero_signal: str = "mask"  # groups without signal: mask, or replace (drop; another task in each one's place)

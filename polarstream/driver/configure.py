@@ -51,6 +51,8 @@ def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: 
         raise ExperimentError(f"--node-rank {node_rank}: only a trainer machine has one; start it with --only trainer")
     cfg.node_rank = node_rank
     cfg.lora = exp.lora.model_dump() if exp.lora is not None else {}
+    if exp.distill is not None and not exp.distill.url and not driver_only and "trainer" in (only or COMPONENTS):
+        cfg.teacher_dir = str(_model(exp.distill.teacher, "distill.teacher"))  # its engine starts beside the trainer
     if exp.wandb is not None:
         import importlib.util
 
@@ -104,14 +106,14 @@ MODEL_FIX = ("set model: to a built-in model (tiny), a local HF model directory,
              "local HF cache (huggingface-cli download ORG/NAME)")
 
 
-def _model(model: str) -> Path:
+def _model(model: str, key: str = "model") -> Path:
     """The local directory of the experiment's model (infra.models: the one resolver of every component)."""
     from infra.models import local_model_dir
 
     try:
         return local_model_dir(model)
     except FileNotFoundError as e:  # its message names the model already: "model 'X': ..."
-        raise ExperimentError(f"model: {str(e).removeprefix('model ')}; {MODEL_FIX}") from None
+        raise ExperimentError(f"{key}: {str(e).removeprefix('model ')}; {MODEL_FIX.replace('model:', f'{key}:')}") from None
 
 
 def _harness(harness: str, installed: bool) -> None:
@@ -200,7 +202,8 @@ def _images(sources: dict[str, list], runtime: str) -> None:
 OWNED = {"lr": "lr", "temperature": "temperature", "max_staleness": "async_level", "stale_mode": "async_level",
          "groups_per_step": "groups_per_step", "max_steps": "max_steps", "skip_task_sets": "eval",
          "skip_zero_variance": "zero_signal", "loss": "loss", "correction": "correction", "lora_rank": "lora",
-         "lora_alpha": "lora", "lora_dropout": "lora", "lora_target_modules": "lora"}
+         "lora_alpha": "lora", "lora_dropout": "lora", "lora_target_modules": "lora", "distill_url": "distill",
+         "distill_model": "distill", "distill_weight": "distill", "reward_weight": "distill"}
 
 
 # How the trainer is launched, not how it trains: the file's trainer: keys that are torchrun's, not --set's
@@ -248,6 +251,10 @@ def trainer_settings(exp: Experiment) -> dict[str, str]:
     if exp.lora is not None:
         settings.update(lora_rank=exp.lora.rank, lora_alpha=exp.lora.alpha, lora_dropout=exp.lora.dropout,
                         lora_target_modules=",".join(exp.lora.target_modules))
+    if exp.distill is not None:  # distill_url: the teacher's, or (a local teacher) set where its engine starts
+        settings.update(distill_weight=exp.distill.weight, reward_weight=exp.distill.reward_weight,
+                        **({"distill_url": exp.distill.url, "distill_model": exp.distill.teacher_model}
+                           if exp.distill.url else {}))
     return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in settings.items()}
 
 

@@ -96,6 +96,23 @@ class KubernetesSettings(BaseModel):
                              "POLAR_KAFKA_BOOTSTRAP names an external Kafka)")
     s3_image: str = Field("andrewgaul/s3proxy:s3proxy-4.1.0", description="the in-cluster S3 server's image (unused "
                           "where POLAR_S3_ENDPOINT names an external one)")
+class DistillSettings(BaseModel):
+    """On-policy distillation (trainer/distill.py): a teacher engine scores the student's sampled tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    teacher: str = Field(..., min_length=1, description="the teacher: a model as model: takes it (built-in, local "
+                         "directory, cached hub id), served by an engine the run starts; or the http(s) URL of a "
+                         "running engine (vLLM or ours) that answers prompt_logprobs")
+    teacher_model: str = Field("", description="the teacher's served model name at that URL ('' : its only one)")
+    weight: float = Field(1.0, ge=0, description="the per-token reverse KL's weight in each token's advantage")
+    reward_weight: float = Field(0.0, ge=0, description="the task reward's (group advantage's) weight; 0: the "
+                                 "teacher alone, no reward needed")
+
+    @property
+    def url(self) -> str:
+        """The teacher's URL when it runs elsewhere ('' : the run starts one)."""
+        return self.teacher if self.teacher.startswith(("http://", "https://")) else ""
 
 
 class Experiment(BaseModel):
@@ -191,6 +208,9 @@ class Experiment(BaseModel):
     lora: LoraSettings | None = Field(None, description="train a LoRA adapter on the frozen model instead of every "
                                       "weight (trainer/lora.py); the engines serve each policy version's adapter by name. "
                                       "LoRA wants a larger lr than full fine-tuning (the demo's --lora: 16, 32, lr 1.5e-3)")
+    distill: DistillSettings | None = Field(None, description="on-policy distillation {teacher, teacher_model, weight, "
+                                           "reward_weight}: each sampled token's advantage becomes weight x (teacher - "
+                                           "student logprob) + reward_weight x the group advantage (docs/trainer.md)")
     wandb: WandbSettings | None = Field(None, description="also log each step's reward and each eval to Weights & "
                                        "Biases (needs pip install wandb); TensorBoard always gets them, in RUN_DIR/tb")
     judge: dict[str, Any] | None = Field(None, description="a reward judge between the outcome and the advantages "

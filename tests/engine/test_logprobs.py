@@ -101,3 +101,39 @@ def test_a_bfloat16_engine_is_a_mismatch_the_k3_metric_sees(tiny_model_dir, refe
     bf16 = _log_ratio(tiny_model_dir, reference, body, logprobs_mode="raw_logprobs", dtype="bfloat16")
     # measured on the tiny model: float32 1e-13, bfloat16 2e-6 (max gap 3e-3): an order of magnitude of margin
     assert same <= 1e-8 and k3(bf16).mean().item() > 2e-7 and bf16.abs().max().item() > 5e-4
+
+
+def test_prompt_logprobs_score_given_tokens_as_vllm_shapes_them(client, reference):
+    """The teacher's route for distillation: a prompt of ids, scored token by token against a plain forward
+    (raw logits: no sampling setting applies to a prompt token), in vLLM's layout."""
+    ids = [5, 17, 99, 3, 42, 42, 7]
+    body = {"prompt": ids, "max_tokens": 1, "prompt_logprobs": 2, "temperature": 0.5, "return_token_ids": True}
+    warm = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 1})  # a cached prefix must not shorten it
+    assert warm.status_code == 200 and warm.json()["choices"][0]["prompt_logprobs"] is None
+    (choice,) = client.post("/v1/completions", json=body).json()["choices"]
+    scores = choice["prompt_logprobs"]
+    assert len(scores) == len(ids) and scores[0] is None
+    with torch.no_grad():
+        logp = reference(torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1)
+    for pos, entry in enumerate(scores[1:]):
+        tok, lp = ids[pos + 1], logp[pos]
+        first = next(iter(entry))  # the prompt token first, then the 2 best others
+        assert first == str(tok) and entry[first]["logprob"] == pytest.approx(float(lp[tok]), abs=1e-4)
+        assert entry[first]["rank"] == int((lp > lp[tok]).sum()) + 1
+        best = lp.topk(2).indices.tolist()
+        assert set(entry) == {str(tok), *map(str, best)} and all("decoded_token" in v for v in entry.values())
+    bad = client.post("/v1/completions", json={**body, "prompt_logprobs": 21})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_logprobs"
+    chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 0})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "prompt_logprobs"  # not served on chat
+
+
+def test_prompt_logprobs_in_chunks_equal_them_whole(monkeypatch):
+    from engine import prompt_logprobs as P
+
+    torch.manual_seed(0)
+    logits, prompt = torch.randn(11, 50), torch.randint(0, 50, (11,)).tolist()
+    whole = P.prompt_logprobs(logits, prompt, 2)
+    monkeypatch.setattr(P, "CHUNK", 3)  # 10 scored positions in chunks of 3, 3, 3, 1
+    assert P.prompt_logprobs(logits, prompt, 2) == whole and len(whole) == 11 and whole[0] is None
+    assert all(len(e) in (2, 3) and e[0][0] == t for e, t in zip(whole[1:], prompt[1:]))  # the token first

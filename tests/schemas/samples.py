@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from schemas import (
     CallOutput, CallRecorded, ChainInfo, JudgeVerdict, PolicyVersion, PromptDelta, Record, SessionAssigned, SessionEvent,
-    TaskRequest, Timings, ToolCallOut, Trace, TrainingGroup, Trajectory, Usage, WorkspaceSpec,
+    TaskRequest, TeacherScores, Timings, ToolCallOut, Trace, TrainingGroup, Trajectory, Usage, WorkspaceSpec,
 )
 
 
@@ -45,7 +45,7 @@ def process_scored(session_id: str) -> Trajectory:
 
 def sample_records() -> list[Record]:
     """TaskRequest, SessionAssigned, CallRecorded (plain and delta), SessionEvent, Trajectory, TrainingGroup, PolicyVersion,
-    JudgeVerdict."""
+    JudgeVerdict, TeacherScores."""
     t = task()
     return [
         t,
@@ -62,4 +62,6 @@ def sample_records() -> list[Record]:
         PolicyVersion(model="polar-tiny", version=4, checkpoint_url="s3://polarstream/ckpt/step-4", step=4, metrics={"loss": 0.1}),
         JudgeVerdict(group_id="task-1", session_id="s-1", trajectory_id="t-1", judge="j-1", model="rule", score=3.0,
                      chunk_scores=[3.0], detail="correct", attempts=2, prompt_tokens=40, completion_tokens=9),
+        TeacherScores(group_id="task-1", group_event_id="g-ev", trajectory_id="t-ev", trace_index=0,
+                      teacher="http://127.0.0.1:8001#teacher", step=5, positions=[4, 5], logprobs=[-0.25, -1.5]),
     ]

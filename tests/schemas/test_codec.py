@@ -27,7 +27,7 @@ def test_round_trip(record):
 def test_every_type_has_a_topic_and_a_sample():
     assert {type(r) for r in sample_records()} == set(RECORD_TYPES.values())
     assert set(RECORD_BY_TOPIC) == {"tasks", "sessions", "calls", "session-events", "trajectories", "groups", "policy",
-                                   "judgements"}
+                                   "judgements", "teacher"}
 
 
 @pytest.mark.parametrize("record", sample_records(), ids=lambda r: type(r).__name__)
