@@ -66,11 +66,13 @@ def async_runs_table(summaries: list[dict]) -> str:
 
 
 IMAGE_RUNS_START, IMAGE_RUNS_END = "<!-- run:image -->", "<!-- /run:image -->"
+JUDGE_RUNS_START, JUDGE_RUNS_END = "<!-- run:judge -->", "<!-- /run:judge -->"  # examples/judge_arith.yaml
 
 
 def image_runs_table(summaries: list[dict]) -> str:
-    """One row per run of the arith family as image tasks (examples/image_arith.py: every session in a
-    container of the task's image): seed, quarters, held-out pass@1, worst fall, RL wall time, steps/hour."""
+    """One row per seed of an experiment run (the arith family as image tasks, examples/image_arith.py; with a
+    judge as its only reward, examples/judge_arith.yaml): seed, quarters, held-out pass@1, worst fall, RL wall
+    time, steps/hour."""
     rows = ["| seed | first quarter | last quarter | held-out pass@1 before | after | worst fall after 0.8 "
             "| RL wall time | steps/hour | learned |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]

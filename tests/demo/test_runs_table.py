@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from polarstream.driver.runs_table import (ASYNC_RUNS_END, ASYNC_RUNS_START, CLI_RUNS_END, CLI_RUNS_START, CLI_STEPS_END,
-                                CLI_STEPS_START, IMAGE_RUNS_END, IMAGE_RUNS_START, RUNS_END, RUNS_START, async_runs_table,
-                                cli_runs_table, cli_steps_table, image_runs_table,
-                                demo_run_summaries, render_block, render_runs, runs_table)
+                                CLI_STEPS_START, IMAGE_RUNS_END, IMAGE_RUNS_START, JUDGE_RUNS_END, JUDGE_RUNS_START,
+                                RUNS_END, RUNS_START, async_runs_table, cli_runs_table, cli_steps_table,
+                                demo_run_summaries, image_runs_table, render_block, render_runs, runs_table)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,8 @@ def test_readme_matches_the_committed_runs():
     ("demo-runs/step-*.json", cli_steps_table, CLI_STEPS_START, CLI_STEPS_END),  # real-CLI step timings
     ("experiment-runs/arith-*.json", async_runs_table, ASYNC_RUNS_START, ASYNC_RUNS_END),  # polarstream run, S = 0, 1
     ("experiment-runs/image-arith-*.json", image_runs_table, IMAGE_RUNS_START, IMAGE_RUNS_END),  # in containers
-], ids=["cli-runs", "cli-steps", "async-runs", "image-runs"])
+    ("experiment-runs/judge-arith-*.json", image_runs_table, JUDGE_RUNS_START, JUDGE_RUNS_END),  # a judge's reward
+], ids=["cli-runs", "cli-steps", "async-runs", "image-runs", "judge-runs"])
 def test_readme_matches_the_committed_real_cli_summaries(pattern, table, start, end):
     runs = sorted((ROOT / "docs").glob(pattern))
     assert runs, f"docs/{pattern}: none committed"
