@@ -74,7 +74,7 @@ def test_spec_validation(tmp_path):
     good = TOPICS_FILE.read_text()
     with pytest.raises(InfraError, match="co-partitioned topics need equal partition counts"):
         load_specs(_spec_file(tmp_path, good.replace("partitions: 4                      # = calls", "partitions: 3 #")))
-    with pytest.raises(InfraError, match=r"topics missing \['policy', 'teacher'\]"):
+    with pytest.raises(InfraError, match=r"topics missing \['judgements', 'policy', 'teacher'\]"):
         load_specs(_spec_file(tmp_path, good.split("  policy:")[0]))
     with pytest.raises(InfraError, match="tasks.partitions must be an integer of at least 1, got 0"):
         load_specs(_spec_file(tmp_path, good.replace("partitions: 2", "partitions: 0", 1)))

@@ -129,7 +129,7 @@ def test_a_call_score_lands_on_exactly_that_calls_tokens():
     samples, _ = samples_from_group(out, max_len=0)
     by_trace = {s.input_ids[0]: s for s in samples}
     assert by_trace[10].token_advantages == (0.7, 0.7, 0.3, 0.3, 0.3, 0.3)
-    assert by_trace[100].token_advantages == (0.6, 0.6) and by_trace[1].token_advantages is None  # member b: its own
+    assert by_trace[100].token_advantages == (0.6, 0.6) and by_trace[1].token_advantages == ()  # member b: its own
     got = sorted(a for mb in pack(samples, budget=64) for a in mb.advantages.tolist())
     assert got == pytest.approx(sorted([0.7, 0.7, 0.3, 0.3, 0.3, 0.3, 0.6, 0.6] + [-0.5] * 3))
 
