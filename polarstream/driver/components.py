@@ -80,9 +80,16 @@ def pick_runtime(requested: str) -> str:
 
 
 def component_args(name: str, cfg: RunConfig, settings: Settings, ports: dict[str, int], urls: dict[str, str],
-                   model_dir: Path, runtime: str, run_dir: Path) -> tuple[str, ...]:
+                   model_dir: Path, runtime: str, run_dir: Path, host: str = "") -> tuple[str, ...]:
     """The ``polarstream`` arguments that start component ``name`` of this run: the one place they are written,
-    for a process here, a container, a Slurm step or a Kubernetes pod alike."""
+    for a process here, a container, a Slurm step or a Kubernetes pod alike. ``host``: the listen address of
+    the components others reach (engine, node, rollout, ui); '' keeps each one's default, loopback."""
+    listen = ("--host", host) if host and name in ("ui", "engine", "node", "rollout") else ()
+    return (*_args(name, cfg, settings, ports, urls, model_dir, runtime, run_dir), *listen)
+
+
+def _args(name: str, cfg: RunConfig, settings: Settings, ports: dict[str, int], urls: dict[str, str],
+          model_dir: Path, runtime: str, run_dir: Path) -> tuple[str, ...]:
     if name == "ui":
         return ("ui", "--port", str(ports["ui"]), "--model", str(model_dir))
     if name == "engine":
