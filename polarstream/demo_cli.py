@@ -94,6 +94,9 @@ def register(app: typer.Typer) -> None:
         print_config: Annotated[bool, typer.Option("--print-config", help="print every setting with its meaning, as "
                                                                           "YAML, and exit: the file's (defaults filled "
                                                                           "in), or without one the defaults")] = False,
+        launcher: Annotated[str, typer.Option("--launcher", help="process: every component a process here; podman: "
+                                              "each in a container of the project image on one network, the driver "
+                                              "too, as on hosts of their own (docs/deploy.md)")] = "process",
     ) -> None:
         """Run an RL experiment from one file: every component on this machine, your tasks, bounded asynchrony, evals."""
         import time
@@ -121,6 +124,13 @@ def register(app: typer.Typer) -> None:
         if driver_only and only is not None:
             typer.echo("error: --only starts components and --driver-only drives them: give one", err=True)
             raise typer.Exit(1)
+        if launcher not in ("process", "podman"):
+            typer.echo(f"error: --launcher {launcher}: expected process or podman", err=True)
+            raise typer.Exit(1)
+        if launcher == "podman" and (driver_only or only is not None):
+            typer.echo("error: --launcher podman starts every component and the driver in containers: no --only or "
+                       "--driver-only with it", err=True)
+            raise typer.Exit(1)
         components = frozenset(c.strip() for c in only.split(",") if c.strip()) if only is not None else frozenset()
         out = run_dir or Path("runs") / time.strftime(f"{exp.name}-%Y%m%d-%H%M%S")
         from .driver.configure import run_config
@@ -132,9 +142,33 @@ def register(app: typer.Typer) -> None:
         except ExperimentError as e:
             typer.echo(f"error: {where}: {e}", err=True)
             raise typer.Exit(1) from None
+        if launcher == "podman":
+            raise typer.Exit(_run_in_containers(exp, cfg, preset))
         path = _run_to_end("run", exp, cfg, preset)
         if path is not None:
             typer.echo(path)
+
+
+def _run_in_containers(exp, cfg, preset) -> int:
+    """``run --launcher podman``: the project image (built, or found by its inputs' hash), the model made here,
+    then every component and the driver in containers; the driver's exit code."""
+    from rich.console import Console
+
+    from .driver.containers import ContainerError, host_model, run_in_containers
+    from .project_image import ProjectImageError, build_project_image
+
+    console = Console()
+    try:
+        with console.status("the project image (polarstream images project; the first build takes minutes)"):
+            image = build_project_image()
+        console.print(f"image {image}")
+        model_dir = host_model(cfg, preset, console)
+        code = run_in_containers(exp, cfg, model_dir, cfg.run_dir, image, console)
+    except (ProjectImageError, ContainerError) as e:
+        typer.echo(f"run failed: {' '.join(str(e).split())}", err=True)
+        return 1
+    console.print(f"driver exited {code}; its report: {cfg.run_dir / 'driver'}")
+    return code
 
 
 def _run_to_end(what: str, exp, cfg, preset) -> Path | None:

@@ -1,0 +1,74 @@
+"""Issue 75's run across containers: ``polarstream run examples/arith.yaml --launcher podman``, every part of
+the run in its own container of the project image on one network (polarstream/driver/containers.py). It
+learns to the demo's bars; its trainer's container, SIGKILLed mid-step, restarts and resumes (every step
+trained once, none twice); a gateway node's container, killed, leaves its sessions to the other node and the
+run loses nothing. Marked ``containers``: longer than `make test` allows (`make containers-test`, .ci/run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.runtimes.images import engine_argv
+
+ROOT = Path(__file__).parents[2]
+pytestmark = [pytest.mark.containers, pytest.mark.slow]
+
+
+def _podman(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*engine_argv("podman"), *args], capture_output=True, text=True, timeout=120)
+
+
+def _trainer_steps(prefix: str) -> list[dict]:
+    """The trainer's step records so far, read in its container (its own disk)."""
+    out = _podman("exec", f"{prefix}-trainer", "cat", "/var/lib/polarstream/run/trainer/train.jsonl")
+    return [json.loads(line) for line in out.stdout.splitlines() if '"event": "step"' in line]
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
+
+
+@pytest.mark.timeout(3600)
+def test_arith_across_containers_learns_and_outlives_a_killed_trainer_and_gateway_node(tmp_path):
+    run_dir, log = tmp_path / "run", tmp_path / "launcher.log"
+    launcher = subprocess.Popen([sys.executable, "-m", "polarstream", "run", str(ROOT / "examples" / "arith.yaml"),
+                                 "--launcher", "podman", "--run-dir", str(run_dir)],
+                                stdout=open(log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
+
+    def wait_until(what: str, check, timeout: float = 1800):
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert launcher.poll() is None, f"the launcher exited ({launcher.returncode}) before {what}:\n{_tail(log)}"
+            assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s:\n{_tail(log)}"
+            time.sleep(2)
+
+    try:
+        wait_until("the containers", lambda: (run_dir / "containers.txt").exists(), 1200)  # the image's build first
+        prefix = (run_dir / "containers.txt").read_text().strip()
+        # the trainer, SIGKILLed once step 3 is trained (a checkpoint exists) while step 4's groups come in
+        wait_until("step 3", lambda: len(_trainer_steps(prefix)) >= 3)
+        assert _podman("kill", "--signal", "KILL", f"{prefix}-trainer").returncode == 0
+        # a gateway node, killed while the resumed trainer's steps run: its sessions go to the other node
+        wait_until("step 6", lambda: len(_trainer_steps(prefix)) >= 6)
+        assert _podman("kill", "--signal", "KILL", f"{prefix}-node-2").returncode == 0
+        assert launcher.wait(timeout=2400) == 0, _tail(log)
+    finally:
+        if launcher.poll() is None:
+            launcher.terminate()
+            launcher.wait(timeout=120)
+    assert not _podman("ps", "-a", "--filter", f"label=io.polarstream.run={prefix}", "-q").stdout.strip()  # all removed
+
+    summary = json.loads((run_dir / "driver" / "run-summary.json").read_text())
+    assert summary["learned"], json.dumps(summary, indent=1)[:3000]
+    # every step trained once, none twice, across the trainer's restart: its own records, copied out of it
+    steps = [json.loads(line) for line in (run_dir / "trainer" / "train.jsonl").read_text().splitlines()
+             if '"event": "step"' in line]
+    assert sorted(s["step"] for s in steps) == list(range(1, 25))
+    groups = [g for s in steps for g in s["groups"]]
+    assert len(groups) == len(set(groups)) == 24 * 4, "a group trained twice, or one missing"
