@@ -121,12 +121,14 @@ def dockerfile() -> str:
 FROM scratch
 ADD rootfs.tar /
 COPY venv/ {VENV}/
+# Bytecode in unchecked-hash mode: valid whatever the files' times, the same bytes on every build; the venv's
+# in a layer of its own, kept when only the project changes. Some packages ship .py files that are not
+# Python 3 (templates, test data): compileall fails on them (exit 1), they are never imported, and the rest
+# is compiled, so its status is not the build's.
+RUN {py} -m compileall -q -j 0 --invalidation-mode unchecked-hash {VENV}/lib > /dev/null; true
 COPY cache/ {CACHE}/
 COPY project/ {PROJECT}/
-# Bytecode in unchecked-hash mode: valid whatever the files' times, the same bytes on every build. Some
-# packages ship .py files that are not Python 3 (templates, test data): compileall fails on them (exit 1),
-# they are never imported, and the rest is compiled, so its status is not the build's.
-RUN {py} -m compileall -q -j 0 --invalidation-mode unchecked-hash {VENV}/lib {PROJECT} > /dev/null; true
+RUN {py} -m compileall -q -j 0 --invalidation-mode unchecked-hash {PROJECT} > /dev/null; true
 ENV PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
     PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 POLAR_DATA_DIR=/var/lib/polarstream POLAR_CACHE_DIR={CACHE} HOME=/root
 WORKDIR {PROJECT}
