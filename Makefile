@@ -13,7 +13,8 @@ STAMP := $(VENV)/.installed
 venv: $(STAMP)
 
 # Debian packages: the sandboxes (bubblewrap; podman with runc for tasks that bring an image, mmdebstrap
-# for their offline Debian bases, Docker's registry for the test that pulls a task's prebuilt image) and the viewer's browser test (chromium); Java 17 and Maven come with
+# for their offline Debian bases, Docker's registry for the test that pulls a task's prebuilt image), Slurm with munge
+# (the Slurm launcher's test starts a one-node cluster, no systemd) and the viewer's browser test (chromium); Java 17 and Maven come with
 # the machine.
 system:
 	@command -v bwrap >/dev/null || { echo "installing bubblewrap (sandbox runtime)"; \
@@ -27,6 +28,12 @@ system:
 	  { $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -q >/dev/null && \
 	    $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q podman runc mmdebstrap docker-registry >/dev/null; } || \
 	  echo "warning: podman could not be installed; tasks with an image cannot run here"; }
+	@{ command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged; } >/dev/null || { \
+	  echo "installing slurm-wlm and munge (the Slurm launcher's test runs a one-node cluster here)"; \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q slurm-wlm munge >/dev/null 2>&1 || \
+	  { $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -q >/dev/null && \
+	    $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q slurm-wlm munge >/dev/null; } || \
+	  echo "warning: slurm-wlm could not be installed; the Slurm launcher's test will skip"; }
 	@command -v chromium >/dev/null || { echo "installing chromium (headless browser for the viewer test)"; \
 	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q chromium >/dev/null 2>&1 || \
 	  { $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -q >/dev/null && \

@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default_factory=lambda: Path(os.environ.get("POLAR_DATA_DIR", ".polar")).absolute())
     cache_dir: Path = CACHE_DIR
 
+    # Past one machine (docs/deploy.md): the one address the others reach this machine's components at
+    advertised_host: str = Field("", description="the name or address other machines reach this one's components "
+                                 "at: every URL a component started here announces (engine, gateway node, rollout "
+                                 "server, metrics, the trainer's weight-transfer rendezvous) uses it, and they "
+                                 "listen on every interface; '' = 127.0.0.1, a run on one machine")
+
     # Service ports
     engine_port: int = 8000
     gateway_port: int = 8100
@@ -128,6 +134,17 @@ class Settings(BaseSettings):
         if name not in TOPICS:
             raise ValueError(f"unknown topic {name!r}; expected one of {', '.join(TOPICS)}")
         return f"{self.topic_prefix}polar.{name}"
+
+    @property
+    def announced_host(self) -> str:
+        """The host in every URL a component here announces (advertised_host; one machine: loopback)."""
+        return self.advertised_host or "127.0.0.1"
+
+    @property
+    def listen_host(self) -> str:
+        """Where a component here listens: loopback on one machine, every interface once others must reach it
+        (the advertised name may be a service's or a NAT's, not an address of this machine to bind)."""
+        return "127.0.0.1" if self.announced_host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
 
     @property
     def s3_endpoint_url(self) -> str:

@@ -91,12 +91,21 @@ def register(app: typer.Typer) -> None:
         only: Annotated[Optional[str], typer.Option("--only", help="start these components here (comma separated: ui, "
                                                      "engine, node, streams, trainer, rollout) and drive nothing: "
                                                      "one file, a run spread over machines")] = None,
+        node_rank: Annotated[int, typer.Option("--node-rank", help="with --only trainer on one of several trainer "
+                                               "machines (the file's trainer: nodes): which one this is, 0 hosting "
+                                               "the rendezvous")] = 0,
         print_config: Annotated[bool, typer.Option("--print-config", help="print every setting with its meaning, as "
                                                                           "YAML, and exit: the file's (defaults filled "
                                                                           "in), or without one the defaults")] = False,
-        launcher: Annotated[str, typer.Option("--launcher", help="process: every component a process here; podman: "
-                                              "each in a container of the project image on one network, the driver "
-                                              "too, as on hosts of their own (docs/deploy.md)")] = "process",
+        launcher: Annotated[str, typer.Option(help="local: every component here; podman: each in a container of the "
+                                                   "project image on one network, the driver too, as on hosts of their "
+                                                   "own; slurm: an sbatch script of the run; k8s: Kubernetes manifests "
+                                                   "(with --render DIR, then --submit; docs/deploy.md)")] = "local",
+        render: Annotated[Optional[Path], typer.Option(help="--launcher slurm|k8s: write the job's files (the "
+                                                            "manifests) to this directory (slurm: the run's too, "
+                                                            "unless --run-dir)")] = None,
+        submit: Annotated[bool, typer.Option("--submit", help="--launcher slurm: submit the rendered job (sbatch) "
+                                                              "and print its id; k8s: kubectl apply it")] = False,
     ) -> None:
         """Run an RL experiment from one file: every component on this machine, your tasks, bounded asynchrony, evals."""
         import time
@@ -114,6 +123,19 @@ def register(app: typer.Typer) -> None:
             given = experiment is not None or any(v is not None for v in (seed, async_level, max_steps))
             typer.echo(settings_yaml(exp, where) if given else settings_yaml(), nl=False)
             return
+        if launcher == "podman":  # started from here, every part in a container of its own
+            if driver_only or only is not None or render is not None or submit:
+                typer.echo("error: --launcher podman starts every component and the driver in containers: no --only, "
+                           "--driver-only, --render or --submit with it", err=True)
+                raise typer.Exit(1)
+            raise typer.Exit(_run_in_containers(exp, where, run_dir or Path("runs") / time.strftime(f"{exp.name}-%Y%m%d-%H%M%S")))
+        if launcher != "local":  # the run rendered for a cluster manager, not started here
+            _launch(launcher, exp, where, render, run_dir, submit, driver_only or only is not None)
+            return
+        if render is not None or submit:
+            typer.echo(f"error: --{'render' if render is not None else 'submit'} is for a launcher "
+                       "(--launcher slurm or k8s); the local run starts every component here", err=True)
+            raise typer.Exit(1)
         if driver_only and not (exp.rollout_url and exp.engine_url):
             typer.echo(f"error: {where}: --driver-only needs rollout_url and engine_url in the file", err=True)
             raise typer.Exit(1)
@@ -124,13 +146,6 @@ def register(app: typer.Typer) -> None:
         if driver_only and only is not None:
             typer.echo("error: --only starts components and --driver-only drives them: give one", err=True)
             raise typer.Exit(1)
-        if launcher not in ("process", "podman"):
-            typer.echo(f"error: --launcher {launcher}: expected process or podman", err=True)
-            raise typer.Exit(1)
-        if launcher == "podman" and (driver_only or only is not None):
-            typer.echo("error: --launcher podman starts every component and the driver in containers: no --only or "
-                       "--driver-only with it", err=True)
-            raise typer.Exit(1)
         components = frozenset(c.strip() for c in only.split(",") if c.strip()) if only is not None else frozenset()
         out = run_dir or Path("runs") / time.strftime(f"{exp.name}-%Y%m%d-%H%M%S")
         from .driver.configure import run_config
@@ -138,37 +153,80 @@ def register(app: typer.Typer) -> None:
 
         preset = preset_for(exp)  # train: builtin:arith is the demo's family; a file or directory, the file's own tasks
         try:  # the model, the tasks, the harness and the runtime: checked before anything starts
-            cfg = run_config(exp, out, driver_only, components, preset)
+            cfg = run_config(exp, out, driver_only, components, preset, node_rank)
         except ExperimentError as e:
             typer.echo(f"error: {where}: {e}", err=True)
             raise typer.Exit(1) from None
-        if launcher == "podman":
-            raise typer.Exit(_run_in_containers(exp, cfg, preset))
         path = _run_to_end("run", exp, cfg, preset)
         if path is not None:
             typer.echo(path)
 
 
-def _run_in_containers(exp, cfg, preset) -> int:
+def _run_in_containers(exp, where: str, run_dir: Path) -> int:
     """``run --launcher podman``: the project image (built, or found by its inputs' hash), the model made here,
-    then every component and the driver in containers; the driver's exit code."""
+    then every component and the driver in containers (polarstream/driver/containers.py); the driver's exit code."""
     from rich.console import Console
 
+    from .driver.configure import run_config
     from .driver.containers import ContainerError, host_model, run_in_containers
+    from .driver.experiment import ExperimentError
+    from .presets import preset_for
     from .project_image import ProjectImageError, build_project_image
 
     console = Console()
+    preset = preset_for(exp)
     try:
+        cfg = run_config(exp, run_dir.absolute(), preset=preset)
         with console.status("the project image (polarstream images project; the first build takes minutes)"):
             image = build_project_image()
         console.print(f"image {image}")
-        model_dir = host_model(cfg, preset, console)
-        code = run_in_containers(exp, cfg, model_dir, cfg.run_dir, image, console)
+        code = run_in_containers(exp, cfg, host_model(cfg, preset, console), cfg.run_dir, image, console)
+    except ExperimentError as e:
+        typer.echo(f"error: {where}: {e}", err=True)
+        return 1
     except (ProjectImageError, ContainerError) as e:
         typer.echo(f"run failed: {' '.join(str(e).split())}", err=True)
         return 1
     console.print(f"driver exited {code}; its report: {cfg.run_dir / 'driver'}")
     return code
+
+
+# `polarstream run --launcher NAME`: local, or a cluster manager the run is rendered for (_launch): each one a
+# module of polarstream/driver by that name, with render(exp, cfg, DIR) -> path and submit(path) -> what to print
+LAUNCHERS = ("slurm", "k8s")
+
+
+def _launch(launcher: str, exp, where: str, render: Path | None, run_dir: Path | None, submit: bool,
+            split: bool) -> None:
+    """Render the run for ``launcher`` into ``render`` (and submit it); one line on stderr where it cannot."""
+    from .driver.configure import run_config
+    from .driver.experiment import ExperimentError
+    from .presets import preset_for
+
+    if launcher not in LAUNCHERS:
+        typer.echo(f"error: --launcher {launcher}: expected one of local, podman, {', '.join(sorted(LAUNCHERS))}", err=True)
+        raise typer.Exit(1)
+    if render is None:
+        typer.echo(f"error: --launcher {launcher} needs --render DIR (where the job's files go)", err=True)
+        raise typer.Exit(1)
+    if split:
+        typer.echo(f"error: --launcher {launcher} places every component itself: no --only or --driver-only", err=True)
+        raise typer.Exit(1)
+    from .driver import k8s, slurm
+
+    module = {"slurm": slurm, "k8s": k8s}[launcher]
+    try:  # checked as a local run is, before anything is written
+        cfg = run_config(exp, (run_dir or render).absolute(), preset=preset_for(exp))
+        script = module.render(exp, cfg, render)
+        typer.echo(script)
+        if submit:
+            typer.echo(f"submitted: {'job ' if launcher == 'slurm' else ''}{module.submit(script)}")
+    except ExperimentError as e:
+        typer.echo(f"error: {where}: {e}", err=True)
+        raise typer.Exit(1) from None
+    except OSError as e:  # the job's files could not be written there
+        typer.echo(f"error: --render {render}: {e.strerror or e}", err=True)
+        raise typer.Exit(1) from None
 
 
 def _run_to_end(what: str, exp, cfg, preset) -> Path | None:

@@ -136,16 +136,21 @@ CMD ["polarstream", "--help"]
 """
 
 
-def _venv_skeleton(ctx: Path, version: str) -> None:
-    """pyvenv.cfg, the interpreter links and the ``polarstream`` entry point of the image's venv."""
+def _venv_skeleton(ctx: Path, version: str, dists: dict[str, md.Distribution]) -> None:
+    """pyvenv.cfg, the interpreter links and the console scripts (``polarstream``, ``torchrun``, ...) of the
+    image's venv, written for its path (the scripts here name this venv's python)."""
     venv = ctx / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "pyvenv.cfg").write_text(f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {version}\n")
     for name in ("python", "python3", f"python{version.rsplit('.', 1)[0]}"):
         (venv / "bin" / name).symlink_to("/usr/bin/python3")
-    entry = venv / "bin" / "polarstream"
-    entry.write_text(f"#!{VENV}/bin/python\nimport sys\nfrom polarstream.cli import main\nsys.exit(main())\n")
-    entry.chmod(0o755)
+    scripts = {ep.name: ep for dist in dists.values() for ep in dist.entry_points if ep.group == "console_scripts"}
+    for name, ep in sorted(scripts.items()):
+        head, _, rest = ep.attr.partition(".")
+        entry = venv / "bin" / name
+        entry.write_text(f"#!{VENV}/bin/python\nimport sys\nfrom {ep.module} import {head}\n"
+                         f"sys.exit({head}{'.' + rest if rest else ''}())\n")
+        entry.chmod(0o755)
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -166,9 +171,10 @@ def write_context(ctx: Path, rootfs: Path, project_root: Path) -> str:
     h.update(dockerfile().encode())
     _link(rootfs, ctx / "rootfs.tar")
     h.update(b"rootfs\0" + _file_hash(rootfs).encode())
-    _venv_skeleton(ctx, version)
+    dists = runtime_dists()
+    _venv_skeleton(ctx, version, dists)
     lib = ctx / "venv" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    for rel, src in venv_files(runtime_dists(), site).items():
+    for rel, src in venv_files(dists, site).items():
         _link(src, lib / rel)
         h.update(f"venv\0{rel}\0{src.stat().st_size}\0{oct(src.stat().st_mode)}\0{int(src.stat().st_mtime)}\0".encode())
     (lib / "polarstream-project.pth").write_text(PROJECT + "\n")

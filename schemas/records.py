@@ -444,6 +444,11 @@ class PolicyVersion(Record):
     checkpoint_url: str
     step: int = 0
     metrics: dict[str, float] = Field(default_factory=dict)
+    # The weight sync that brought this version to the engines (the trainer's ``sync`` event: mode, sync_s,
+    # engine_pause_s, the engines by path, adapter). Empty on the record published once the version is
+    # trained, before any engine loads it; the trainer publishes the version again with it once they serve
+    # it, so a driver on another machine reads each step's sync from the topic, not from the trainer's disk.
+    sync: dict[str, Any] = Field(default_factory=dict)
 
     def key(self) -> str:
         return self.model

@@ -86,7 +86,10 @@ def _require_services(cfg, settings) -> None:
     """Fail in one line, before torch loads, when an engine, the gateway, S3 or Kafka does not answer."""
     from infra.reach import ENGINE_HINT, require_free_port, require_kafka, require_storage, require_url
 
-    require_free_port(cfg.metrics_port)  # 0: off
+    import os
+
+    if int(os.environ.get("RANK", "0")) == 0:  # rank 0 alone serves /metrics; another rank would find it taken
+        require_free_port(cfg.metrics_port)  # 0: off
     for spec in cfg.engines:
         require_url(spec.partition("=")[2], "the engine", ENGINE_HINT, wait_s=settings.wait_for_s)
     if cfg.gateway:

@@ -15,7 +15,7 @@ from infra.settings import Settings
 
 from .config import RunConfig
 from .evaluation import HELDOUT_SET
-from .processes import Processes
+from .processes import TORCHRUN, Processes
 
 # What a run starts, in this order; ``polarstream run --only`` starts some of them on one machine
 COMPONENTS = ("ui", "engine", "node", "streams", "trainer", "rollout")
@@ -39,6 +39,15 @@ def bring_up(cfg: RunConfig, settings: Settings, console) -> None:
     ensure_topics(settings)
 
 
+def run_settings(base: Settings, run_id: str) -> Settings:
+    """``base`` with the run's own topic prefix and checkpoint folder (where it names none): unique per run,
+    so topics and checkpoints of earlier runs on the same cluster never mix in."""
+    return base.model_copy(update={
+        "topic_prefix": base.topic_prefix or f"{run_id}.",
+        "storage_url": base.storage_url or f"s3://{base.s3_bucket}/{run_id}",
+    })
+
+
 def child_env(settings: Settings, run_dir: Path) -> dict[str, str]:
     """What every component gets in its environment: the run's Kafka, topics, storage and secrets."""
     return {
@@ -47,19 +56,21 @@ def child_env(settings: Settings, run_dir: Path) -> dict[str, str]:
         "POLAR_S3_ENDPOINT": settings.s3_endpoint_url, "POLAR_DATA_DIR": str(run_dir / "data"),
         "POLAR_SESSION_SECRET": settings.session_secret, "POLAR_ADMIN_TOKEN": settings.admin_token,
         "OMP_NUM_THREADS": "1",
+        **({"POLAR_ADVERTISED_HOST": settings.advertised_host} if settings.advertised_host else {}),
     }
 
 
-def addresses(cfg: RunConfig, procs: Processes) -> tuple[dict[str, int], dict[str, str]]:
-    """Each component's port here and the URL the driver reaches it at: here (every component, or the
-    ``--only`` ones, at the ports of their URLs in the experiment), or elsewhere (``cfg.attach``)."""
+def addresses(cfg: RunConfig, procs: Processes, settings: Settings) -> tuple[dict[str, int], dict[str, str]]:
+    """Each component's port here and the URL the driver and the others reach it at: here (every component, or
+    the ``--only`` ones, at the ports of their URLs in the experiment; at the machine's advertised host), or
+    elsewhere (``cfg.attach``)."""
     ports = {name: procs.port(name) for name in ("engine", "gateway", "rollout", "ui", "streams_metrics", "trainer_metrics")}
     for name in cfg.only & SERVES.keys():  # served where the experiment's URL says the others will find it
         ports[SERVES[name]] = urlsplit(cfg.attach[SERVES[name]]).port or ports[SERVES[name]]
     # what runs on this machine: everything, nothing (--driver-only), or the --only components
     here = ({SERVES.get(name, name) for name in cfg.only} | {"streams_metrics", "trainer_metrics"} if cfg.only
             else set() if cfg.attach else set(ports))
-    urls = {name: f"http://127.0.0.1:{port}" if name in here else "" for name, port in ports.items()}
+    urls = {name: f"http://{settings.announced_host}:{port}" if name in here else "" for name, port in ports.items()}
     urls.update({k: v for k, v in cfg.attach.items() if k not in here})
     return ports, urls
 
@@ -80,26 +91,24 @@ def pick_runtime(requested: str) -> str:
 
 
 def component_args(name: str, cfg: RunConfig, settings: Settings, ports: dict[str, int], urls: dict[str, str],
-                   model_dir: Path, runtime: str, run_dir: Path, host: str = "") -> tuple[str, ...]:
+                   model_dir: Path, runtime: str, run_dir: Path, node_rank: str | None = None) -> tuple[str, ...]:
     """The ``polarstream`` arguments that start component ``name`` of this run: the one place they are written,
-    for a process here, a container, a Slurm step or a Kubernetes pod alike. ``host``: the listen address of
-    the components others reach (engine, node, rollout, ui); '' keeps each one's default, loopback."""
-    listen = ("--host", host) if host and name in ("ui", "engine", "node", "rollout") else ()
-    return (*_args(name, cfg, settings, ports, urls, model_dir, runtime, run_dir), *listen)
-
-
-def _args(name: str, cfg: RunConfig, settings: Settings, ports: dict[str, int], urls: dict[str, str],
-          model_dir: Path, runtime: str, run_dir: Path) -> tuple[str, ...]:
+    for a process here, a container, a Slurm step or a Kubernetes pod alike. A trainer of several processes
+    (``cfg.trainer_nproc``, ``cfg.trainer_nodes``) is a ``torchrun`` command instead (``command_line``):
+    ``node_rank`` is this machine's among the trainer's (``cfg.node_rank`` if None; a launcher passes what its
+    scheduler expands per node, such as ``$(JOB_COMPLETION_INDEX)``)."""
+    # where a served component listens: loopback on one machine, every interface once others reach it
+    listen = ("--host", settings.listen_host) if settings.listen_host != "127.0.0.1" else ()
     if name == "ui":
-        return ("ui", "--port", str(ports["ui"]), "--model", str(model_dir))
+        return ("ui", "--port", str(ports["ui"]), "--model", str(model_dir), *listen)
     if name == "engine":
-        return ("engine", "--model", str(model_dir), "--port", str(ports["engine"]),
+        return ("engine", "--model", str(model_dir), "--port", str(ports["engine"]), *listen,
                 "--seed", str(cfg.seed), "--threads", "1",
                 *(("--logit-noise", str(cfg.engine_logit_noise)) if cfg.engine_logit_noise else ()),
                 *(("--dtype", cfg.engine_dtype) if cfg.engine_dtype != "float32" else ()))
     if name == "node":
         return ("node", "--engine-url", urls["engine"], "--model", str(model_dir),
-                "--runtime", runtime, "--site-settings", cfg.site_settings, "--port", str(ports["gateway"]),
+                "--runtime", runtime, "--site-settings", cfg.site_settings, "--port", str(ports["gateway"]), *listen,
                 "--run-workers", "4",
                 "--init-workers", "4", "--ready-target", "4", "--postrun-workers", "4",
                 "--temperature", str(cfg.temperature))  # pinned: the trainer's temperature
@@ -110,7 +119,7 @@ def _args(name: str, cfg: RunConfig, settings: Settings, ports: dict[str, int], 
                 *(() if cfg.std_normalize else ("--advantage", "no_std")),  # Dr. GRPO: r - mean
                 *[a for k, v in cfg.overlong.items() for a in (f"--overlong-{k.replace('_', '-')}", str(v))])
     if name == "trainer":
-        return ("train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
+        args = ("train", "--model", str(model_dir), "--groups-per-step", str(cfg.tasks_per_step),
                 "--max-steps", str(cfg.steps), "--lr", str(cfg.lr), "--engine", f"polar={urls['engine']}",
                 "--gateway", urls["gateway"], "--run-dir", str(run_dir / "trainer"),
                 "--storage-url", settings.storage_url, "--metrics-port", str(ports["trainer_metrics"]),
@@ -130,9 +139,30 @@ def _args(name: str, cfg: RunConfig, settings: Settings, ports: dict[str, int], 
                 *(("--set", f"model_name={cfg.run_id or cfg.name}") if cfg.lora else ()),
                 # the experiment's own trainer settings (configure.py checked that none of the above)
                 *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")])
+        return torchrun(cfg, str(cfg.node_rank) if node_rank is None else node_rank, args)
     if name == "rollout":
-        return ("rollout", "--port", str(ports["rollout"]))
+        return ("rollout", "--port", str(ports["rollout"]), *listen)
     raise ValueError(f"no component {name!r} (one of {', '.join(COMPONENTS)})")
+
+
+def torchrun(cfg: RunConfig, node_rank: str, args: tuple[str, ...]) -> tuple[str, ...]:
+    """``polarstream ARGS`` as one process, or under torchrun as ``cfg.trainer_nproc`` processes on each of
+    ``cfg.trainer_nodes`` machines: FSDP2 (trainer/parallel.py) shards the model over them. One machine: a
+    rendezvous of its own (--standalone). Several: torchrun's static rendezvous at ``cfg.trainer_rendezvous``,
+    hosted by node 0, whose first process is global rank 0 (the one that talks to Kafka and the engines)."""
+    if cfg.trainer_nproc == 1 and cfg.trainer_nodes == 1:
+        return args
+    where = (("--standalone",) if cfg.trainer_nodes == 1 else
+             ("--nnodes", str(cfg.trainer_nodes), "--node-rank", node_rank, "--rdzv-backend", "static",
+              "--rdzv-endpoint", cfg.trainer_rendezvous, "--rdzv-id", cfg.run_id or cfg.name))
+    # a rank that dies ends them all (max-restarts 0): the driver starts the trainer again, from its checkpoint
+    return (TORCHRUN, *where, "--nproc-per-node", str(cfg.trainer_nproc), "--max-restarts", "0",
+            "-m", "polarstream", *args)
+
+
+def command_line(args: tuple[str, ...]) -> tuple[str, ...]:
+    """component_args as the command a container, Slurm step or pod runs (the project's venv on its PATH)."""
+    return args if args[:1] == (TORCHRUN,) else ("polarstream", *args)
 
 
 # Where each served component answers once it is up

@@ -73,4 +73,11 @@ class RunConfig:
     # --only: start these of components.COMPONENTS here and drive nothing (the rest, and the driver, run elsewhere: their
     # URLs are in attach); they serve the ports of their URLs in attach, so the other machines find them
     only: frozenset[str] = frozenset()
+    # The trainer's processes (the file's trainer: nproc, nodes, rendezvous): more than one runs it under torchrun
+    # (FSDP2). nodes > 1: each machine starts nproc of them with --only trainer --node-rank R (this one's R), and
+    # rank 0's machine hosts the rendezvous at host:port (torchrun's static rendezvous: node 0 is global rank 0).
+    trainer_nproc: int = 1
+    trainer_nodes: int = 1
+    trainer_rendezvous: str = ""
+    node_rank: int = 0
     run_dir: Path = field(default_factory=lambda: Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))

@@ -24,10 +24,11 @@ from .schedule import epoch_steps
 
 
 def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: frozenset[str] = frozenset(),
-               preset: MakePreset | None = None) -> RunConfig:
+               preset: MakePreset | None = None, node_rank: int = 0) -> RunConfig:
     """The run as the driver takes it: the user's model and tasks, or, where the file names a preset's tasks
     (``train: builtin:...``), ``preset``'s (the CLI's registry, polarstream/presets.py, finds it). ``only``:
-    start these components here and drive nothing (``only_checked`` says what that needs).
+    start these components here and drive nothing (``only_checked`` says what that needs); ``node_rank``: which
+    of the trainer's machines this is (``trainer: {nodes}``; the others start it with ``--only trainer``).
 
     Checked here (module docstring): the tasks, the model, and, where the gateway node runs here, the
     harness and the runtime. ExperimentError of one line naming the key and the fix."""
@@ -41,6 +42,13 @@ def run_config(exp: Experiment, run_dir: Path, driver_only: bool = False, only: 
                      std_normalize=exp.std_normalize, overlong=exp.overlong.model_dump() if exp.overlong else {},
                      engine_logit_noise=exp.engine_logit_noise, engine_dtype=exp.engine_dtype)
     cfg.trainer_settings = trainer_settings(exp)
+    cfg.trainer_nproc, cfg.trainer_nodes, cfg.trainer_rendezvous = trainer_launch(exp)
+    if not 0 <= node_rank < cfg.trainer_nodes:
+        raise ExperimentError(f"--node-rank {node_rank}: the trainer runs on {cfg.trainer_nodes} machine(s) "
+                              f"(trainer.nodes), numbered 0 to {cfg.trainer_nodes - 1}")
+    if node_rank and "trainer" not in only:
+        raise ExperimentError(f"--node-rank {node_rank}: only a trainer machine has one; start it with --only trainer")
+    cfg.node_rank = node_rank
     cfg.lora = exp.lora.model_dump() if exp.lora is not None else {}
     if exp.wandb is not None:
         import importlib.util
@@ -194,20 +202,48 @@ OWNED = {"lr": "lr", "temperature": "temperature", "max_staleness": "async_level
          "lora_alpha": "lora", "lora_dropout": "lora", "lora_target_modules": "lora"}
 
 
+# How the trainer is launched, not how it trains: the file's trainer: keys that are torchrun's, not --set's
+LAUNCH = ("nproc", "nodes", "rendezvous")
+
+
+def trainer_launch(exp: Experiment) -> tuple[int, int, str]:
+    """The file's ``trainer: {nproc, nodes, rendezvous}``: processes per machine, machines, and where node 0
+    hosts torchrun's rendezvous (host:port; needed once there are several machines). ExperimentError of one
+    line naming the key otherwise."""
+    given = exp.trainer
+    counts = []
+    for key in ("nproc", "nodes"):
+        value = given.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            what = "trainer processes on each machine" if key == "nproc" else "machines the trainer runs on"
+            raise ExperimentError(f"trainer.{key}: {value!r}: expected a whole number of {what}, 1 or more")
+        counts.append(value)
+    nproc, nodes = counts
+    rendezvous = str(given.get("rendezvous", ""))
+    host, _, port = rendezvous.rpartition(":")
+    if rendezvous and not (host and port.isdigit() and 0 < int(port) < 65536):
+        raise ExperimentError(f"trainer.rendezvous: {rendezvous!r}: expected host:port (where the trainer's node 0 "
+                              "hosts torchrun's rendezvous)")
+    if nodes > 1 and not rendezvous:
+        raise ExperimentError(f"trainer.nodes: {nodes} machines need trainer.rendezvous: host:port, an address of "
+                              "the machine that starts node 0 (--node-rank 0) which the others reach")
+    return nproc, nodes, rendezvous
+
+
 def trainer_settings(exp: Experiment) -> dict[str, str]:
-    """The file's ``trainer:`` settings as the trainer's --set values; ExperimentError names a key that is
-    not a trainer setting, or one the experiment sets itself."""
+    """The file's ``trainer:`` settings as the trainer's --set values (less LAUNCH's); ExperimentError names a
+    key that is not a trainer setting, or one the experiment sets itself."""
     from dataclasses import fields
 
     from trainer.config import TrainConfig
 
-    known = {f.name for f in fields(TrainConfig)}
+    known = {f.name for f in fields(TrainConfig)} | set(LAUNCH)
     for key in exp.trainer:
         if key in OWNED:
             raise ExperimentError(f"trainer.{key}: set by the experiment's {OWNED[key]}, not here")
         if key not in known:
             raise ExperimentError(f"trainer.{key}: not a trainer setting (trainer/config.py)")
-    settings = dict(exp.trainer)
+    settings = {k: v for k, v in exp.trainer.items() if k not in LAUNCH}
     if exp.lora is not None:
         settings.update(lora_rank=exp.lora.rank, lora_alpha=exp.lora.alpha, lora_dropout=exp.lora.dropout,
                         lora_target_modules=",".join(exp.lora.target_modules))
@@ -241,7 +277,7 @@ def only_checked(exp: Experiment, only: frozenset[str]) -> frozenset[str]:
 
 # Where the components are, and where the figures also go, is not what the run is: the same run, driven
 # from elsewhere or with W&B turned on, keeps its id.
-NOT_IDENTITY = {"run_id", "rollout_url", "engine_url", "gateway_url", "wandb"}
+NOT_IDENTITY = {"run_id", "rollout_url", "engine_url", "gateway_url", "wandb", "slurm", "kubernetes"}
 
 
 def run_id(exp: Experiment, run_dir: Path) -> str:

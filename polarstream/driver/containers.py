@@ -18,7 +18,7 @@ from __future__ import annotations
 import secrets
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -27,7 +27,7 @@ from gateway.runtimes.images import engine_argv
 from infra.kafka import cluster_id
 from infra.settings import Settings
 
-from .components import child_env, component_args
+from .components import child_env, command_line, component_args
 from .config import RunConfig
 from .experiment import Experiment
 
@@ -39,7 +39,7 @@ MODEL = Path("/model")  # where a host's model directory is mounted in the conta
 DATA = Path("/var/lib/polarstream")  # a container's own state (POLAR_DATA_DIR in the image)
 PORTS = {"engine": 8000, "gateway": 8100, "rollout": 8080, "ui": 8200, "streams_metrics": 9100, "trainer_metrics": 9101}
 HOSTS = {"engine": "engine", "gateway": "node-1", "rollout": "rollout", "ui": "ui", "streams_metrics": "streams",
-         "trainer_metrics": "trainer"}
+         "trainer_metrics": "trainer"}  # the first trainer's, where several (trainer-1: its rank 0 serves /metrics)
 
 
 @dataclass(frozen=True)
@@ -71,24 +71,44 @@ def stack(brokers: int = 3) -> list[Container]:
     """The Kafka nodes (one KRaft quorum of all of them, one cluster id) and the S3 server."""
     voters = ",".join(f"{i}@kafka-{i}:9093" for i in range(1, brokers + 1))
     cid = cluster_id()
-    kafka = [Container(f"kafka-{i}", ("infra", "serve", "kafka", "--node-id", str(i), "--voters", voters,
+    kafka = [Container(f"kafka-{i}", ("polarstream", "infra", "serve", "kafka", "--node-id", str(i), "--voters", voters,
                                       "--cluster-id", cid, "--advertise", f"kafka-{i}", "--heap-mb", "384"), restart=True)
              for i in range(1, brokers + 1)]
-    return [*kafka, Container("s3", ("infra", "serve", "s3"), restart=True)]
+    return [*kafka, Container("s3", ("polarstream", "infra", "serve", "s3"), restart=True)]
 
 
 def components(cfg: RunConfig, settings: Settings, runtime: str = "bwrap", nodes: int = 2) -> list[Container]:
-    """The engine, the gateway nodes, the stream worker, the rollout server and the trainer, each with the
-    argv and environment a process of the same run on one host gets (component_args, child_env)."""
+    """The engine, the gateway nodes, the stream worker, the rollout server and the trainer (a container per
+    trainer machine: ``trainer: {nodes: N}``, torchrun's rendezvous at trainer-1), each with the command line
+    and environment a process of the same run gets (component_args, child_env), announcing its own name."""
     run_dir = DATA / "run"
-    env = child_env(settings, run_dir)
-    args = lambda name: component_args(name, cfg, settings, PORTS, urls(), MODEL, runtime, run_dir, host="0.0.0.0")  # noqa: E731
-    node = args("node")
-    out = [Container("engine", args("engine"), env, model=True)]
-    out += [Container(f"node-{i}", (*node, "--node-id", f"node-{i}"), env, model=True, sandbox=True) for i in range(1, nodes + 1)]
-    out += [Container("streams", args("streams"), env, restart=True), Container("rollout", args("rollout"), env),
-            Container("trainer", args("trainer"), env, model=True, restart=True)]
+
+    def part(host: str, name: str, node_rank: str | None = None, **kw) -> Container:
+        own = settings.model_copy(update={"advertised_host": host})  # listens on every interface, announces host
+        args = component_args(name, cfg, own, PORTS, urls(), MODEL, runtime, run_dir, node_rank=node_rank)
+        return Container(host, command_line(args), child_env(own, run_dir), **kw)
+
+    out = [part("engine", "engine", model=True)]
+    for i in range(1, nodes + 1):
+        node = part(f"node-{i}", "node", model=True, sandbox=True)
+        out.append(replace(node, argv=(*node.argv, "--node-id", f"node-{i}")))
+    out += [part("streams", "streams", restart=True), part("rollout", "rollout")]
+    out += [part(trainer_host(cfg, rank), "trainer", str(rank), model=True, restart=True) for rank in range(cfg.trainer_nodes)]
     return out
+
+
+def trainer_host(cfg: RunConfig, rank: int) -> str:
+    """The trainer's container of machine ``rank``: trainer, or trainer-1, trainer-2... for several."""
+    return "trainer" if cfg.trainer_nodes == 1 else f"trainer-{rank + 1}"
+
+
+def on_network(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the trainer's rendezvous at its first container (torchrun's static rendezvous, hosted by
+    node 0), whatever host the file named: the launcher names the hosts."""
+    if cfg.trainer_nodes == 1:
+        return cfg
+    port = cfg.trainer_rendezvous.rpartition(":")[2] or "29400"
+    return replace(cfg, trainer_rendezvous=f"{trainer_host(cfg, 0)}:{port}")
 
 
 def driver_experiment(exp: Experiment, run_id: str) -> dict:
@@ -113,7 +133,7 @@ def run_args(c: Container, image: str, network: str, prefix: str, model_dir: Pat
             "--network", network, "--network-alias", c.host, "--label", f"io.polarstream.run={prefix}",
             "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",  # crun's defaults fail here (containers.md)
             *(["--restart", "on-failure:5"] if c.restart else []), *sandbox, *vols,
-            *(a for k, v in sorted(c.env.items()) for a in ("-e", f"{k}={v}")), image, "polarstream", *c.argv]
+            *(a for k, v in sorted(c.env.items()) for a in ("-e", f"{k}={v}")), image, *c.argv]
 
 
 def _podman(*args: str, check: bool = True, timeout: float | None = 120.0) -> subprocess.CompletedProcess:
@@ -195,7 +215,7 @@ def host_model(cfg: RunConfig, preset, console) -> Path:
 def run_in_containers(exp: Experiment, cfg: RunConfig, model_dir: Path, run_dir: Path, image: str, console,
                       brokers: int = 3, nodes: int = 2) -> int:
     """The whole run in containers; the driver's exit code (its report lands in ``run_dir``/driver)."""
-    run_id = cfg.run_id
+    cfg, run_id = on_network(cfg), cfg.run_id
     prefix = f"polar-{secrets.token_hex(3)}"
     settings = network_settings(run_id, brokers)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -208,12 +228,12 @@ def run_in_containers(exp: Experiment, cfg: RunConfig, model_dir: Path, run_dir:
         for c in servers:
             run.wait_log(c.host, "ready", 300)
         # the run's topics before anything reads or writes them (as `bring_up` makes them for a run on one host)
-        run.start(Container("topics", ("infra", "topics"), child_env(settings, DATA / "run")))
+        run.start(Container("topics", ("polarstream", "infra", "topics"), child_env(settings, DATA / "run")))
         if run.wait("topics") != 0:
             raise ContainerError(f"creating the run's topics failed:\n{run.logs('topics')}")
         for c in parts:
             run.start(c)
-        driver = Container("driver", ("run", "/run-dir/experiment.yaml", "--driver-only", "--run-dir", "/run-dir/driver"),
+        driver = Container("driver", ("polarstream", "run", "/run-dir/experiment.yaml", "--driver-only", "--run-dir", "/run-dir/driver"),
                            child_env(settings, DATA / "run"))
         run.start(driver, mounts=((run_dir.absolute(), "/run-dir"),))
         follow = subprocess.Popen([*engine_argv("podman"), "logs", "-f", run.name("driver")], stdin=subprocess.DEVNULL)
@@ -224,5 +244,5 @@ def run_in_containers(exp: Experiment, cfg: RunConfig, model_dir: Path, run_dir:
             follow.wait()
             for c in (*servers, *parts, driver):  # every host's log, and the trainer's records, before they go
                 (run_dir / f"{c.host}.log").write_text(run.logs(c.host, 2000) + "\n")
-            _podman("cp", f"{run.name('trainer')}:{DATA / 'run' / 'trainer'}", str(run_dir / "trainer"), check=False)
+            _podman("cp", f"{run.name(trainer_host(cfg, 0))}:{DATA / 'run' / 'trainer'}", str(run_dir / "trainer"), check=False)
         return code

@@ -57,6 +57,45 @@ class LoraSettings(BaseModel):
                                       "and MLP projection (q, k, v, o, gate, up, down _proj)")
 
 
+class SlurmSettings(BaseModel):
+    """``polarstream run --launcher slurm``: what the sbatch script asks of the cluster (polarstream/driver/slurm.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partition: str = Field("", description="#SBATCH --partition ('' = the cluster's default)")
+    account: str = Field("", description="#SBATCH --account ('' = your default)")
+    time: str = Field("", description="#SBATCH --time, e.g. 4:00:00 ('' = the partition's limit)")
+    nodes: int = Field(1, ge=1, description="#SBATCH --nodes: the engine, gateway node, streams and rollout server "
+                       "run on the first, the trainer on the last")
+    exclusive: bool = Field(True, description="#SBATCH --exclusive: whole nodes (every component's threads on them)")
+    engine_gpus: int = Field(0, ge=0, description="GPUs of the engine's step (srun --gpus; the job asks for them too)")
+    python: str = Field("", description="the Python with polarstream installed on the nodes ('' = the one that "
+                        "renders the script: a venv on a filesystem the nodes share)")
+    sbatch: list[str] = Field(default_factory=list, description="more #SBATCH options, as given to sbatch (e.g. --qos=high)")
+
+
+class KubernetesSettings(BaseModel):
+    """``polarstream run --launcher k8s``: what the manifests ask of the cluster (polarstream/driver/k8s.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = Field("polarstream:latest", description="the project's image as the cluster pulls it (polarstream "
+                       "images project builds it; push it to the cluster's registry)")
+    namespace: str = Field("", pattern=r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$",
+                           description="every object's namespace ('' = kubectl's current one)")
+    nodes: int = Field(1, ge=1, description="gateway-node replicas (a Deployment: each takes sessions from Kafka)")
+    streams: int = Field(1, ge=1, description="stream-worker replicas (a Deployment: Faust shares the partitions)")
+    engine_gpus: int = Field(0, ge=0, description="nvidia.com/gpu the engine's pod requests (0: a CPU engine)")
+    trainer_gpus: int = Field(0, ge=0, description="nvidia.com/gpu each trainer pod requests (one per process: "
+                              "trainer: nproc)")
+    model_claim: str = Field("", description="a PersistentVolumeClaim holding model:'s directory, mounted read-only "
+                             "at its path in every pod that loads it ('' = the image has it, or model: is built in)")
+    kafka_image: str = Field("apache/kafka:4.4.0", description="the in-cluster broker's image (unused where "
+                             "POLAR_KAFKA_BOOTSTRAP names an external Kafka)")
+    s3_image: str = Field("andrewgaul/s3proxy:s3proxy-4.1.0", description="the in-cluster S3 server's image (unused "
+                          "where POLAR_S3_ENDPOINT names an external one)")
+
+
 class Experiment(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -144,7 +183,9 @@ class Experiment(BaseModel):
         "float32 is the reduced-precision mismatch a real bf16 engine has, on CPU too")
     trainer: dict[str, Any] = Field(default_factory=dict, description="more TrainConfig settings (trainer/config.py), "
                                     "each passed as --set key=value; not those this file sets itself (lr, "
-                                    "max_staleness via async_level, ...)")
+                                    "max_staleness via async_level, ...); and how it is launched: nproc (processes "
+                                    "per machine: torchrun, FSDP2), nodes and rendezvous (host:port of node 0's "
+                                    "machine; the others run --only trainer --node-rank R)")
     lora: LoraSettings | None = Field(None, description="train a LoRA adapter on the frozen model instead of every "
                                       "weight (trainer/lora.py); the engines serve each policy version's adapter by name. "
                                       "LoRA wants a larger lr than full fine-tuning (the demo's --lora: 16, 32, lr 1.5e-3)")
@@ -159,6 +200,10 @@ class Experiment(BaseModel):
                              "trainer stamps its policy version on); --driver-only: a LoRA run's (its stamp names the "
                              "adapter's version)")
     storage_url: str = Field("", description="checkpoints (s3://bucket/prefix or file://...); '' = the local S3 server")
+    slurm: SlurmSettings | None = Field(None, description="--launcher slurm: the sbatch script's partition, account, "
+                                        "time, nodes, the engine's GPUs (docs/deploy.md)")
+    kubernetes: KubernetesSettings | None = Field(None, description="--launcher k8s: the image, namespace, replicas "
+                                                  "of the gateway node and stream worker, GPUs (docs/deploy.md)")
     step_timeout_s: float = Field(300.0, gt=0, description="a step whose groups are not trained within this many seconds "
                                   "(times S+1) stops the run")
 

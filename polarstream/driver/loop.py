@@ -17,7 +17,7 @@ from pathlib import Path
 from infra.settings import Settings
 from schemas import HarnessSpec
 
-from .components import addresses, bring_up, child_env, pick_runtime, serve, start_components
+from .components import addresses, bring_up, child_env, pick_runtime, run_settings, serve, start_components
 from .config import RunConfig
 from .experiment import Experiment
 from .preset import NO_WARM_START, MakePreset, Preset, Stage, from_config
@@ -45,13 +45,8 @@ def run(cfg: RunConfig, settings: Settings | None = None, on_step: Callable[[int
     console = Console()
     run_dir = cfg.run_dir.absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
-    # Unique per run, so topics and checkpoints of earlier runs on the same cluster never mix in.
     run_id = cfg.run_id or f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-    base = settings or Settings()
-    settings = base.model_copy(update={
-        "topic_prefix": base.topic_prefix or f"{run_id}.",
-        "storage_url": base.storage_url or f"s3://{base.s3_bucket}/{run_id}",
-    })
+    settings = run_settings(settings or Settings(), run_id)
     t_start = time.monotonic()
     console.print(f"[bold]polarstream {cfg.name}[/] -> {run_dir}")
     bring_up(cfg, settings, console)
@@ -59,7 +54,7 @@ def run(cfg: RunConfig, settings: Settings | None = None, on_step: Callable[[int
     # A named run keeps its components' pids and ports, so a driver started again adopts those still running.
     procs = Processes(run_dir / "logs", env,
                       registry=run_dir / "components.json" if cfg.run_id and (cfg.only or not cfg.attach) else None)
-    ports, urls = addresses(cfg, procs)
+    ports, urls = addresses(cfg, procs, settings)
     metrics = {"gateway": f"{urls['gateway']}/metrics", "rollout": f"{urls['rollout']}/metrics",
                "streams": f"{urls['streams_metrics']}/metrics", "trainer": f"{urls['trainer_metrics']}/metrics"}
     runtime = pick_runtime(cfg.runtime)

@@ -22,6 +22,10 @@ import httpx
 from infra.process import free_port, pid_alive, stop_group
 
 
+# A command's first word when it is not ``program``'s arguments: the trainer's several processes (components.torchrun)
+TORCHRUN = "torchrun"
+
+
 class ProcessFailed(RuntimeError):
     """A child exited early or never became healthy; the message carries the tail of its log."""
 
@@ -67,8 +71,24 @@ class Adopted:
 
 
 def _marker(args: list[str] | tuple[str, ...]) -> str:
-    """What a child's command line holds for ``args``, whole arguments only (its NUL-separated form)."""
+    """What a child's command line holds for ``args``, whole arguments only (its NUL-separated form); torchrun
+    runs as ``python -m torch.distributed.run``, so its own name is not on it."""
+    if args[:1] in ([TORCHRUN], (TORCHRUN,)):
+        args = args[1:]
     return "\0" + "\0".join(args) + "\0"
+
+
+def _ranks(pid: int) -> list[int]:
+    """The children of ``pid``: torchrun starts each rank in a session of its own, which signalling torchrun's
+    process group does not reach."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return kids
 
 
 @dataclass
@@ -119,10 +139,16 @@ class Processes:
             self._recorded["children"].update({c.name: {"pid": c.proc.pid, "args": list(c.args)} for c in self.children})
             self.registry.write_text(json.dumps(self._recorded, indent=1) + "\n")
 
+    def command(self, args: tuple[str, ...]) -> list[str]:
+        """``program ARGS``, or torchrun's command (components.torchrun) with this Python (the venv's torch)."""
+        if args[:1] == (TORCHRUN,):
+            return [sys.executable, "-m", "torch.distributed.run", *args[1:]]
+        return [*self.program, *args]
+
     def _spawn(self, name: str, args: tuple[str, ...], log: Path) -> subprocess.Popen:
         with open(log, "ab") as out:
             return subprocess.Popen(
-                [*self.program, *args], stdout=out, stderr=subprocess.STDOUT,
+                self.command(args), stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env={**os.environ, **self.env}, start_new_session=True,
             )
 
@@ -179,7 +205,9 @@ class Processes:
         return restarted
 
     def stop_all(self, grace: float = 10.0) -> None:
-        """SIGTERM every child's process group (last started first), then SIGKILL what is left."""
+        """SIGTERM every child's process group (last started first), then SIGKILL what is left (torchrun's
+        ranks too: torchrun stops them on SIGTERM, but a rank it had no time to stop would outlive it)."""
+        ranks = {c.name: _ranks(c.proc.pid) for c in self.children if c.args[:1] == (TORCHRUN,)}
         for c in reversed(self.children):
             if c.proc.poll() is None:
                 try:
@@ -193,10 +221,11 @@ class Processes:
             except subprocess.TimeoutExpired:
                 pass
         for c in self.children:
-            try:
-                os.killpg(c.proc.pid, signal.SIGKILL)  # also reaps grandchildren left in the group
-            except ProcessLookupError:
-                pass
+            for pid in (c.proc.pid, *ranks.get(c.name, ())):
+                try:
+                    os.killpg(pid, signal.SIGKILL)  # also reaps grandchildren left in the group
+                except ProcessLookupError:
+                    pass
             c.proc.wait()
         if self.registry is not None:
             self.registry.unlink(missing_ok=True)  # nothing left to adopt

@@ -96,37 +96,15 @@ def sync_figures(record: dict) -> dict:
     return {"sync_s": record.get("sync_s"), "sync_mode": mode, "engine_pause_s": max(pauses) if pauses else None}
 
 
-class SyncLog:
-    """The trainer's sync events by policy version, read incrementally from its train.jsonl (a restarted
-    trainer appends to it; the later sync of a version wins). A missing file reads as no syncs."""
-
-    def __init__(self, path: Path):
-        self.path, self.pos, self.by_version = path, 0, {}
-
-    def poll(self) -> dict[int, dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.pos)
-                data = f.read()
-        except OSError:
-            return self.by_version
-        end = data.rfind(b"\n") + 1  # a line still being written is read next time
-        self.pos += end
-        for line in data[:end].splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("event") == "sync" and "policy_version" in record:
-                self.by_version[int(record["policy_version"])] = sync_figures(record)
-        return self.by_version
-
-    def fill(self, results: list[StepResult]) -> None:
-        """Give each step without its sync yet the sync of the version it trained (step k: version k + 1)."""
-        syncs = self.poll()
-        for r in results:
-            if r.sync_s is None and (got := syncs.get(r.step + 1)):
-                r.sync_s, r.sync_mode, r.engine_pause_s = got["sync_s"], got["sync_mode"], got["engine_pause_s"]
+def fill_syncs(results: list[StepResult], policies: dict[int, PolicyVersion]) -> None:
+    """Give each step without its sync yet the sync of the version it trained (step k: version k + 1), from
+    polar.policy: the trainer publishes each version again with its sync once the engines serve it (the later
+    record of a version is the Watcher's), so this works wherever the trainer runs."""
+    for r in results:
+        got = policies.get(r.step + 1)
+        if r.sync_s is None and got is not None and got.sync:
+            figures = sync_figures(got.sync)
+            r.sync_s, r.sync_mode, r.engine_pause_s = figures["sync_s"], figures["sync_mode"], figures["engine_pause_s"]
 
 
 def per_task(trained: dict[str, TaskRequest], groups: dict[str, TrainingGroup]) -> dict[str, dict]:

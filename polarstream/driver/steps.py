@@ -21,12 +21,15 @@ from schemas import HarnessSpec, TaskRequest
 from .config import RunConfig
 from .evaluation import HELDOUT_SET, Evals
 from .processes import Processes, ProcessFailed
-from .results import StepResult, SyncLog, loop_figures, per_task, step_result
+from .results import StepResult, fill_syncs, loop_figures, per_task, step_result
 from .schedule import (Curriculum, Schedule, eval_tag, outcome, replacement, replacements_due, retired, step_batches,
                        step_tag, submitted, task_id, zero_signal_wish)
 from .serving import Served, engine_busy_s, node_stage_totals, stamped
 from .submit import send, task_payload
 from .watcher import Watcher, consumer_lag
+
+
+SYNC_WAIT_S = 5.0  # how long the report waits for the last step's sync (none comes where sync_every is 0)
 
 
 def _key(task: TaskRequest) -> str:
@@ -55,7 +58,6 @@ class Steps:
         self.results: list[StepResult] = []
         self.steps_out: dict[int, tuple[set[str], float]] = {}  # step -> (its groups, when they went out)
         self.lag: dict[str, int] = {}
-        self.syncs = SyncLog(cfg.run_dir.absolute() / "trainer" / "train.jsonl")  # the trainer started here writes it
         # The training loop's span (first step out -> last step trained) and the engine's busy seconds in it:
         # steps per hour and the engine's idle fraction there (bench/driver.py compares async levels on them).
         self.loop: dict[str, float | None] = {}
@@ -185,7 +187,7 @@ class Steps:
             if on_step is not None:
                 on_step(k, metrics)
             self.lag = consumer_lag(self.settings)
-        self.syncs.fill(results)
+        fill_syncs(results, watcher.policies)
         if (v := self.schedule.due_eval(served, set(evals.evaluated), set(evals.out))) is not None:
             evals.out[v] = (self.send(self.eval_tasks(v)), now)
         for k in self.schedule.due_steps(len(steps_out), served, set(evals.evaluated)):
@@ -203,7 +205,12 @@ class Steps:
         """What the report adds for the run: the loop's figures, per-task statistics, every eval, retired tasks."""
         cfg = self.cfg
         trained = {g: self.item(r.step, self.index(g)) for r in self.results for g in r.group_ids}
-        self.syncs.fill(self.results)
+        # the last version's sync is published once the engines serve it, a moment after the version itself
+        fill_syncs(self.results, self.watcher.policies)
+        deadline = time.monotonic() + SYNC_WAIT_S
+        while self.results and self.results[-1].sync_s is None and time.monotonic() < deadline:
+            self.watcher.poll(0.2)
+            fill_syncs(self.results, self.watcher.policies)
         return {**loop_figures(self.loop, cfg.steps), "per_task": per_task(trained, self.watcher.groups),
                 "heldout_metrics": self.evals.metrics,
                 "retired": sorted(retired(self.history(len(self.results)), cfg.retire, cfg.retire_after))}

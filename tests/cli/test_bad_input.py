@@ -41,13 +41,14 @@ KINDS = {
     "lora_modules": ("missing",),
     "out": ("under_file",),
     "run_dir": ("under_file",),
+    "render": ("under_file",),
     "work_dir": ("under_file",),
     "tombstones": ("under_file",),
 }
 # Arguments whose value is one of a closed set of words: an unknown word must be named in the error.
 KINDS |= {name: ("unknown_word",) for name in (
     "runtime", "site_settings", "weight_transfer", "strategy", "format", "topic", "api",
-    "loss", "correction", "engine_dtype", "action", "name", "container_engine")}
+    "loss", "correction", "engine_dtype", "action", "name", "container_engine", "launcher")}
 # (export --harness and --source, infra mirror --source are open: a filter and a cluster name)
 URL_ARGS = ("engine", "gateway")  # besides every *url argument
 # Valid values of required arguments ({...}: filled from the Env), and extra arguments some commands need.

@@ -76,6 +76,13 @@ def test_a_run_spread_over_machines_from_one_file_started_in_any_order(infra, tm
         steps = [json.loads(line) for line in (tmp_path / "b" / "trainer" / "train.jsonl").read_text().splitlines()
                  if '"event": "step"' in line]
         assert [s["step"] for s in steps] == [1, 2]
+        # the driver has no access to the trainer's run dir, yet each step's sync is the one the trainer
+        # logged there: it came over polar.policy (each version published again once the engine served it)
+        logged = {json.loads(line)["policy_version"]: json.loads(line) for line in
+                  (tmp_path / "b" / "trainer" / "train.jsonl").read_text().splitlines() if '"event": "sync"' in line}
+        per_step = json.loads((tmp_path / "driver" / "demo-summary.json").read_text())["per_step"]
+        assert [(s["sync_s"], s["sync_mode"]) for s in per_step] == [
+            (logged[s["step"] + 1]["sync_s"], "broadcast") for s in per_step], (per_step, logged)
         children = {w: json.loads((tmp_path / w / "components.json").read_text())["children"] for w in ("a", "b")}
         assert set(children["a"]) == {"engine", "node"} and set(children["b"]) == {"streams", "trainer", "rollout"}
         # A deployment stops each part with SIGTERM: each stops what it started. (Not SIGINT: a background

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from infra.kafka import broker_properties
 from infra.settings import Settings
-from polarstream.driver.components import component_args
+from polarstream.driver.components import command_line, component_args
 from polarstream.driver.config import RunConfig
-from polarstream.driver.containers import (MODEL, PORTS, components, driver_experiment, network_settings, run_args,
-                                           stack, urls)
+from polarstream.driver.containers import (MODEL, PORTS, components, driver_experiment, network_settings, on_network,
+                                           run_args, stack, urls)
 from polarstream.driver.experiment import Experiment, load_experiment
 
 LOOPBACK = re.compile(r"127\.0\.0\.1|localhost|\[::1\]")
@@ -28,19 +28,29 @@ def test_no_container_is_told_to_reach_another_on_loopback(tmp_path):
                                        "streams", "rollout", "trainer"]
 
 
-def test_each_component_runs_the_command_a_process_of_the_run_gets_listening_beyond_loopback(tmp_path):
+def test_each_component_runs_the_command_a_process_of_the_run_gets_announcing_its_own_name(tmp_path):
     cfg, settings = RunConfig(run_dir=tmp_path), network_settings("run-1")
     by_host = {c.host: c for c in components(cfg, settings)}
     run_dir = Path("/var/lib/polarstream/run")
-    for name in ("engine", "streams", "rollout", "trainer"):
-        assert by_host[name].argv[:len(component_args(name, cfg, settings, PORTS, urls(), MODEL, "bwrap", run_dir))] == \
-            component_args(name, cfg, settings, PORTS, urls(), MODEL, "bwrap", run_dir)
+    for host, name in (("engine", "engine"), ("streams", "streams"), ("rollout", "rollout"), ("trainer", "trainer")):
+        own = settings.model_copy(update={"advertised_host": host})
+        assert by_host[host].argv == command_line(component_args(name, cfg, own, PORTS, urls(), MODEL, "bwrap", run_dir))
+        assert by_host[host].env["POLAR_ADVERTISED_HOST"] == host
     for name in ("engine", "node-1", "rollout"):
         argv = by_host[name].argv
         assert argv[argv.index("--host") + 1] == "0.0.0.0"
-    assert "--host" not in by_host["trainer"].argv  # it serves only /metrics, on its own port
     assert by_host["trainer"].argv[by_host["trainer"].argv.index("--gateway") + 1] == "http://node-1:8100"
     assert by_host["node-1"].argv[-2:] == ("--node-id", "node-1") and by_host["node-2"].argv[-2:] == ("--node-id", "node-2")
+
+
+def test_a_trainer_of_two_machines_is_two_containers_meeting_at_the_first(tmp_path):
+    cfg = on_network(RunConfig(run_dir=tmp_path, trainer_nodes=2, trainer_rendezvous="somewhere:29500", run_id="r1"))
+    trainers = [c for c in components(cfg, network_settings("r1")) if c.host.startswith("trainer")]
+    assert [c.host for c in trainers] == ["trainer-1", "trainer-2"]
+    for rank, c in enumerate(trainers):
+        assert c.argv[0] == "torchrun" and c.argv[c.argv.index("--node-rank") + 1] == str(rank)
+        assert c.argv[c.argv.index("--rdzv-endpoint") + 1] == "trainer-1:29500"
+        assert c.restart and c.model
 
 
 def test_the_run_has_its_own_secrets_topics_and_storage():

@@ -1,11 +1,11 @@
 """Each step's weight sync in the run's report (polarstream/driver/results.py): the trainer's ``sync`` events,
-read incrementally from its train.jsonl, onto the step whose version they loaded."""
+as it publishes them on polar.policy (each version again, with its sync, once the engines serve it), onto
+the step whose version they loaded; nothing read from the trainer's disk."""
 
 from __future__ import annotations
 
-import json
-
-from polarstream.driver.results import StepResult, SyncLog, sync_figures
+from polarstream.driver.results import StepResult, fill_syncs, sync_figures
+from schemas import PolicyVersion
 
 
 def _step(k: int) -> StepResult:
@@ -26,25 +26,23 @@ def test_sync_figures_name_the_path_and_the_longest_engine_pause():
     assert sync_figures({**lora, "broadcast": None, "storage": ["http://v"]})["sync_mode"] == "storage adapter"
 
 
-def test_sync_log_fills_each_step_from_its_version_reading_only_whole_new_lines(tmp_path):
-    path = tmp_path / "trainer" / "train.jsonl"
-    log = SyncLog(path)
+def _version(v: int, sync: dict | None = None) -> PolicyVersion:
+    return PolicyVersion(model="m", version=v, checkpoint_url=f"s3://b/v{v}", step=v, sync=sync or {})
+
+
+def test_each_step_takes_the_sync_its_version_was_published_again_with():
     results = [_step(0), _step(1)]
-    log.fill(results)  # no trainer log yet: nothing, and no error
-    assert results[0].sync_s is None
-    path.parent.mkdir()
-    lines = [{"event": "step", "step": 1, "policy_version": 1},
-             {"event": "sync", "step": 1, "policy_version": 1, "mode": "auto", "sync_s": 0.2, "broadcast": ["u"],
-              "engine_pause_s": {"u": 0.03}},
-             {"event": "sync_error", "step": 2, "policy_version": 2, "error": "x"}]
-    text = "".join(json.dumps(r) + "\n" for r in lines)
-    half = json.dumps({"event": "sync", "policy_version": 2, "sync_s": 0.3, "storage": ["u"]})
-    path.write_text(text + half[:10])  # the trainer is still writing its next line
-    log.fill(results)
+    policies = {1: _version(1), 2: _version(2)}  # trained, not yet served
+    fill_syncs(results, policies)
+    assert results[0].sync_s is None and results[1].sync_s is None
+    policies[1] = _version(1, {"mode": "auto", "sync_s": 0.2, "broadcast": ["u"], "engine_pause_s": {"u": 0.03}})
+    fill_syncs(results, policies)
     assert (results[0].sync_s, results[0].sync_mode, results[0].engine_pause_s) == (0.2, "broadcast", 0.03)
-    assert results[1].sync_s is None  # step 1 (version 2) failed its first sync and is not whole yet
-    with path.open("a") as f:
-        f.write(half[10:] + "\n")
-    log.fill(results)
+    assert results[1].sync_s is None  # version 2's sync has not come (or failed)
+    policies[2] = _version(2, {"mode": "storage", "sync_s": 0.3, "storage": ["u"]})
+    fill_syncs(results, policies)
     assert (results[1].sync_s, results[1].sync_mode) == (0.3, "storage")
-    assert log.pos == path.stat().st_size
+    # the record crosses the topic as any other: its sync survives the codec
+    from schemas import decode, encode
+
+    assert decode(encode(policies[2]), PolicyVersion).sync == policies[2].sync

@@ -96,15 +96,16 @@ def publish_groups(settings, groups, partition: int | None = None) -> None:
     assert producer.flush(30) == 0
 
 
-def read_policy(settings, n: int, polls: int = 20) -> list:
-    """The first ``n`` PolicyVersion records on polar.policy (fewer if they do not arrive in time)."""
+def read_policy(settings, n: int, polls: int = 20, synced: bool = False) -> list:
+    """The first ``n`` PolicyVersion records on polar.policy as the trainer published them once trained, or
+    (``synced``) again once the engines served them, with their sync (fewer if they do not arrive in time)."""
     from producers.consumer import RecordConsumer
 
     consumer = RecordConsumer(settings, topics=["policy"])
     got = []
     try:
         for _ in range(polls):
-            got += [r.record for r in consumer.poll(1.0)]
+            got += [r.record for r in consumer.poll(1.0) if bool(r.record.sync) == synced]
             if len(got) >= n:
                 break
     finally:

@@ -63,6 +63,12 @@ def test_train_consumes_checkpoints_to_s3_publishes_and_resumes(polar_settings, 
     got = read_policy(polar_settings, 2)
     assert [(p.version, p.step) for p in got] == [(1, 1), (2, 2)] and all(isinstance(p, PolicyVersion) for p in got)
     assert got[-1].checkpoint_url == info.url
+    # and each again once synced (here: no engine to load it), with the sync train.jsonl records, for a driver
+    # that cannot read this disk
+    synced = read_policy(polar_settings, 2, synced=True)
+    logged = [r for r in records if r.get("event") == "sync"]
+    assert [(p.version, p.metrics, p.checkpoint_url) for p in synced] == [(p.version, p.metrics, p.checkpoint_url) for p in got]
+    assert [p.sync["sync_s"] for p in synced] == [r["sync_s"] for r in logged] and all(p.sync["mode"] for p in synced)
 
     # resume: only the new groups train, from step 2 on
     more = _groups(2, start=4, version=1)

@@ -21,7 +21,7 @@ from typing import Any
 import torch.distributed as dist
 
 from producers.publisher import Publisher, PublishError
-from schemas import PolicyVersion
+from schemas import PolicyVersion, new_event_id
 
 from .. import checkpoint, lora
 from ..metrics import RunLog, record_sync
@@ -61,6 +61,7 @@ class Syncer:
             self.synced = max(self.synced, checkpoint.read_engine_version(self.root, settings))
         self.failures = int(state.get("sync_failures", 0))
         self.error: Exception | None = None  # rank 0: the last failed sync's error
+        self.published: PolicyVersion | None = None  # rank 0: this sync's record, published again once it serves
         # In memory to the engines that can take it (a LoRA run sends its adapter's tensors only; an engine that
         # cannot take them loads the adapter's directory through vLLM's /v1/load_lora_adapter), else storage.
         self.in_memory = cfg.weight_transfer != "storage" and bool(cfg.engines) and bool(cfg.sync_every)
@@ -74,7 +75,9 @@ class Syncer:
         if self.in_memory:
             self.transfer = WeightTransfer(self.engines, cfg.weight_transfer, cfg.weight_transfer_timeout_s,
                                            cfg.weight_transfer_buffer_mb << 20,
-                                           master_address=cfg.weight_transfer_address,
+                                           # where the engines reach this trainer: the machine's advertised
+                                           # host, unless the trainer names one of its own
+                                           master_address=cfg.weight_transfer_address or settings.advertised_host,
                                            verify=cfg.weight_transfer_verify,
                                            throttle_s=cfg.weight_transfer_throttle_s, lora=adapter is not None)
         if cfg.gateway:
@@ -143,9 +146,9 @@ class Syncer:
         failed, transferring = None, False
         if self.master:
             try:  # a failure here leaves training and its checkpoint intact; the next sync catches up
-                self.publisher.publish_sync(PolicyVersion(model=self.cfg.model_name, version=version,
-                                                          checkpoint_url=url, step=step,
-                                                          metrics={k: float(v) for k, v in metrics.items()}))
+                self.published = PolicyVersion(model=self.cfg.model_name, version=version, checkpoint_url=url,
+                                               step=step, metrics={k: float(v) for k, v in metrics.items()})
+                self.publisher.publish_sync(self.published)
                 if self.transfer is not None:
                     transferring = self.transfer.prepare(p.meta())
             except (PublishError, WeightSyncError) as e:
@@ -186,8 +189,10 @@ class Syncer:
             if failed is not None:
                 raise failed
             report = self._deliver(p)
-            self.log.write({"event": "sync", "step": step, "policy_version": p.version, "mode": report.pop("mode"),
-                            **p.log_fields(), "sync_s": round(time.perf_counter() - t0, 4), **report})
+            event = {"event": "sync", "step": step, "policy_version": p.version, "mode": report.pop("mode"),
+                     **p.log_fields(), "sync_s": round(time.perf_counter() - t0, 4), **report}
+            self.log.write(event)
+            self._publish_synced(event)
             self.synced, self.failures = p.version, 0
             checkpoint.write_engine_version(self.root, p.version, self.settings)
             record_sync(True, 0)
@@ -200,6 +205,16 @@ class Syncer:
                             "failures_in_a_row": self.failures})
             self.error = e
             return bool(self.cfg.max_sync_failures and self.failures >= self.cfg.max_sync_failures)
+
+    def _publish_synced(self, event: dict[str, Any]) -> None:
+        """rank 0: the version just delivered, published again with its sync (PolicyVersion.sync), for a
+        driver that cannot read train.jsonl. Its loss costs the report a figure, not the run: logged, not
+        counted as a failed sync."""
+        fields = {k: v for k, v in event.items() if k not in ("event", "step", "policy_version")}
+        try:
+            self.publisher.publish_sync(self.published.model_copy(update={"sync": fields, "event_id": new_event_id()}))
+        except PublishError as e:
+            self.log.write({"event": "sync_unpublished", "policy_version": event["policy_version"], "error": str(e)})
 
     def _deliver(self, p: Payload) -> dict[str, Any]:
         """rank 0: finish an in-memory transfer (its engines' storage fallback included), or load every engine
