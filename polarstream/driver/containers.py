@@ -163,7 +163,7 @@ class ContainerRun:
         _podman(*run_args(c, self.image, self.network, self.prefix, self.model_dir, mounts))
         self.started.append(self.name(c.host))
         if self.console is not None:
-            self.console.print(f"started {self.name(c.host)}: polarstream {' '.join(c.argv[:3])} ...")
+            self.console.print(f"started {self.name(c.host)}: {' '.join(c.argv[:4])} ...")
 
     def wait_log(self, host: str, text: str, timeout_s: float) -> None:
         """Until ``host``'s output says ``text`` (a server's ready line); ContainerError with its log's tail."""

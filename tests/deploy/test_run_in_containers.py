@@ -1,8 +1,9 @@
-"""Issue 75's run across containers: ``polarstream run examples/arith.yaml --launcher podman``, every part of
-the run in its own container of the project image on one network (polarstream/driver/containers.py). It
-learns to the demo's bars; its trainer's container, SIGKILLed mid-step, restarts and resumes (every step
-trained once, none twice); a gateway node's container, killed, leaves its sessions to the other node and the
-run loses nothing. Marked ``containers``: longer than `make test` allows (`make containers-test`, .ci/run)."""
+"""Issue 75's run across containers: ``polarstream run examples/arith.yaml --launcher podman`` with a trainer of
+2 machines (torchrun, one rank each, gloo), every part of the run in its own container of the project image on
+one network (polarstream/driver/containers.py). It learns to the demo's bars; a trainer container, SIGKILLed
+mid-step, restarts and the trainer resumes (every step trained once, none twice); a gateway node's container,
+killed, leaves its sessions to the other node and the run loses nothing. Marked ``containers``: longer than
+`make test` allows (`make containers-test`, .ci/run)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ def _podman(*args: str) -> subprocess.CompletedProcess:
 
 
 def _trainer_steps(prefix: str) -> list[dict]:
-    """The trainer's step records so far, read in its container (its own disk)."""
-    out = _podman("exec", f"{prefix}-trainer", "cat", "/var/lib/polarstream/run/trainer/train.jsonl")
+    """The trainer's step records so far, read in its first container (rank 0's disk)."""
+    out = _podman("exec", f"{prefix}-trainer-1", "cat", "/var/lib/polarstream/run/trainer/train.jsonl")
     return [json.loads(line) for line in out.stdout.splitlines() if '"event": "step"' in line]
 
 
@@ -36,8 +37,10 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 @pytest.mark.timeout(3600)
 def test_arith_across_containers_learns_and_outlives_a_killed_trainer_and_gateway_node(tmp_path):
-    run_dir, log = tmp_path / "run", tmp_path / "launcher.log"
-    launcher = subprocess.Popen([sys.executable, "-m", "polarstream", "run", str(ROOT / "examples" / "arith.yaml"),
+    run_dir, log, exp = tmp_path / "run", tmp_path / "launcher.log", tmp_path / "arith.yaml"
+    # the demo's file, its trainer on 2 machines (the launcher puts the rendezvous at trainer-1)
+    exp.write_text((ROOT / "examples" / "arith.yaml").read_text() + 'trainer: {nodes: 2, rendezvous: "trainer-1:29400"}\n')
+    launcher = subprocess.Popen([sys.executable, "-m", "polarstream", "run", str(exp),
                                  "--launcher", "podman", "--run-dir", str(run_dir)],
                                 stdout=open(log, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
 
@@ -51,9 +54,10 @@ def test_arith_across_containers_learns_and_outlives_a_killed_trainer_and_gatewa
     try:
         wait_until("the containers", lambda: (run_dir / "containers.txt").exists(), 1200)  # the image's build first
         prefix = (run_dir / "containers.txt").read_text().strip()
-        # the trainer, SIGKILLed once step 3 is trained (a checkpoint exists) while step 4's groups come in
+        # rank 1's container, SIGKILLed once step 3 is trained (a checkpoint exists) while step 4's groups come
+        # in: rank 0's collective fails, both containers restart (on-failure) and meet at the rendezvous again
         wait_until("step 3", lambda: len(_trainer_steps(prefix)) >= 3)
-        assert _podman("kill", "--signal", "KILL", f"{prefix}-trainer").returncode == 0
+        assert _podman("kill", "--signal", "KILL", f"{prefix}-trainer-2").returncode == 0
         # a gateway node, killed while the resumed trainer's steps run: its sessions go to the other node
         wait_until("step 6", lambda: len(_trainer_steps(prefix)) >= 6)
         assert _podman("kill", "--signal", "KILL", f"{prefix}-node-2").returncode == 0
