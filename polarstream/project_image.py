@@ -182,9 +182,12 @@ def write_context(ctx: Path, rootfs: Path, project_root: Path) -> str:
         _link(src, ctx / "cache" / rel)
         h.update(f"jar\0{rel}\0{src.stat().st_size}\0".encode())
     for rel in project_files(project_root):
-        src = project_root / rel
-        _link(src, ctx / "project" / rel)
-        h.update(f"project\0{rel}\0".encode() + hashlib.sha256(src.read_bytes()).digest())
+        # copied, not linked: a file edited during the build (the checkout is worked in) would change under
+        # the hash taken of it; the venv's files are not edited, and are 4 GB
+        dst = ctx / "project" / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(project_root / rel, dst)
+        h.update(f"project\0{rel}\0".encode() + hashlib.sha256(dst.read_bytes()).digest())
     return h.hexdigest()[:20]
 
 

@@ -76,3 +76,9 @@ def test_arith_across_containers_learns_and_outlives_a_killed_trainer_and_gatewa
     assert sorted(s["step"] for s in steps) == list(range(1, 25))
     groups = [g for s in steps for g in s["groups"]]
     assert len(groups) == len(set(groups)) == 24 * 4, "a group trained twice, or one missing"
+    # the killed node's sessions: node-1 took over its partitions of polar.sessions (the group's rebalance)
+    assigned = [set(json.loads(line.rsplit("assigned partitions", 1)[1])) for host in ("node-1", "node-2")
+                for line in (run_dir / f"{host}.log").read_text().splitlines() if "assigned partitions" in line]
+    last = [set(json.loads(line.rsplit("assigned partitions", 1)[1]))
+            for line in (run_dir / "node-1.log").read_text().splitlines() if "assigned partitions" in line][-1]
+    assert last == set().union(*assigned), f"node-1 ends with partitions {last}, not all of {set().union(*assigned)}"
