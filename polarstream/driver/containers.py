@@ -187,10 +187,6 @@ class ContainerRun:
         out = _podman("wait", self.name(host), check=False, timeout=None)
         return int(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else 1
 
-    def kill(self, host: str) -> None:
-        """SIGKILL the container's main process, as a crashed host would."""
-        _podman("kill", "--signal", "KILL", self.name(host))
-
     def __exit__(self, *exc) -> None:
         for name in reversed(self.started):
             _podman("rm", "-f", "-t", "5", name, check=False)
