@@ -235,7 +235,12 @@ def build_project_image(engine: str = "podman", project_root: Path | None = None
         argv = engine_argv(engine)
         if not force and subprocess.run([*argv, "image", "exists", tag], capture_output=True).returncode == 0:
             return tag
-        out = subprocess.run([*argv, "build", "--network", "none", "--timestamp", str(EPOCH), "--label", f"{LABEL}={tag.rsplit(':', 1)[1]}",
+        # --timestamp: every file's and the image's time; and nothing else of the build's own in the config
+        # (checked: two builds from nothing give one id): no history (its comments name the intermediate
+        # images, whose ids carry the time they were made), no buildah version label, no base-image annotations
+        out = subprocess.run([*argv, "build", "--network", "none", "--timestamp", str(EPOCH), "--omit-history",
+                              "--identity-label=false", "--annotation", "org.opencontainers.image.base.digest=",
+                              "--annotation", "org.opencontainers.image.base.name=", "--label", f"{LABEL}={tag.rsplit(':', 1)[1]}",
                               *(["--no-cache"] if force else []), "-t", tag, "-t", f"{REPO}:latest", str(ctx)],
                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if log is not None:

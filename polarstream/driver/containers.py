@@ -125,7 +125,7 @@ def run_args(c: Container, image: str, network: str, prefix: str, model_dir: Pat
     name, with its environment."""
     # bwrap in a container: a user namespace (seccomp's default profile refuses one) and a fresh /proc (the
     # kernel refuses to mount one over podman's masked /proc paths). No capability is added: checked by hand,
-    # and by tests/deploy/test_containers.py.
+    # and by tests/deploy/test_project_image.py.
     sandbox = ["--security-opt", "seccomp=unconfined", "--security-opt", "unmask=ALL"] if c.sandbox else []
     vols = [*(("-v", f"{model_dir}:{MODEL}:ro") if c.model and model_dir else ()),
             *(a for host, ctr in mounts for a in ("-v", f"{host}:{ctr}"))]
@@ -173,7 +173,7 @@ class ContainerRun:
             if text in out.stdout + out.stderr:
                 return
             state = _podman("inspect", "--format", "{{.State.Status}}", self.name(host), check=False).stdout.strip()
-            if state in ("exited", "stopped") and "restart" not in state:
+            if state in ("exited", "stopped"):
                 raise ContainerError(f"{self.name(host)} exited before it was ready:\n{self.logs(host)}")
             time.sleep(1.0)
         raise ContainerError(f"{self.name(host)} not ready in {timeout_s:.0f} s:\n{self.logs(host)}")

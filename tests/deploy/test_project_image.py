@@ -36,10 +36,11 @@ def _podman(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 @pytest.mark.containers
 def test_the_image_builds_twice_to_one_id_and_runs_every_components_programs():
     assert shutil.which("podman") and shutil.which("mmdebstrap"), "run `make system` (apt-get install podman runc mmdebstrap)"
-    tag = build_project_image()
+    # two builds from nothing (--no-cache: every layer made again) give one id: the same bytes and config
+    tag = build_project_image(force=True)
     first = image_id(tag)
-    # every layer again (--no-cache): the same inputs give the same bytes, so the same id
     assert build_project_image(force=True) == tag and image_id(tag) == first
+    assert build_project_image() == tag and image_id(tag) == first  # and a build of the same inputs finds it
     assert _podman("image", "inspect", "--format", f'{{{{index .Labels "{LABEL}"}}}}', tag).stdout.strip() == tag.rsplit(":", 1)[1]
     run = ["run", "--rm", "--network", "none", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
            "--security-opt", "seccomp=unconfined", "--security-opt", "unmask=ALL", tag, "sh", "-c",
