@@ -90,8 +90,8 @@ def node(
     cpu_s: Optional[int] = typer.Option(None, help="RLIMIT_CPU seconds per harness process"),
     memory_mb: Optional[int] = typer.Option(None, help="RLIMIT_AS MiB per harness process"),
     port: int = typer.Option(0, help="gateway port (0: a free one)"),
-    host: str = typer.Option("127.0.0.1", help="gateway listen address (0.0.0.0: reached from other machines, which "
-                                               "needs secret POLAR_ADMIN_TOKEN and POLAR_SESSION_SECRET)"),
+    host: str = typer.Option("127.0.0.1", help="the gateway's listen address (another host's trainer or driver reaches "
+                                               "it: 0.0.0.0, with secret POLAR_ADMIN_TOKEN and POLAR_SESSION_SECRET)"),
     upstream: str = typer.Option("polar", help="engine wire format: polar | vllm | sglang"),
     temperature: float = typer.Option(1.0, help="the run's sampling temperature, pinned on its sessions (the trainer's)"),
     session_timeout_ms: int = typer.Option(10_000, help="Kafka group session timeout: how fast a dead node's sessions move"),
@@ -127,7 +127,7 @@ def node(
                          init_workers=init_workers, ready_target=ready_target, run_workers=run_workers,
                          postrun_workers=postrun_workers, container_starts=container_starts,
                          container_start_rate=container_start_rate, model_name=model_name, cpu_s=cpu_s, memory_mb=memory_mb,
-                         keep_workdirs=keep_workdirs, gateway_port=port, gateway_host=host, site_settings=site_settings,
+                         keep_workdirs=keep_workdirs, gateway_host=host, gateway_port=port, site_settings=site_settings,
                          **({"node_id": node_id} if node_id else {}))
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None

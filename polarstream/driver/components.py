@@ -91,24 +91,32 @@ def pick_runtime(requested: str) -> str:
 
 
 def component_args(name: str, cfg: RunConfig, settings: Settings, ports: dict[str, int], urls: dict[str, str],
-                   model_dir: Path, runtime: str, run_dir: Path, node_rank: str | None = None) -> tuple[str, ...]:
+                   model_dir: Path, runtime: str, run_dir: Path, host: str = "",
+                   node_rank: str | None = None) -> tuple[str, ...]:
     """The ``polarstream`` arguments that start component ``name`` of this run: the one place they are written,
-    for a process here, a container, a Slurm step or a Kubernetes pod alike. A trainer of several processes
-    (``cfg.trainer_nproc``, ``cfg.trainer_nodes``) is a ``torchrun`` command instead (``command_line``):
-    ``node_rank`` is this machine's among the trainer's (``cfg.node_rank`` if None; a launcher passes what its
-    scheduler expands per node, such as ``$(JOB_COMPLETION_INDEX)``)."""
-    # where a served component listens: loopback on one machine, every interface once others reach it
-    listen = ("--host", settings.listen_host) if settings.listen_host != "127.0.0.1" else ()
+    for a process here, a container, a Slurm step or a Kubernetes pod alike. ``host``: the listen address of
+    the components others reach (engine, node, rollout, ui); '' = the settings' (loopback on one machine,
+    every interface once ``advertised_host`` is set). A trainer of several processes (``cfg.trainer_nproc``,
+    ``cfg.trainer_nodes``) is a ``torchrun`` command instead (``command_line``): ``node_rank`` is this
+    machine's among the trainer's (``cfg.node_rank`` if None; a launcher passes what its scheduler expands
+    per node, such as ``$(JOB_COMPLETION_INDEX)``)."""
+    host = host or settings.listen_host
+    listen = ("--host", host) if host != "127.0.0.1" and name in ("ui", "engine", "node", "rollout") else ()
+    return (*_args(name, cfg, settings, ports, urls, model_dir, runtime, run_dir, node_rank), *listen)
+
+
+def _args(name: str, cfg: RunConfig, settings: Settings, ports: dict[str, int], urls: dict[str, str],
+          model_dir: Path, runtime: str, run_dir: Path, node_rank: str | None) -> tuple[str, ...]:
     if name == "ui":
-        return ("ui", "--port", str(ports["ui"]), "--model", str(model_dir), *listen)
+        return ("ui", "--port", str(ports["ui"]), "--model", str(model_dir))
     if name == "engine":
-        return ("engine", "--model", str(model_dir), "--port", str(ports["engine"]), *listen,
+        return ("engine", "--model", str(model_dir), "--port", str(ports["engine"]),
                 "--seed", str(cfg.seed), "--threads", "1",
                 *(("--logit-noise", str(cfg.engine_logit_noise)) if cfg.engine_logit_noise else ()),
                 *(("--dtype", cfg.engine_dtype) if cfg.engine_dtype != "float32" else ()))
     if name == "node":
         return ("node", "--engine-url", urls["engine"], "--model", str(model_dir),
-                "--runtime", runtime, "--site-settings", cfg.site_settings, "--port", str(ports["gateway"]), *listen,
+                "--runtime", runtime, "--site-settings", cfg.site_settings, "--port", str(ports["gateway"]),
                 "--run-workers", "4",
                 "--init-workers", "4", "--ready-target", "4", "--postrun-workers", "4",
                 "--temperature", str(cfg.temperature))  # pinned: the trainer's temperature
@@ -141,7 +149,7 @@ def component_args(name: str, cfg: RunConfig, settings: Settings, ports: dict[st
                 *[a for k, v in cfg.trainer_settings.items() for a in ("--set", f"{k}={v}")])
         return torchrun(cfg, str(cfg.node_rank) if node_rank is None else node_rank, args)
     if name == "rollout":
-        return ("rollout", "--port", str(ports["rollout"]), *listen)
+        return ("rollout", "--port", str(ports["rollout"]))
     raise ValueError(f"no component {name!r} (one of {', '.join(COMPONENTS)})")
 
 

@@ -66,9 +66,11 @@ class SlurmSettings(BaseModel):
     account: str = Field("", description="#SBATCH --account ('' = your default)")
     time: str = Field("", description="#SBATCH --time, e.g. 4:00:00 ('' = the partition's limit)")
     nodes: int = Field(1, ge=1, description="#SBATCH --nodes: the engine, gateway node, streams and rollout server "
-                       "run on the first, the trainer on the last")
+                       "run on the first, the trainer on the last trainer.nodes of them")
     exclusive: bool = Field(True, description="#SBATCH --exclusive: whole nodes (every component's threads on them)")
     engine_gpus: int = Field(0, ge=0, description="GPUs of the engine's step (srun --gpus; the job asks for them too)")
+    trainer_gpus: int = Field(0, ge=0, description="GPUs of the trainer's step on each of its nodes (srun "
+                              "--gpus-per-node; trainer.nproc processes share them)")
     python: str = Field("", description="the Python with polarstream installed on the nodes ('' = the one that "
                         "renders the script: a venv on a filesystem the nodes share)")
     sbatch: list[str] = Field(default_factory=list, description="more #SBATCH options, as given to sbatch (e.g. --qos=high)")

@@ -67,3 +67,58 @@ def test_a_run_starts_its_trainer_of_two_processes_under_torchrun(infra, tmp_pat
         assert step["sync_mode"] is not None and step["sync_s"] > 0, step
     # the driver started torchrun, torchrun the ranks (sessions of their own): the driver's stop reached them all
     assert _alive(str(out).encode()) == []
+
+
+@pytest.mark.timeout(600)
+def test_a_trainer_of_two_machines_meets_at_node_0s_rendezvous(infra, tmp_path):
+    """``trainer: {nodes: 2}``: each "machine" (a process with a run dir of its own) starts its trainer with
+    --only trainer and its --node-rank, the rest of the run as test_run_split spreads it; the two torchruns
+    meet at node 0's rendezvous and train the run's steps as one trainer of 2 ranks."""
+    import os
+    import signal
+    import time
+
+    from infra.process import free_port
+
+    path = _experiment(tmp_path)
+    exp = yaml.safe_load(path.read_text())
+    exp["trainer"] = {"nproc": 1, "nodes": 2, "rendezvous": f"127.0.0.1:{free_port()}", "dist_timeout_s": 240}
+    exp.update({f"{name}_url": f"http://127.0.0.1:{free_port()}" for name in ("engine", "gateway", "rollout")})
+    path.write_text(yaml.safe_dump(exp))
+    env, started = _env(infra), []
+
+    def polarstream(*args: str, where: str) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-m", "polarstream", "run", str(path), "--run-dir", str(tmp_path / where), *args],
+                             env=env, stdout=open(tmp_path / f"{where}.log", "ab"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        started.append((p, where))
+        return p
+
+    try:
+        for where, args in (("a", ("--only", "engine,node")), ("b", ("--only", "streams,trainer,rollout")),
+                            ("c", ("--only", "trainer", "--node-rank", "1"))):
+            p = polarstream(*args, where=where)
+            deadline = time.monotonic() + 240
+            while "Ctrl-C stops them" not in (tmp_path / f"{where}.log").read_text(errors="replace"):
+                assert p.poll() is None and time.monotonic() < deadline, _tail(tmp_path / f"{where}.log")
+                time.sleep(0.2)
+        driver = polarstream("--driver-only", where="driver")
+        assert driver.wait(timeout=420) == 0, (_tail(tmp_path / "driver.log") + "\n--- node 0:\n"
+                                               + _tail(tmp_path / "b" / "logs" / "trainer.log") + "\n--- node 1:\n"
+                                               + _tail(tmp_path / "c" / "logs" / "trainer.log"))
+        records = [json.loads(line) for line in (tmp_path / "b" / "trainer" / "train.jsonl").read_text().splitlines()]
+        start = next(r for r in records if r.get("event") == "start")
+        assert (start["world_size"], start["strategy"]) == (2, "fsdp")  # one rank on each machine
+        assert [r["step"] for r in records if r.get("event") == "step"] == [1, 2]
+        assert not (tmp_path / "c" / "trainer" / "train.jsonl").exists()  # rank 0 alone writes the run's record
+        assert json.loads((tmp_path / "driver" / "run-summary.json").read_text())["steps"] == 2
+    finally:
+        for p, where in started:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p, where in started:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert _alive(str(tmp_path).encode()) == []  # every machine's part stopped what it started, ranks included

@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from polarstream.cli import app
-from polarstream.driver.components import child_env, component_args, run_settings
+from polarstream.driver.components import child_env, command_line, component_args, run_settings
 from polarstream.driver.configure import NOT_IDENTITY, run_config
 from polarstream.driver.experiment import ExperimentError, load_experiment
 from polarstream.driver.slurm import STEPS, render
@@ -32,13 +32,13 @@ def experiment(tmp_path) -> Path:
 
 
 def _steps(script: str) -> dict[str, list[str]]:
-    """Each step's polarstream arguments as bash will pass them ("$HEAD": the first node's name)."""
+    """Each step's command as bash will run it ("$HEAD": the first node's name, "$TRAINER_HEAD": the trainer's)."""
     steps = {}
     for line in script.splitlines():
-        if line.strip().startswith("step "):  # `step NAME WHERE [--gpus=N] "$PY" -m polarstream ARGS &` (or && exit 0)
-            words = shlex.split(line.replace('"$HEAD"', "HEADNODE").replace('"$LAST"', "LASTNODE"))
-            args = words[words.index("polarstream") + 1:]
-            steps[words[1]] = args[:-1] if args[-1] == "&" else args[:-3]
+        if line.strip().startswith("step "):  # `step NAME N NODES GPUS COMMAND... &` (or && exit 0)
+            words = shlex.split(line.replace('"$HEAD"', "HEADNODE").replace('"$TRAINER_HEAD"', "TRAINERNODE"))
+            command = words[5:]
+            steps[words[1]] = command[:-1] if command[-1] == "&" else command[:-3]
     return steps
 
 
@@ -61,7 +61,8 @@ def test_each_step_is_the_components_own_command_line_and_environment(experiment
 
     settings = run_settings(Settings(), cfg.run_id)
     assert settings.topic_prefix == f"{cfg.run_id}." and cfg.run_id in settings.storage_url
-    exported = dict(line.removeprefix("export ").split("=", 1) for line in script.splitlines() if line.startswith("export "))
+    exported = dict(line.removeprefix("export ").split("=", 1) for line in script.splitlines()
+                    if line.startswith(("export POLAR_", "export OMP_")))
     assert {k: shlex.split(v)[0] if v else "" for k, v in exported.items()} == child_env(settings, run_dir.absolute())
 
     args = _steps(script)
@@ -69,8 +70,9 @@ def test_each_step_is_the_components_own_command_line_and_environment(experiment
     ports = _ports(args)
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     for name in STEPS:
-        assert args[name] == list(component_args(name, cfg, settings, ports, urls, Path(cfg.model), "subprocess",
-                                                 run_dir.absolute())), name
+        assert args[name] == list(command_line(component_args(name, cfg, settings, ports, urls, Path(cfg.model),
+                                                              "subprocess", run_dir.absolute()))), name
+    assert args["trainer"][:2] == ["polarstream", "train"]  # one process: no torchrun
     assert "grad_clip=0.5" in args["trainer"]  # the file's own trainer settings came through the generator
 
     # the driver (the batch step) runs the same experiment, as the same run, at the components' URLs
@@ -95,13 +97,18 @@ def test_several_nodes_name_the_first_and_give_the_engine_its_gpus(experiment, t
     monkeypatch.setenv("POLAR_S3_ENDPOINT", "http://s3.cluster:9000")
     script = render(exp, cfg, tmp_path / "job").read_text()
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
-    for line in ("#SBATCH --nodes=2", "#SBATCH --gpus=1", "#SBATCH --partition=gpu", "#SBATCH --qos=high"):
+    for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=1", "#SBATCH --partition=gpu", "#SBATCH --qos=high"):
         assert line in script.splitlines()
     engine = next(line for line in script.splitlines() if line.startswith("step engine "))
-    assert ' "$HEAD" --gpus=1 ' in engine
+    assert engine.startswith('step engine 1 "$HEAD" --gpus=1 polarstream engine ')
     args = _steps(script)
     assert f"polar=http://HEADNODE:{_ports(args)['engine']}" in args["trainer"]
-    assert any(line.strip().startswith('step trainer "$LAST"') for line in script.splitlines())
+    for name in ("engine", "node", "rollout"):  # reached from the other nodes: every interface
+        assert args[name][args[name].index("--host") + 1] == "0.0.0.0", name
+    # each step announces its own node (weight transfer's rendezvous: the trainer's), set on that node
+    assert "export POLAR_ADVERTISED_HOST=$SLURMD_NODENAME" in script and "POLAR_ADVERTISED_HOST=" not in "".join(
+        line for line in script.splitlines() if line.startswith("export "))
+    assert 'TRAINER_NODES=("${NODES[@]: -1}")' in script  # one trainer node: the last
     copy = yaml.safe_load((tmp_path / "job" / "experiment.in.yaml").read_text())
     assert copy["engine_url"].startswith("http://@HEAD@:")  # the job's start puts the node's name in
 
@@ -124,3 +131,33 @@ def test_what_cannot_be_a_slurm_job_is_one_line(experiment, tmp_path):
     r = CliRunner().invoke(app, ["run", str(warm), "--launcher", "slurm", "--render", str(tmp_path / "job")])
     assert r.exit_code == 1 and "--launcher slurm needs a model directory" in r.stderr, r.stderr
     assert len(r.stderr.splitlines()) == 1
+
+
+def test_a_trainer_of_several_processes_and_nodes_is_torchruns_command_with_each_nodes_rank(experiment, tmp_path, monkeypatch):
+    body = yaml.safe_load(experiment.read_text())
+    body["trainer"] = {"nproc": 2}
+    experiment.write_text(yaml.safe_dump(body))
+    exp = load_experiment(experiment)
+    script = render(exp, run_config(exp, tmp_path / "one"), tmp_path / "one").read_text()
+    trainer = _steps(script)["trainer"]
+    assert trainer[:5] == ["torchrun", "--standalone", "--nproc-per-node", "2", "--max-restarts"]
+
+    body.update(trainer={"nproc": 2, "nodes": 2, "rendezvous": "node0:29555"}, slurm={"nodes": 2, "trainer_gpus": 2})
+    experiment.write_text(yaml.safe_dump(body))
+    exp = load_experiment(experiment)
+    with pytest.raises(ExperimentError, match="slurm.nodes: 1, and the trainer runs on 2"):
+        body["slurm"]["nodes"] = 1
+        experiment.write_text(yaml.safe_dump(body))
+        render(load_experiment(experiment), run_config(load_experiment(experiment), tmp_path / "two"), tmp_path / "two")
+    monkeypatch.setenv("POLAR_KAFKA_BOOTSTRAP", "kafka.cluster:9092")
+    monkeypatch.setenv("POLAR_S3_ENDPOINT", "http://s3.cluster:9000")
+    script = render(exp, run_config(exp, tmp_path / "two"), tmp_path / "two").read_text()
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    trainer = _steps(script)["trainer"]
+    flag = lambda f: trainer[trainer.index(f) + 1]  # noqa: E731
+    # torchrun's static rendezvous at the trainer's first node, the file's port; each node's rank filled in there
+    assert (flag("--nnodes"), flag("--rdzv-endpoint"), flag("--node-rank")) == ("2", "TRAINERNODE:29555", "NODE_RANK_OF_THIS_NODE")
+    assert '${@//NODE_RANK_OF_THIS_NODE/$SLURM_PROCID}' in script
+    line = next(line for line in script.splitlines() if line.strip().startswith("step trainer "))
+    assert line.strip().startswith('step trainer 2 "$(IFS=,; echo "${TRAINER_NODES[*]}")" --gpus-per-node=2 torchrun ')
+    assert "#SBATCH --gpus-per-node=2" in script.splitlines()  # the engine (no GPU) and trainer share no node

@@ -1,7 +1,8 @@
 """Issue 76: a run as one Slurm job on a real (one-node) Slurm cluster, submitted with sbatch by
-``polarstream run --launcher slurm --render DIR --submit``: run to completion; then the same experiment in
-another run directory, its trainer step cancelled mid-run (``scancel JOB.STEP``), resumed by the job from
-its checkpoint to the same end: every step trains the tasks the uninterrupted run trained, every group once.
+``polarstream run --launcher slurm --render DIR --submit``: run to completion; then the same tasks and seed
+with a trainer of two processes (torchrun in its step), that step cancelled mid-run (``scancel JOB.STEP``)
+and resumed by the job from its checkpoint to the same end: every step trains the tasks the uninterrupted
+run trained, every group once, and no process outlives either job.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS, GROUPS, SAMPLES = 3, 2, 2
 
 
-def _experiment(tmp_path: Path) -> Path:
+def _experiment(tmp_path: Path, name: str, **more) -> Path:
     from infra.models import ensure_model
 
     train, _ = arith.split(0)
@@ -35,8 +36,8 @@ def _experiment(tmp_path: Path) -> Path:
     (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
     exp = {"name": "slurmed", "model": str(ensure_model("tiny")), "train": "train.jsonl", "eval": "",
            "harness_config": {"max_tokens": 12, "max_turns": 1}, "runtime": "subprocess", "group_size": SAMPLES,
-           "groups_per_step": GROUPS, "max_steps": STEPS, "seed": 3, "step_timeout_s": 240}
-    path = tmp_path / "exp.yaml"
+           "groups_per_step": GROUPS, "max_steps": STEPS, "seed": 3, "step_timeout_s": 240, **more}
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(exp))
     return path
 
@@ -87,45 +88,62 @@ def _trained(job_dir: Path) -> dict[int, list[str]]:
 
 
 def _tasks_per_step(infra, exp: Path, job_dir: Path) -> dict[int, list[str]]:
-    """Each trained step's tasks (the experiment's own ids), read back from the run's groups topic."""
+    """Each trained step's tasks (the file's own task ids), read back from the run's topics."""
     from infra.settings import Settings
     from polarstream.driver.configure import run_id
     from polarstream.driver.experiment import load_experiment
     from producers.kafka_read import merged, plan_spans
-    from schemas import TrainingGroup, decode
+    from schemas import TaskRequest, TrainingGroup, decode
     from schemas.records import RECORD_BY_TOPIC
 
     rid = run_id(load_experiment(exp), job_dir.absolute())
     settings = Settings(kafka_bootstrap=infra.settings.kafka_bootstrap, topic_prefix=f"{rid}.")
-    groups = {}
-    for m in merged(settings, plan_spans(settings, ("groups",))):
+    groups, sources = {}, {}
+    for m in merged(settings, plan_spans(settings, ("tasks", "groups"))):
         rec = decode(m.value, RECORD_BY_TOPIC[m.topic])
-        if isinstance(rec, TrainingGroup):
+        if isinstance(rec, TaskRequest):
+            sources[rec.task_id] = rec.metadata["source_task_id"]
+        elif isinstance(rec, TrainingGroup):
             groups[rec.event_id] = rec
     trained = _trained(job_dir)
     events = [e for step in trained.values() for e in step]
     assert len(events) == len(set(events)), f"a group was trained twice: {trained}"
-    # group ids are RUNID-sSTEP-tI: the task drawn for slot I of step STEP, the same in every run of the file
-    return {step: sorted(groups[e].group_id.removeprefix(rid) for e in events) for step, events in trained.items()}
+    return {step: sorted(sources[groups[e].group_id] for e in events) for step, events in trained.items()}
+
+
+def _alive(marker: bytes) -> list[int]:
+    """Processes whose command line holds ``marker`` (a run's own directory): none may outlive its job."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return pids
 
 
 @pytest.mark.timeout(1500)
 def test_a_run_submitted_with_sbatch_completes_and_resumes_after_its_trainer_step_is_cancelled(slurm, infra, tmp_path):
-    exp = _experiment(tmp_path)
+    exp = _experiment(tmp_path, "one")
 
     # 1: the run, through sbatch, to completion
     first = tmp_path / "first"
     job = _submit(slurm, infra, exp, first)
     _wait_done(slurm, job, first)
+    assert not _alive(str(first).encode()), "a process of the finished job is still running"
     summary = json.loads((first / "run-summary.json").read_text())
     assert len(summary["reward_per_step"]) == STEPS
     uninterrupted = _tasks_per_step(infra, exp, first)
     assert sorted(uninterrupted) == list(range(1, STEPS + 1))
     assert all(len(tasks) == GROUPS for tasks in uninterrupted.values()), uninterrupted
 
-    # 2: the same experiment again; its trainer step cancelled once it has trained a step
+    # 2: the same tasks with a trainer of 2 processes (torchrun in its step); that step cancelled once it
+    # has trained a step, the run resumed by the job
+    ranks = _experiment(tmp_path, "ranks", trainer={"nproc": 2, "dist_timeout_s": 240})
     second = tmp_path / "second"
-    job = _submit(slurm, infra, exp, second)
+    job = _submit(slurm, infra, ranks, second)
+    assert "torchrun --standalone --nproc-per-node 2" in (second / "run.sbatch").read_text()
     deadline = time.monotonic() + 600
     while not _trained(second):
         assert _state(slurm, job) in ("PENDING", "RUNNING", "CONFIGURING"), _logs(second, job)
@@ -135,7 +153,8 @@ def test_a_run_submitted_with_sbatch_completes_and_resumes_after_its_trainer_ste
     trainer = next(step for step, name in steps.items() if name == "trainer")
     slurm.run("scancel", trainer)
     _wait_done(slurm, job, second)
+    assert not _alive(str(second).encode()), "a process of the finished job is still running"
     assert "trainer step ended (attempt 0); starting it again" in (second / f"slurm-{job}.out").read_text()
     assert len(json.loads((second / "run-summary.json").read_text())["reward_per_step"]) == STEPS
     # the same end: every step trained the uninterrupted run's tasks, each group once
-    assert _tasks_per_step(infra, exp, second) == uninterrupted
+    assert _tasks_per_step(infra, ranks, second) == uninterrupted
