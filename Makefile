@@ -8,7 +8,7 @@ CACHE ?= $(HOME)/.cache/polarstream
 export PIP_CACHE_DIR := $(CACHE)/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv system demo test test-fast bench infra-up infra-down harnesses datasets-peer vllm-peer clean
+.PHONY: venv system demo test test-fast containers-test bench infra-up infra-down harnesses datasets-peer vllm-peer clean
 
 venv: $(STAMP)
 
@@ -79,10 +79,15 @@ demo: venv system
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 3
 test: venv system harnesses datasets-peer vllm-peer
-	$(PY) -m pytest -q -ra --durations=25 --cpu 25 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist load)
+	$(PY) -m pytest -q -ra --durations=25 --cpu 25 -m "not containers" $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist load)
 
 test-fast: venv
-	$(PY) -m pytest -q -ra -m "not integration and not harness and not slow"
+	$(PY) -m pytest -q -ra -m "not integration and not harness and not slow and not containers"
+
+# The project image and a run of examples/arith.yaml across containers (docs/deploy.md): longer than make
+# test's 15 minutes allow, so a stage of its own (.ci/run runs it after the suite), in one process.
+containers-test: venv system
+	$(PY) -m pytest -q -ra -m containers tests/deploy
 
 # Reruns only the benchmarks whose measured code changed since they ran (bench/_provenance.py) and merges
 # them into bench/results/latest.json; BENCH_ARGS=--all reruns every one, --cluster --harnesses the opt-in ones.

@@ -155,6 +155,37 @@ def broker(index: int = typer.Argument(..., help="the broker's index, 0-based (s
 
 
 @infra_app.command()
+def serve(server: str = typer.Argument(..., help="kafka (one node of a cluster) | s3"),
+          node_id: int = typer.Option(1, help="kafka: this node's id, 1-based"),
+          voters: str = typer.Option("", help="kafka: the cluster's controllers, id@host:port,... (the same on every node)"),
+          cluster_id: str = typer.Option("", help="kafka: the cluster's id (the same on every node; `infra serve` formats "
+                                                  "the node's storage with it on its first start)"),
+          advertise: str = typer.Option("", help="kafka: the host name the others reach this node by"),
+          heap_mb: int = typer.Option(512, help="kafka: the JVM's heap"),
+          config: Optional[Path] = _CONFIG) -> None:
+    """Run one server in the foreground on a host of its own, serving on every interface (a run across hosts or
+    containers: docs/deploy.md); it stops on SIGTERM and exits when the server does."""
+    from .errors import InfraError
+    from .serve import kafka_node, s3_server
+    from .serve import serve as serve_one
+    from .settings import Settings
+
+    try:
+        settings = Settings(config=str(config)) if config else Settings()
+        if server == "kafka":
+            if not (voters and cluster_id and advertise):
+                raise InfraError("serve kafka needs --voters, --cluster-id and --advertise")
+            node = kafka_node(settings, node_id, voters, cluster_id, advertise, heap_mb)
+        elif server == "s3":
+            node = s3_server(settings)
+        else:
+            raise InfraError(f"unknown server {server!r}: expected kafka or s3")
+        raise typer.Exit(serve_one(node))
+    except InfraError as e:
+        _fail(e)
+
+
+@infra_app.command()
 def topics(config: Optional[Path] = _CONFIG, as_json: bool = typer.Option(False, "--json", help="machine-readable"),
            cluster: Optional[str] = CLUSTER) -> None:
     """Apply infra/topics.yaml: create missing topics, align configs, report drift (exit 2 on drift)."""

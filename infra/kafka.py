@@ -89,15 +89,18 @@ class ClusterMember:
     cluster_id: str  # one id, formatted into every node's storage
 
 
-def broker_properties(settings: Settings, log_dir: Path, member: ClusterMember | None = None) -> dict[str, str]:
-    """server.properties for a combined-mode node listening on settings' ports (alone, or as ``member``)."""
+def broker_properties(settings: Settings, log_dir: Path, member: ClusterMember | None = None,
+                      advertise: str = "") -> dict[str, str]:
+    """server.properties for a combined-mode node listening on settings' ports (alone, or as ``member``):
+    on loopback, or (``advertise``: the name other hosts reach it by) on every interface, announcing that name."""
     port, cport = settings.kafka_port, settings.kafka_controller_port
     # The broker must accept the largest message any topic allows, plus batch framing overhead.
     max_bytes = largest_message_bytes() + 64 * 1024
+    bind = "0.0.0.0" if advertise else "127.0.0.1"
     props = {
         **_BROKER_DEFAULTS,
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listeners": f"PLAINTEXT://{bind}:{port},CONTROLLER://{bind}:{cport}",
+        "advertised.listeners": f"PLAINTEXT://{advertise or '127.0.0.1'}:{port}",
         "controller.quorum.voters": f"1@127.0.0.1:{cport}",
         "log.dirs": str(log_dir),
         "message.max.bytes": str(max_bytes),
@@ -115,6 +118,7 @@ class KafkaBroker(JavaServer):
 
     heap_mb: int = 512
     member: ClusterMember | None = None  # None: the single broker
+    advertise: str = ""  # '' : loopback only; else the host name the other hosts reach this node by
 
     kind: ClassVar[str] = "kafka"
     profile: ClassVar[str] = "kafka"
@@ -149,7 +153,7 @@ class KafkaBroker(JavaServer):
 
     def prepare(self) -> list[str]:
         # Rewritten on every start so port changes apply.
-        props = broker_properties(self.settings, self.log_dir, self.member)
+        props = broker_properties(self.settings, self.log_dir, self.member, self.advertise)
         if self.settings.secure:  # SASL_SSL + mutual-TLS controller + ACLs (infra/security.py)
             props.update(security.broker_overrides(self.settings))
         self.config_file.write_text(render_properties(props))

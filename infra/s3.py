@@ -27,10 +27,10 @@ _LOGBACK = """\
 """
 
 
-def s3proxy_properties(settings: Settings, objects_dir: Path) -> dict[str, str]:
-    """s3proxy's --properties file for our port, credentials and object directory."""
+def s3proxy_properties(settings: Settings, objects_dir: Path, bind: str = "127.0.0.1") -> dict[str, str]:
+    """s3proxy's --properties file for our port (on ``bind``), credentials and object directory."""
     return {
-        "s3proxy.endpoint": f"http://127.0.0.1:{settings.s3_port}",
+        "s3proxy.endpoint": f"http://{bind}:{settings.s3_port}",
         "s3proxy.authorization": "aws-v2-or-v4",
         "s3proxy.identity": settings.s3_access_key,
         "s3proxy.credential": settings.s3_secret_key,
@@ -48,6 +48,7 @@ class S3Server(JavaServer):
     config_name: ClassVar[str] = "s3proxy.properties"
     log_name: ClassVar[str] = "s3proxy.log"
     pid_name: ClassVar[str] = "s3proxy.pid"
+    public: bool = False  # serve on every interface (its own host in a run across hosts), not loopback only
 
     def label(self) -> str:
         return f"s3proxy on 127.0.0.1:{self.settings.s3_port}"
@@ -70,7 +71,7 @@ class S3Server(JavaServer):
 
     def prepare(self) -> list[str]:
         self.objects_dir.mkdir(parents=True, exist_ok=True)
-        self.config_file.write_text(render_properties(s3proxy_properties(self.settings, self.objects_dir)))
+        self.config_file.write_text(render_properties(s3proxy_properties(self.settings, self.objects_dir, "0.0.0.0" if self.public else "127.0.0.1")))
         self.config_file.chmod(0o600)  # it holds the S3 secret key
         (self.root / "logback.xml").write_text(_LOGBACK.format(log=self.log_file))
         return ["org.gaul.s3proxy.Main", "--properties", str(self.config_file)]

@@ -97,9 +97,10 @@ def register(app: typer.Typer) -> None:
         print_config: Annotated[bool, typer.Option("--print-config", help="print every setting with its meaning, as "
                                                                           "YAML, and exit: the file's (defaults filled "
                                                                           "in), or without one the defaults")] = False,
-        launcher: Annotated[str, typer.Option(help="local: every component here; slurm: an sbatch script of the run; "
-                                                   "k8s: Kubernetes manifests (with --render DIR, then --submit; "
-                                                   "docs/deploy.md)")] = "local",
+        launcher: Annotated[str, typer.Option(help="local: every component here; podman: each in a container of the "
+                                                   "project image on one network, the driver too, as on hosts of their "
+                                                   "own; slurm: an sbatch script of the run; k8s: Kubernetes manifests "
+                                                   "(with --render DIR, then --submit; docs/deploy.md)")] = "local",
         render: Annotated[Optional[Path], typer.Option(help="--launcher slurm|k8s: write the job's files (the "
                                                             "manifests) to this directory (slurm: the run's too, "
                                                             "unless --run-dir)")] = None,
@@ -122,6 +123,12 @@ def register(app: typer.Typer) -> None:
             given = experiment is not None or any(v is not None for v in (seed, async_level, max_steps))
             typer.echo(settings_yaml(exp, where) if given else settings_yaml(), nl=False)
             return
+        if launcher == "podman":  # started from here, every part in a container of its own
+            if driver_only or only is not None or render is not None or submit:
+                typer.echo("error: --launcher podman starts every component and the driver in containers: no --only, "
+                           "--driver-only, --render or --submit with it", err=True)
+                raise typer.Exit(1)
+            raise typer.Exit(_run_in_containers(exp, where, run_dir or Path("runs") / time.strftime(f"{exp.name}-%Y%m%d-%H%M%S")))
         if launcher != "local":  # the run rendered for a cluster manager, not started here
             _launch(launcher, exp, where, render, run_dir, submit, driver_only or only is not None)
             return
@@ -155,6 +162,35 @@ def register(app: typer.Typer) -> None:
             typer.echo(path)
 
 
+def _run_in_containers(exp, where: str, run_dir: Path) -> int:
+    """``run --launcher podman``: the project image (built, or found by its inputs' hash), the model made here,
+    then every component and the driver in containers (polarstream/driver/containers.py); the driver's exit code."""
+    from rich.console import Console
+
+    from .driver.configure import run_config
+    from .driver.containers import ContainerError, host_model, run_in_containers
+    from .driver.experiment import ExperimentError
+    from .presets import preset_for
+    from .project_image import ProjectImageError, build_project_image
+
+    console = Console()
+    preset = preset_for(exp)
+    try:
+        cfg = run_config(exp, run_dir.absolute(), preset=preset)
+        with console.status("the project image (polarstream images project; the first build takes minutes)"):
+            image = build_project_image()
+        console.print(f"image {image}")
+        code = run_in_containers(exp, cfg, host_model(cfg, preset, console), cfg.run_dir, image, console)
+    except ExperimentError as e:
+        typer.echo(f"error: {where}: {e}", err=True)
+        return 1
+    except (ProjectImageError, ContainerError) as e:
+        typer.echo(f"run failed: {' '.join(str(e).split())}", err=True)
+        return 1
+    console.print(f"driver exited {code}; its report: {cfg.run_dir / 'driver'}")
+    return code
+
+
 # `polarstream run --launcher NAME`: local, or a cluster manager the run is rendered for (_launch): each one a
 # module of polarstream/driver by that name, with render(exp, cfg, DIR) -> path and submit(path) -> what to print
 LAUNCHERS = ("slurm", "k8s")
@@ -168,7 +204,7 @@ def _launch(launcher: str, exp, where: str, render: Path | None, run_dir: Path |
     from .presets import preset_for
 
     if launcher not in LAUNCHERS:
-        typer.echo(f"error: --launcher {launcher}: expected local or {', '.join(sorted(LAUNCHERS))}", err=True)
+        typer.echo(f"error: --launcher {launcher}: expected one of local, podman, {', '.join(sorted(LAUNCHERS))}", err=True)
         raise typer.Exit(1)
     if render is None:
         typer.echo(f"error: --launcher {launcher} needs --render DIR (where the job's files go)", err=True)

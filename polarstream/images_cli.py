@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 images_app = typer.Typer(no_args_is_help=True, add_completion=False,
-                         help="Base images for tasks that bring a Dockerfile (offline Debian stand-ins).")
+                         help="Base images for tasks that bring a Dockerfile (offline Debian stand-ins), and the project's own image.")
 
 
 def describe(name: str, suite: str, extra: list[str]) -> str:
@@ -80,6 +80,24 @@ def base_command(
         raise typer.Exit(1) from None
     typer.echo(f"built {name} as a stand-in: {describe(name, suite, extra)} "
                f"(tag {tag}, label {STANDIN_LABEL}=debian-{suite}-minbase)")
+
+
+@images_app.command("project")
+def project_command(
+    force: Annotated[bool, typer.Option("--force", help="build every layer again (--no-cache), to check it gives the same id")] = False,
+    container_engine: Annotated[str, typer.Option(help="the container engine to build it with")] = "podman",
+) -> None:
+    """Build the project's own image (this checkout and its venv on Debian, offline): one image that runs every
+    component by its polarstream command (docs/deploy.md)."""
+    from polarstream.project_image import ProjectImageError, build_project_image, image_id
+
+    typer.echo("building the project image (the first build makes its Debian rootfs and copies the venv: minutes)...")
+    try:
+        tag = build_project_image(container_engine, force=force)
+        typer.echo(f"{tag} (id {image_id(tag, container_engine)[:12]}), also tagged latest")
+    except ProjectImageError as e:
+        typer.echo(f"error: {' '.join(str(e).split())}", err=True)
+        raise typer.Exit(1) from None
 
 
 def _label(argv: list[str], tag: str, label: str) -> str | None:

@@ -196,32 +196,45 @@ async def build_base(name: str, engine: str = "podman", *, log: Path | None = No
     tag = qualified(name)
     # python3 for the node's tunnel-free tooling and Harbor verifiers; bash, procps and ca-certificates
     # as the real slim images have them; libstdc++ comes with apt (the harness's Node needs it).
-    packages = ",".join(["python3", "ca-certificates", "procps", *extra])
-    debs = deb_cache(suite)
-    scratch = _scratch_dir()
-    with tempfile.TemporaryDirectory(prefix="polar-base-", dir=scratch) as tmp:
+    packages = ["python3", "ca-certificates", "procps", *extra]
+    with tempfile.TemporaryDirectory(prefix="polar-base-", dir=_scratch_dir()) as tmp:
         tar = Path(tmp) / "rootfs.tar"
-        # The .debs are downloads: kept between builds (sync-in/out, mmdebstrap(1)'s cache recipe), and never
-        # left in the image. dpkg's fsyncs and the chroot's removal dominate on a disk mounted with discard
-        # (100 s against 39 s on this machine), so the chroot lives in RAM where there is room for it.
-        cache = ["--skip=download/empty", "--skip=essential/unlink",
-                 '--setup-hook=mkdir -p "$1"/var/cache/apt/archives/',
-                 f"--setup-hook=sync-in {debs} /var/cache/apt/archives/",
-                 f"--customize-hook=sync-out /var/cache/apt/archives {debs}",
-                 '--customize-hook=rm -f "$1"/var/cache/apt/archives/*.deb']
-        env = {**os.environ, "TMPDIR": str(scratch)} if scratch else None
-        if "python3-pip" in extra:  # the registry's python images have no PEP 668 marker: their pip installs
-            cache.append('--customize-hook=rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED')
-        rc, out = await _run(["mmdebstrap", "--quiet", "--variant=minbase", "--dpkgopt=force-unsafe-io", *cache,
-                              f"--include={packages}", suite, str(tar)], 900, log, env=env)
-        if rc != 0:
-            raise ImageBuildError(f"{name}: mmdebstrap {suite} failed: {out.strip()[-200:]}")
+        # the registry's python images have no PEP 668 marker: their pip installs
+        no_marker = ['rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED'] if "python3-pip" in extra else []
+        try:
+            await debian_rootfs(suite, packages, tar, log=log, customize=no_marker)
+        except ImageBuildError as e:
+            raise ImageBuildError(f"{name}: {e}") from None
         changes = ["--change", "CMD [\"bash\"]", "--change", f"LABEL {STANDIN_LABEL}=debian-{suite}-minbase",
                    "--change", f"LABEL {RECIPE_LABEL}={recipe_id(recipe)}"]
         rc, out = await _run([*engine_argv(engine), "import", *changes, str(tar), tag], 300, log)
         if rc != 0:
             raise ImageBuildError(f"{name}: importing the stand-in failed: {out.strip()[-200:]}")
     return tag
+
+
+async def debian_rootfs(suite: str, packages: list[str], tar: Path, *, log: Path | None = None,
+                        customize: list[str] = (), epoch: int | None = None) -> None:
+    """A Debian ``suite`` minbase rootfs with ``packages`` as the tar file ``tar`` (mmdebstrap, from the
+    .deb cache where it holds them); ``epoch``: SOURCE_DATE_EPOCH, mmdebstrap's reproducible mode (the
+    same packages give the same tar). ``customize``: more --customize-hook shell lines."""
+    debs = deb_cache(suite)
+    scratch = _scratch_dir()
+    # The .debs are downloads: kept between builds (sync-in/out, mmdebstrap(1)'s cache recipe), and never
+    # left in the image. dpkg's fsyncs and the chroot's removal dominate on a disk mounted with discard
+    # (100 s against 39 s on this machine), so the chroot lives in RAM where there is room for it.
+    cache = ["--skip=download/empty", "--skip=essential/unlink",
+             '--setup-hook=mkdir -p "$1"/var/cache/apt/archives/',
+             f"--setup-hook=sync-in {debs} /var/cache/apt/archives/",
+             f"--customize-hook=sync-out /var/cache/apt/archives {debs}",
+             '--customize-hook=rm -f "$1"/var/cache/apt/archives/*.deb',
+             *(f"--customize-hook={hook}" for hook in customize)]
+    env = {**os.environ, **({"TMPDIR": str(scratch)} if scratch else {}),
+           **({"SOURCE_DATE_EPOCH": str(epoch)} if epoch is not None else {})}
+    rc, out = await _run(["mmdebstrap", "--quiet", "--variant=minbase", "--dpkgopt=force-unsafe-io", *cache,
+                          f"--include={','.join(packages)}", suite, str(tar)], 900, log, env=env)
+    if rc != 0:
+        raise ImageBuildError(f"mmdebstrap {suite} failed: {out.strip()[-200:]}")
 
 
 # ----------------------------------------------------------------------------------- task images

@@ -57,7 +57,7 @@ REQUIRED = {
     "engine_url": "{dead_url}", "model": "{model_dir}", "tasks_file": "{tasks_file}", "to_prefix": "r1",
     "format": "jsonl", "out": "{root}/out.jsonl", "task_id": "t1", "session_id": "s1", "name": "tiny",
     "source": "a", "target": "b", "index": "0", "action": "status", "topic": "calls",
-    "image_name": "debian:bookworm-slim",
+    "image_name": "debian:bookworm-slim", "server": "s3",
 }
 EXTRA = {("forget",): ["--session", "s1"]}
 

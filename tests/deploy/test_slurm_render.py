@@ -115,7 +115,7 @@ def test_several_nodes_name_the_first_and_give_the_engine_its_gpus(experiment, t
 
 def test_what_cannot_be_a_slurm_job_is_one_line(experiment, tmp_path):
     runs = {
-        ("--launcher", "pbs", "--render", "x"): "--launcher pbs: expected local or k8s, slurm",
+        ("--launcher", "pbs", "--render", "x"): "--launcher pbs: expected one of local, podman, k8s, slurm",
         ("--launcher", "slurm"): "--launcher slurm needs --render DIR",
         ("--render", "x"): "--render is for a launcher",
         ("--launcher", "slurm", "--render", "x", "--driver-only"): "no --only or --driver-only",
