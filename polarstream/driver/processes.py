@@ -78,7 +78,7 @@ def _marker(args: list[str] | tuple[str, ...]) -> str:
     return "\0" + "\0".join(args) + "\0"
 
 
-def _ranks(pid: int) -> list[int]:
+def children_of(pid: int) -> list[int]:
     """The children of ``pid``: torchrun starts each rank in a session of its own, which signalling torchrun's
     process group does not reach."""
     kids = []
@@ -207,7 +207,7 @@ class Processes:
     def stop_all(self, grace: float = 10.0) -> None:
         """SIGTERM every child's process group (last started first), then SIGKILL what is left (torchrun's
         ranks too: torchrun stops them on SIGTERM, but a rank it had no time to stop would outlive it)."""
-        ranks = {c.name: _ranks(c.proc.pid) for c in self.children if c.args[:1] == (TORCHRUN,)}
+        ranks = {c.name: children_of(c.proc.pid) for c in self.children if c.args[:1] == (TORCHRUN,)}
         for c in reversed(self.children):
             if c.proc.poll() is None:
                 try:

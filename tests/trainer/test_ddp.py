@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from engine.weights import read_checkpoint
+from polarstream.driver.processes import children_of  # torchrun starts each rank in a session of its own
 from tests.plugins.trainer import make_group, publish_groups, settings_env
 from trainer import checkpoint
 from trainer.config import TrainConfig
@@ -35,19 +36,6 @@ LIMIT_S = 240
 
 def _weights(url, settings):
     return read_checkpoint(url, settings)
-
-
-def _ranks(pid: int) -> list[int]:
-    """torchrun's children: it starts each rank in a session of its own, so signalling torchrun's
-    process group does not reach them (the old test's timeout killed torchrun and left both running)."""
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return kids
 
 
 def _signal_all(pids: list[int], sig: int) -> None:
@@ -73,14 +61,14 @@ def _run_torchrun(cmd, env, out_path: Path, step_one_saved, later) -> int:
         later()
         return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        everyone = [proc.pid, *_ranks(proc.pid)]  # before torchrun dies and its ranks lose their parent
+        everyone = [proc.pid, *children_of(proc.pid)]  # before torchrun dies and its ranks lose their parent
         _signal_all(everyone, signal.SIGABRT)
         time.sleep(3)
         _signal_all(everyone, signal.SIGKILL)
         raise AssertionError(f"torchrun still running after {LIMIT_S}s; stacks:\n{out_path.read_text()[-12000:]}") from None
     finally:
         if proc.poll() is None:  # an error in this test, not in the run
-            _signal_all([proc.pid, *_ranks(proc.pid)], signal.SIGKILL)
+            _signal_all([proc.pid, *children_of(proc.pid)], signal.SIGKILL)
         proc.wait()
 
 
