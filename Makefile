@@ -85,7 +85,7 @@ test-fast: venv
 	$(PY) -m pytest -q -ra -m "not integration and not harness and not slow and not containers"
 
 # The project image and a run of examples/arith.yaml across containers (docs/deploy.md): longer than make
-# test's 15 minutes allow, so a stage of its own (.ci/run runs it after the suite), in one process.
+# test's 15 minutes allow, so a target of its own, in one process.
 containers-test: venv system
 	$(PY) -m pytest -q -ra -m containers tests/deploy
 

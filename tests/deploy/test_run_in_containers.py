@@ -3,7 +3,7 @@
 one network (polarstream/driver/containers.py). It learns to the demo's bars; a trainer container, SIGKILLed
 mid-step, restarts and the trainer resumes (every step trained once, none twice); a gateway node's container,
 killed, leaves its sessions to the other node and the run loses nothing. Marked ``containers``: longer than
-`make test` allows (`make containers-test`, .ci/run)."""
+`make test` allows (`make containers-test`)."""
 
 from __future__ import annotations
 
