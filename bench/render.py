@@ -37,7 +37,8 @@ MARKER = re.compile(r"<!-- bench:(?!results:(?:start|end) -->)([\w-]+):([^ >]+) 
 DEFAULT_KINDS = {"rollout": "simulation"}
 # Benchmarks run by hand, outside make bench and latest.json (bench/offpolicy.py: 20-40 minutes of 2 cores):
 # NAME -> its results file, which holds the runs and a ``provenance`` object (bench/_provenance.py's keys).
-OWN_RESULTS = {"offpolicy": "bench/results/offpolicy.json"}
+OWN_RESULTS = {"offpolicy": "bench/results/offpolicy.json",
+               "judge_agreement": "bench/results/judge_agreement.json"}  # issue 77: SmolLM2 as a judge, 15-25 min
 FIELDS = ("area", "metric", "ours", "anchor", "anchor_name", "unit", "higher_is_better", "note")
 Path_ = tuple[str, ...]
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/run_all.py [--all] [--quick] [--only NAME ...] [--timeout S] [--out JSON] [--doc MD]
                                       [--cluster] [--harnesses] [--driver] [--fsdp] [--weight-sync] [--image-tasks] [--lora]
+                                      [--judge-agreement]
     .venv/bin/python bench/run_all.py --render-only      # re-render README.md and docs/*.md from the JSON
                                                          # (and bench/results/offpolicy.json: render.OWN_RESULTS)
     .venv/bin/python bench/run_all.py --staleness        # benchmarks whose measured code changed (exit 1 if any)
@@ -30,7 +31,7 @@ Which files are benchmarks: every ``bench/*.py`` except this file, ``render.py``
 ``trainer.py``). EXPECTED names the benchmarks the issues ask for, so a missing one shows up as missing.
 OPT_IN ones run only when their flag is given (``--cluster``: broker_loss and chaos; ``--harnesses``:
 harness_sessions; ``--driver``: driver; ``--fsdp``: fsdp; ``--weight-sync``: weight_sync; ``--image-tasks``:
-image_tasks; ``--lora``: lora; ``--distill``: distill) or with ``--only NAME``.
+image_tasks; ``--lora``: lora; ``--distill``: distill; ``--judge-agreement``: judge_agreement) or with ``--only NAME``.
 
 The convention a benchmark script follows (the first two are required, the rest optional):
 
@@ -89,7 +90,8 @@ BUDGET_S = {"broker_loss": (90, 180), "publisher": (35, 120), "engine": (30, 90)
             "trainer": (70, 330), "rollout": (60, 220), "mirror": (40, 150), "script_window": (50, 150),
             "fuzz": (30, 150), "harness_sessions": (240, 480), "chaos": (240, 1200), "driver": (420, 1800),
             "fsdp": (300, 900), "weight_sync": (150, 420),
-            "image_tasks": (420, 1500), "lora": (150, 400), "distill": (1500, 5400)}
+            "image_tasks": (420, 1500), "lora": (150, 400), "distill": (1500, 5400),
+            "judge_agreement": (300, 1800)}
 DEFAULT_BUDGET_S = (30, 60)  # a new benchmark must claim its time in BUDGET_S
 # Extra arguments in a full run. fuzz's default 10,000 requests per API is a 22-minute soak (docs/fuzzing.md),
 # a correctness run of its own, not a speed figure: inside make bench it runs a shape-keeping 600.
@@ -103,10 +105,11 @@ FULL_ARGS = {"fuzz": ["--per-api", "600"]}
 # weight_sync starts 4 engine processes (tiny and 54M models) and syncs them in rounds (issue 63), 2-4 minutes
 # even with --quick, and the quick budgets above have no room left; image_tasks runs whole arith experiments on
 # image tasks in podman containers against the bwrap demo in rounds (issue 62), about 6 minutes even with --quick;
-# lora trains the 54M-parameter model with a LoRA adapter and with full weights in rounds (issue 64), 1-3 minutes.
+# lora trains the 54M-parameter model with a LoRA adapter and with full weights in rounds (issue 64), 1-3 minutes;
+# judge_agreement asks SmolLM2 on a CPU to judge 100 trajectories (issue 77), 15-25 minutes (its own results file).
 OPT_IN = {"broker_loss": "--cluster", "harness_sessions": "--harnesses", "chaos": "--cluster", "driver": "--driver",
           "fsdp": "--fsdp", "weight_sync": "--weight-sync", "image_tasks": "--image-tasks",
-          "lora": "--lora", "distill": "--distill"}
+          "lora": "--lora", "distill": "--distill", "judge_agreement": "--judge-agreement"}
 # CPU-bound figures (a /-path into the benchmark's JSON) also given per unit of host speed: the figure divided
 # by the mean of the host index measured just before and just after the benchmark (bench/_host.py).
 HOST_SCALED = {
@@ -326,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
                          "SFT on its log: whole demo runs, interleaved)")
     ap.add_argument("--lora", action="store_true",
                     help="also run lora (the 54M-parameter model: a LoRA adapter against full fine-tuning, in interleaved rounds)")
+    ap.add_argument("--judge-agreement", action="store_true",
+                    help="also run judge_agreement (issue 77: SmolLM2 on our engine against the rule judge, 100 trajectories)")
     args = ap.parse_args(argv)
     if args.staleness:
         return staleness(json.loads(args.out.read_text()))

@@ -28,6 +28,16 @@ from .judge_client import JudgeClient
 log = logging.getLogger("streams.judge")
 
 
+def client_for(config: JudgeConfig) -> JudgeClient:
+    """The judge client the stage asks with: transcripts decoded, and requests counted, with the policy's
+    tokenizer (``config.tokenizer``), special tokens shown as the model saw them."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(config.tokenizer)
+    return JudgeClient(config, lambda ids: tok.decode(ids, skip_special_tokens=False),
+                       lambda text: len(tok.encode(text, add_special_tokens=False).ids))
+
+
 class TopicTail:
     """A topic read from its beginning, every partition, a little further at each ``catch_up`` (blocking:
     run it in a thread). Commits nothing: each worker reads the whole topic for itself."""
@@ -90,12 +100,8 @@ class JudgeStage:
 
     def __init__(self, settings: Settings, config: JudgeConfig, record: Callable[[JudgeVerdict], Awaitable[None]],
                  count: Callable[[str, int], None], *, sources: Sequence[Settings] = (), retry_failed: bool = False):
-        from tokenizers import Tokenizer
-
         self.config, self.record, self.count, self.retry_failed = config, record, count, retry_failed
-        tok = Tokenizer.from_file(config.tokenizer)
-        self.client = JudgeClient(config, lambda ids: tok.decode(ids, skip_special_tokens=False),
-                                  lambda text: len(tok.encode(text, add_special_tokens=False).ids))
+        self.client = client_for(config)
         self.verdicts: dict[str, JudgeVerdict] = {}  # event id -> the first one recorded
         self.tasks: dict[str, tuple[str, str]] = {}  # task id -> (rubric, instruction)
         self.recorded = [TopicTail(s, s.topic("judgements"), self._on_verdict) for s in (sources or [settings])]
