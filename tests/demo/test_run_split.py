@@ -26,13 +26,18 @@ from .test_run_resume import _env, _tail
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _experiment(tmp_path: Path) -> Path:
-    from infra.models import ensure_model
-
+def write_train_tasks(tmp_path: Path) -> None:
+    """Four arith tasks of one sample each as ``train.jsonl`` beside the experiment file."""
     train, _ = arith.split(0)
     rows = [arith.task_request(q, a, task_id=f"train-{i}", num_samples=1, harness=HarnessSpec(name="builtin")).model_dump_json()
             for i, (q, a) in enumerate(train[:4])]
     (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
+
+
+def _experiment(tmp_path: Path) -> Path:
+    from infra.models import ensure_model
+
+    write_train_tasks(tmp_path)
     urls = {f"{name}_url": f"http://127.0.0.1:{free_port()}" for name in ("engine", "gateway", "rollout")}
     exp = {"name": "split", "run_id": f"split-{uuid.uuid4().hex[:6]}", "model": str(ensure_model("tiny")),
            "train": "train.jsonl", "eval": "", "harness_config": {"max_tokens": 12, "max_turns": 1}, "runtime": "subprocess",

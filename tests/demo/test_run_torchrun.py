@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from polarstream.demo import arith
-from schemas import HarnessSpec
-
 from .test_run_resume import _env, _tail
+from .test_run_split import write_train_tasks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -24,10 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def _experiment(tmp_path: Path) -> Path:
     from infra.models import ensure_model
 
-    train, _ = arith.split(0)
-    rows = [arith.task_request(q, a, task_id=f"train-{i}", num_samples=1, harness=HarnessSpec(name="builtin")).model_dump_json()
-            for i, (q, a) in enumerate(train[:4])]
-    (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
+    write_train_tasks(tmp_path)
     exp = {"name": "ranks", "run_id": f"ranks-{uuid.uuid4().hex[:6]}", "model": str(ensure_model("tiny")),
            "train": "train.jsonl", "eval": "", "harness_config": {"max_tokens": 12, "max_turns": 1}, "runtime": "subprocess",
            "group_size": 2, "groups_per_step": 2, "max_steps": 2, "seed": 1, "step_timeout_s": 240,

@@ -22,6 +22,7 @@ from polarstream.demo import arith
 from schemas import HarnessSpec
 
 from ..demo.test_run_resume import _env, _tail
+from ..demo.test_run_torchrun import _alive  # none of a finished job's processes may outlive it
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -110,18 +111,6 @@ def _tasks_per_step(infra, exp: Path, job_dir: Path) -> dict[int, list[str]]:
     events = [e for step in trained.values() for e in step]
     assert len(events) == len(set(events)), f"a group was trained twice: {trained}"
     return {step: sorted(sources[groups[e].group_id] for e in events) for step, events in trained.items()}
-
-
-def _alive(marker: bytes) -> list[int]:
-    """Processes whose command line holds ``marker`` (a run's own directory): none may outlive its job."""
-    pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if marker in cmdline.read_bytes():
-                pids.append(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return pids
 
 
 @pytest.mark.timeout(1500)
